@@ -1,0 +1,31 @@
+# Quick start:  make demo  (main job)   |   make test  (test suite)
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+export SPOTWISE_PLATFORM ?= none
+
+.PHONY: setup demo test lint bench clean
+
+$(BIN)/spotwise: pyproject.toml requirements-dev.txt
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -r requirements-dev.txt
+	touch $@
+
+setup: $(BIN)/spotwise
+
+demo: setup
+	$(BIN)/spotwise launch examples/digits/job.yaml
+
+test: setup
+	$(BIN)/python -m pytest -q
+
+lint: setup
+	$(BIN)/ruff check src tests benchmarks examples
+	$(BIN)/mypy
+
+bench: setup
+	$(BIN)/python benchmarks/bench_checkpoint.py --size-gb 1
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,1 @@
+"""The ``spotwise`` command line: one module per command group, discovered automatically."""

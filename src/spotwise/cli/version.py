@@ -1,0 +1,14 @@
+"""``spotwise version``."""
+
+from __future__ import annotations
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    @app.command()
+    def version() -> None:
+        """Print the installed spotwise version."""
+        from spotwise import __version__
+
+        typer.echo(__version__)

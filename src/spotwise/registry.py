@@ -1,0 +1,72 @@
+"""Name -> "module:attr" tables, imported lazily, with install hints.
+
+Adding a backend is one new file plus one line in its kind's table. Nothing is imported until a
+name is asked for, so an optional SDK that is missing only matters when its backend is used.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+from spotwise.errors import MissingExtraError, UnknownBackendError
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Entry:
+    target: str  # "package.module:attribute"
+    extra: str | None = None  # pip extra that provides its optional dependencies
+
+
+class Registry(Generic[T]):
+    """A lazy table of one kind of backend (storage, detector, provider, price source)."""
+
+    def __init__(self, kind: str, entries: dict[str, Entry | str]) -> None:
+        self.kind = kind
+        self._entries = {
+            name: (e if isinstance(e, Entry) else Entry(e)) for name, e in entries.items()
+        }
+
+    def names(self) -> list[str]:
+        return sorted(self._entries)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._entries
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.names())
+
+    def register(self, name: str, target: str, extra: str | None = None) -> None:
+        """Add a backend at run time (plugins); the built-in ones live in the table."""
+        self._entries[name] = Entry(target, extra)
+
+    def load(self, name: str) -> Any:
+        entry = self._entries.get(name)
+        if entry is None:
+            close = difflib.get_close_matches(name, self.names(), n=3)
+            hint = f"did you mean {', '.join(close)}?" if close else None
+            raise UnknownBackendError(
+                f"unknown {self.kind} {name!r}; known: {', '.join(self.names())}", hint=hint
+            )
+        module_name, _, attr = entry.target.partition(":")
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            missing = (exc.name or "").split(".")[0]
+            if entry.extra and missing and not missing.startswith("spotwise"):
+                raise MissingExtraError(missing, entry.extra, f"the {name!r} {self.kind}") from exc
+            raise
+        return getattr(module, attr)
+
+
+def require(module: str, extra: str, feature: str) -> Any:
+    """Import an optional SDK or fail with the exact ``pip install 'spotwise[extra]'``."""
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as exc:
+        raise MissingExtraError(module.split(".")[0], extra, feature) from exc

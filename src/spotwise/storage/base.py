@@ -1,0 +1,67 @@
+"""The storage seam: put / get / list / delete of checkpoint files under keys.
+
+Keys are relative, '/'-separated paths such as ``step-00001200/manifest.json``. Backends know keys
+and bytes, never training. Every backend (local, s3, memory, encrypted wrapper) passes the same
+contract suite in ``tests/contract/test_storage_contract.py``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol, runtime_checkable
+
+from spotwise.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class ObjectInfo:
+    key: str
+    size: int
+
+
+@runtime_checkable
+class Storage(Protocol):
+    """A flat key space. ``put_*`` is atomic per object: a reader sees all of it or nothing."""
+
+    uri: str
+
+    def put_file(self, key: str, source: Path) -> None:
+        """Store the file at ``source`` under ``key`` (overwrite allowed)."""
+        ...
+
+    def put_bytes(self, key: str, data: bytes) -> None:
+        """Store small data (manifests, JSON state) under ``key``."""
+        ...
+
+    def get_file(self, key: str, dest: Path) -> None:
+        """Copy the object to ``dest``; raises StorageNotFoundError if absent."""
+        ...
+
+    def get_bytes(self, key: str) -> bytes:
+        """Return the whole object; raises StorageNotFoundError if absent."""
+        ...
+
+    def list(self, prefix: str = "") -> list[ObjectInfo]:
+        """All objects whose key starts with ``prefix``, sorted by key."""
+        ...
+
+    def delete(self, key: str) -> None:
+        """Remove one object; deleting a missing key is not an error."""
+        ...
+
+
+def validate_key(key: str) -> str:
+    """Reject keys that could escape the storage root (path traversal) or are ambiguous."""
+    if not key or key.startswith("/") or "\\" in key or "\x00" in key:
+        raise ConfigError(
+            f"invalid storage key {key!r}",
+            hint="keys are relative '/'-separated paths without '..', '\\\\' or a leading '/'",
+        )
+    parts = key.split("/")
+    if any(p in ("", ".", "..") for p in parts[:-1]) or parts[-1] in ("", ".", ".."):
+        raise ConfigError(
+            f"invalid storage key {key!r}: empty, '.' or '..' path segment",
+            hint="use plain names such as 'step-00000100/model.safetensors'",
+        )
+    return key
