@@ -114,6 +114,10 @@ class IngestError(MarketError):
     """Price data could not be ingested."""
 
 
+class TraceError(MarketError, ConfigError):
+    """A spot availability trace file is missing or malformed."""
+
+
 # --- control -----------------------------------------------------------------------------------
 class ControlError(SpotwiseError):
     """Job controller problem."""
