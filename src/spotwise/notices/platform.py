@@ -1,0 +1,133 @@
+"""Which detectors to run here: ``SPOTWISE_PLATFORM``, endpoint overrides, or auto-detection.
+
+Rules (docs/notices.md):
+- signals are always watched; on SLURM and Kubernetes with that platform's deadline rules;
+- ``SPOTWISE_PLATFORM=aws|gcp|azure`` runs that cloud's detectors with no probe at all;
+- ``SPOTWISE_PLATFORM=none`` (or slurm/kubernetes) probes no cloud metadata service;
+- an endpoint override (``AWS_EC2_METADATA_SERVICE_ENDPOINT``, ``GCE_METADATA_HOST``,
+  ``SPOTWISE_AZURE_METADATA_ENDPOINT``) always runs that cloud's detectors against it, unprobed:
+  that is how the loopback emulators are used;
+- unset (or ``auto``): the clouds are probed in parallel on a background thread, each probe
+  short and proxy-free, all within :data:`PROBE_BUDGET_S`; a cloud that does not answer stays off.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import cast
+
+from spotwise.errors import NoticeError
+from spotwise.notices.base import CloudPlatform, Detector
+from spotwise.notices.signals import SignalDetector
+
+log = logging.getLogger("spotwise.notices")
+
+PLATFORMS = ("auto", "aws", "gcp", "azure", "slurm", "kubernetes", "none")
+PROBE_BUDGET_S = 2.0  # total wall time auto-detection may spend (in the background)
+PROBE_TIMEOUT_S = 0.5  # per-request connect/read timeout of a probe
+
+
+@dataclass
+class Plan:
+    platform: str
+    signals: SignalDetector
+    remote: list[Detector] = field(default_factory=list)
+    discover: Callable[[], list[Detector]] | None = None
+
+
+def platform_from_env(env: Mapping[str, str]) -> str:
+    raw = env.get("SPOTWISE_PLATFORM", "").strip().lower() or "auto"
+    if raw not in PLATFORMS:
+        raise NoticeError(
+            f"SPOTWISE_PLATFORM={raw!r} is not a platform spotwise knows",
+            hint=f"use one of {', '.join(PLATFORMS)}",
+        )
+    return raw
+
+
+def cloud(name: str) -> CloudPlatform:
+    from spotwise.notices import CLOUDS
+
+    return cast(CloudPlatform, CLOUDS.load(name))
+
+
+def signal_detector(platform: str, env: Mapping[str, str]) -> SignalDetector:
+    """The signal detector with this platform's deadline rules."""
+    if platform == "slurm" or (platform == "auto" and env.get("SLURM_JOB_ID")):
+        from spotwise.notices.slurm import SlurmDetector
+
+        return SlurmDetector(env=env)
+    if platform == "kubernetes" or (platform == "auto" and env.get("KUBERNETES_SERVICE_HOST")):
+        from spotwise.notices.kubernetes import KubernetesDetector
+
+        return KubernetesDetector(env=env)
+    return SignalDetector(env=env)
+
+
+def plan_from_environment(env: Mapping[str, str] | None = None) -> Plan:
+    env = os.environ if env is None else env
+    from spotwise.notices import CLOUDS
+
+    platform = platform_from_env(env)
+    plan = Plan(platform=platform, signals=signal_detector(platform, env))
+    to_probe: list[CloudPlatform] = []
+    for name in CLOUDS.names():
+        spec = cloud(name)
+        override = env.get(spec.override_var, "").strip()
+        if override:
+            plan.remote.extend(spec.detectors(spec.base_from_override(override), env))
+        elif platform == name:
+            plan.remote.extend(spec.detectors(spec.default_base, env))
+        elif platform in ("auto", "kubernetes") and not _disabled(spec, env):
+            to_probe.append(spec)
+    if to_probe and platform == "auto":
+        plan.discover = lambda: discover(to_probe, env)
+    return plan
+
+
+def _disabled(spec: CloudPlatform, env: Mapping[str, str]) -> bool:
+    return spec.name == "aws" and env.get("AWS_EC2_METADATA_DISABLED", "").lower() == "true"
+
+
+def discover(
+    clouds: list[CloudPlatform],
+    env: Mapping[str, str],
+    *,
+    budget_s: float = PROBE_BUDGET_S,
+    timeout_s: float = PROBE_TIMEOUT_S,
+) -> list[Detector]:
+    """Probe each cloud's default endpoint in parallel; detectors for those that answer.
+
+    Returns within ``budget_s`` even if a probe hangs (the probe threads are daemons).
+    """
+    answered: dict[str, bool] = {}
+
+    def probe(spec: CloudPlatform) -> None:
+        try:
+            answered[spec.name] = spec.probe(spec.default_base, timeout_s)
+        except Exception:
+            log.exception("spotwise: probing %s failed", spec.name)
+            answered[spec.name] = False
+
+    threads = [
+        threading.Thread(
+            target=probe, args=(spec,), daemon=True, name=f"spotwise-probe-{spec.name}"
+        )
+        for spec in clouds
+    ]
+    started = time.monotonic()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=max(0.0, budget_s - (time.monotonic() - started)))
+    found: list[Detector] = []
+    for spec in clouds:
+        if answered.get(spec.name):
+            log.info("spotwise: %s metadata service found; watching its notices", spec.name)
+            found.extend(spec.detectors(spec.default_base, env))
+    return found
