@@ -1,0 +1,555 @@
+"""S3 and S3-compatible object stores (MinIO, Ceph RGW, R2, GCS XML API) through boto3.
+
+Why our own transfer loop instead of boto3's ``upload_file``: we need a CRC32C of every object
+recorded at upload and checked at download, retries that also cover a body cut off mid-stream
+(botocore only retries whole requests), a clean abort of a multipart upload that failed, and
+vendor errors translated into spotwise's exception tree with a hint.
+
+Credentials and endpoint come the AWS way (env vars, profiles, ``AWS_ENDPOINT_URL`` /
+``AWS_ENDPOINT_URL_S3``, handled by botocore); boto3 is imported only when a backend is built.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+from typing import Any, TypeVar
+
+import crc32c
+
+from spotwise.errors import (
+    ConfigError,
+    IntegrityError,
+    StorageError,
+    StorageNotFoundError,
+    StoragePermissionError,
+    TransientStorageError,
+)
+from spotwise.registry import require
+from spotwise.storage.base import ObjectInfo, validate_key
+
+log = logging.getLogger(__name__)
+
+MiB = 1024 * 1024
+CRC_METADATA_KEY = "spotwise-crc32c"  # stored as x-amz-meta-spotwise-crc32c, 8 hex digits
+_MAX_PARTS = 10_000  # S3's limit on parts per multipart upload
+_MIN_PART = 5 * MiB  # S3's minimum size of every part but the last
+_READ_CHUNK = 1 * MiB
+
+T = TypeVar("T")
+
+
+# --- pure decisions ----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Exponential backoff with full jitter (the AWS-recommended shape)."""
+
+    max_attempts: int = 8
+    base_delay_s: float = 0.2
+    max_delay_s: float = 10.0
+
+    def delay_s(self, attempt: int, rand: float) -> float:
+        """Seconds to wait after failed attempt number ``attempt`` (1-based); ``rand`` in [0, 1)."""
+        return rand * min(self.max_delay_s, self.base_delay_s * (2 ** (attempt - 1)))
+
+
+@dataclass(frozen=True)
+class TransferSettings:
+    """Sizes for large objects: above the threshold, parts go up/down in parallel."""
+
+    multipart_threshold: int = 64 * MiB
+    part_size: int = 32 * MiB
+    max_concurrency: int = 8
+
+    def __post_init__(self) -> None:
+        if self.part_size < _MIN_PART:
+            raise ConfigError(
+                f"S3 part size {self.part_size} is below S3's minimum of 5 MiB",
+                hint="use part_size >= 5 * 1024 * 1024",
+            )
+        if self.max_concurrency < 1:
+            raise ConfigError("max_concurrency must be >= 1", hint="use 1 for sequential transfers")
+
+
+def plan_parts(size: int, part_size: int) -> list[tuple[int, int]]:
+    """Split ``size`` bytes into (offset, length) parts, growing parts to stay under 10000."""
+    if size <= 0:
+        return []
+    part = max(part_size, -(-size // _MAX_PARTS))
+    return [(off, min(part, size - off)) for off in range(0, size, part)]
+
+
+class Failure(Enum):
+    RETRY = "retry"
+    NOT_FOUND = "not_found"
+    NO_BUCKET = "no_bucket"
+    PERMISSION = "permission"
+    FATAL = "fatal"
+
+
+_RETRY_CODES = frozenset(
+    {
+        "SlowDown", "Throttling", "ThrottlingException", "RequestThrottled", "TooManyRequests",
+        "RequestLimitExceeded", "ServiceUnavailable", "InternalError", "RequestTimeout",
+        "RequestTimeoutException", "PriorRequestNotComplete", "BadDigest", "IncompleteBody",
+    }
+)  # fmt: skip
+_PERMISSION_CODES = frozenset(
+    {
+        "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken",
+        "InvalidToken", "TokenRefreshRequired", "AllAccessDisabled", "AccountProblem",
+        "InvalidClientTokenId", "UnrecognizedClientException",
+    }
+)  # fmt: skip
+_NOT_FOUND_CODES = frozenset({"NoSuchKey", "NotFound", "404", "NoSuchUpload"})
+# Exceptions raised while a request or its body is on the wire; retrying them is safe.
+_RETRY_EXCEPTIONS = (
+    "ConnectionError", "HTTPClientError", "ReadTimeoutError", "ConnectTimeoutError",
+    "ConnectionClosedError", "EndpointConnectionError", "IncompleteReadError",
+    "ResponseStreamingError", "ProtocolError", "ReadTimeout", "ConnectionResetError",
+    "BrokenPipeError", "TimeoutError", "IncompleteRead", "RemoteDisconnected",
+)  # fmt: skip
+
+
+def classify(exc: BaseException) -> Failure:
+    """What to do about an exception from botocore/urllib3/socket (pure; no retries here)."""
+    response = getattr(exc, "response", None)
+    if isinstance(response, dict):
+        error = response.get("Error", {}) or {}
+        code = str(error.get("Code", ""))
+        status = int(response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
+        if code == "NoSuchBucket":
+            return Failure.NO_BUCKET
+        if code in _PERMISSION_CODES or status in (401, 403):
+            return Failure.PERMISSION
+        if code in _NOT_FOUND_CODES or status == 404:
+            return Failure.NOT_FOUND
+        if code in _RETRY_CODES or status in (429, 500, 502, 503, 504):
+            return Failure.RETRY
+        return Failure.FATAL
+    names = {cls.__name__ for cls in type(exc).__mro__}
+    if "NoCredentialsError" in names or "PartialCredentialsError" in names:
+        return Failure.PERMISSION
+    if names.intersection(_RETRY_EXCEPTIONS):
+        return Failure.RETRY
+    return Failure.FATAL
+
+
+def parse_s3_uri(uri: str) -> tuple[str, str]:
+    """``s3://bucket/some/prefix`` -> ("bucket", "some/prefix")."""
+    if not uri.startswith("s3://"):
+        raise ConfigError(f"not an s3:// URI: {uri!r}", hint="use s3://bucket/prefix")
+    bucket, _, prefix = uri[len("s3://") :].partition("/")
+    if not bucket:
+        raise ConfigError(f"S3 URI {uri!r} has no bucket", hint="use s3://bucket/prefix")
+    prefix = prefix.strip("/")
+    if prefix:
+        validate_key(prefix)
+    return bucket, prefix
+
+
+# --- the backend -------------------------------------------------------------------------------
+@dataclass
+class _Counters:
+    """Observed retries, so tests and benchmarks can tell what happened on the wire."""
+
+    retries: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def retried(self) -> None:
+        with self.lock:
+            self.retries += 1
+
+
+class S3Storage:
+    """A key space under ``s3://bucket/prefix``; implements the ``Storage`` protocol."""
+
+    def __init__(
+        self,
+        bucket: str,
+        prefix: str = "",
+        *,
+        endpoint_url: str | None = None,
+        region: str | None = None,
+        profile: str | None = None,
+        addressing_style: str | None = None,
+        connect_timeout_s: float = 10.0,
+        read_timeout_s: float = 60.0,
+        transfer: TransferSettings | None = None,
+        retry: RetryPolicy | None = None,
+        client: Any = None,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        if not bucket or "/" in bucket:
+            raise ConfigError(f"invalid S3 bucket name {bucket!r}", hint="use s3://bucket/prefix")
+        self.bucket = bucket
+        self.prefix = prefix.strip("/")
+        if self.prefix:
+            validate_key(self.prefix)
+        self.uri = f"s3://{bucket}/{self.prefix}" if self.prefix else f"s3://{bucket}"
+        self.transfer = transfer or TransferSettings()
+        self.retry = retry or RetryPolicy()
+        self.counters = _Counters()
+        self._sleep = sleep
+        self._rand = random.Random()
+        self._client = client or self._make_client(
+            endpoint_url, region, profile, addressing_style, connect_timeout_s, read_timeout_s
+        )
+
+    @classmethod
+    def from_uri(cls, uri: str, **options: Any) -> S3Storage:
+        bucket, prefix = parse_s3_uri(uri)
+        return cls(bucket, prefix, **options)
+
+    def _make_client(
+        self,
+        endpoint_url: str | None,
+        region: str | None,
+        profile: str | None,
+        addressing_style: str | None,
+        connect_timeout_s: float,
+        read_timeout_s: float,
+    ) -> Any:
+        boto3 = require("boto3", "s3", "S3 checkpoint storage")
+        botocore_config = require("botocore.config", "s3", "S3 checkpoint storage")
+        botocore_exceptions = require("botocore.exceptions", "s3", "S3 checkpoint storage")
+        s3_options = {"addressing_style": addressing_style} if addressing_style else {}
+        config = botocore_config.Config(
+            # Retries are ours (see RetryPolicy): botocore cannot retry a body cut mid-stream.
+            retries={"total_max_attempts": 1},
+            max_pool_connections=max(10, 2 * self.transfer.max_concurrency),
+            connect_timeout=connect_timeout_s,
+            read_timeout=read_timeout_s,
+            s3=s3_options or None,
+        )
+        try:
+            session = boto3.session.Session(profile_name=profile)
+            return session.client(
+                "s3", endpoint_url=endpoint_url, region_name=region, config=config
+            )
+        except botocore_exceptions.ProfileNotFound as exc:
+            raise ConfigError(
+                f"AWS profile {profile or os.environ.get('AWS_PROFILE')!r} not found",
+                hint="check AWS_PROFILE / ~/.aws/config, or use AWS_ACCESS_KEY_ID etc.",
+            ) from exc
+        except ValueError as exc:  # botocore rejects a malformed endpoint URL with ValueError
+            raise ConfigError(
+                f"invalid S3 endpoint: {exc}",
+                hint="AWS_ENDPOINT_URL / AWS_ENDPOINT_URL_S3 must look like https://host:port",
+            ) from exc
+
+    # -- helpers ---------------------------------------------------------------------------------
+    def _full(self, key: str) -> str:
+        validate_key(key)
+        return f"{self.prefix}/{key}" if self.prefix else key
+
+    def _call(self, what: str, fn: Callable[[], T]) -> T:
+        """Run ``fn`` with retries on transient failures; translate the final failure."""
+        attempt = 1
+        while True:
+            try:
+                return fn()
+            except StorageError:
+                raise
+            except Exception as exc:  # vendor errors are translated right here, at the edge
+                kind = classify(exc)
+                if kind is Failure.RETRY and attempt < self.retry.max_attempts:
+                    delay = self.retry.delay_s(attempt, self._rand.random())
+                    log.info("%s failed (%s), retry %d in %.2fs", what, _brief(exc), attempt, delay)
+                    self.counters.retried()
+                    self._sleep(delay)
+                    attempt += 1
+                    continue
+                raise self._translate(what, exc, kind, attempt) from exc
+
+    def _translate(self, what: str, exc: BaseException, kind: Failure, attempts: int) -> Exception:
+        where = f"{what} at {self.uri}"
+        if kind is Failure.NO_BUCKET:
+            return StorageNotFoundError(
+                f"S3 bucket {self.bucket!r} does not exist ({where})",
+                hint=f"create it (aws s3 mb s3://{self.bucket}) or fix the bucket in the URI; "
+                "check AWS_ENDPOINT_URL if you use an S3-compatible store",
+            )
+        if kind is Failure.NOT_FOUND:
+            return StorageNotFoundError(f"not found: {where}")
+        if kind is Failure.PERMISSION:
+            return StoragePermissionError(
+                f"S3 refused access: {where} ({_brief(exc)})",
+                hint="check AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY / AWS_PROFILE and that "
+                "the identity may read and write this bucket and prefix",
+            )
+        if kind is Failure.RETRY:
+            return TransientStorageError(
+                f"{where} still failing after {attempts} attempts ({_brief(exc)})",
+                hint="the store is throttling, erroring or unreachable; check the endpoint "
+                "(AWS_ENDPOINT_URL) and network, or raise RetryPolicy.max_attempts",
+            )
+        return StorageError(f"{where} failed: {_brief(exc)}")
+
+    # -- Storage protocol ------------------------------------------------------------------------
+    def put_bytes(self, key: str, data: bytes) -> None:
+        full = self._full(key)
+        metadata = {CRC_METADATA_KEY: _crc_hex(crc32c.crc32c(data))}
+        self._call(
+            f"put {key!r}",
+            lambda: self._client.put_object(
+                Bucket=self.bucket, Key=full, Body=data, Metadata=metadata
+            ),
+        )
+
+    def put_file(self, key: str, source: Path) -> None:
+        full = self._full(key)
+        source = Path(source)
+        try:
+            size = source.stat().st_size
+            checksum = _file_crc(source)
+        except FileNotFoundError as exc:
+            raise StorageNotFoundError(f"cannot upload {source}: no such file") from exc
+        metadata = {CRC_METADATA_KEY: _crc_hex(checksum)}
+        if size < self.transfer.multipart_threshold:
+            data = source.read_bytes()
+            self._call(
+                f"put {key!r}",
+                lambda: self._client.put_object(
+                    Bucket=self.bucket, Key=full, Body=data, Metadata=metadata
+                ),
+            )
+            return
+        self._multipart_upload(key, full, source, size, metadata)
+
+    def _multipart_upload(
+        self, key: str, full: str, source: Path, size: int, metadata: dict[str, str]
+    ) -> None:
+        created = self._call(
+            f"start upload of {key!r}",
+            lambda: self._client.create_multipart_upload(
+                Bucket=self.bucket, Key=full, Metadata=metadata
+            ),
+        )
+        upload_id = created["UploadId"]
+        try:
+            with open(source, "rb") as fh:
+                fd = fh.fileno()
+
+                def send(number: int, offset: int, length: int) -> dict[str, Any]:
+                    body = os.pread(fd, length, offset)
+                    result = self._call(
+                        f"upload part {number} of {key!r}",
+                        lambda: self._client.upload_part(
+                            Bucket=self.bucket, Key=full, UploadId=upload_id,
+                            PartNumber=number, Body=body,
+                        ),
+                    )  # fmt: skip
+                    return {"PartNumber": number, "ETag": result["ETag"]}
+
+                jobs = [
+                    (n, off, length)
+                    for n, (off, length) in enumerate(plan_parts(size, self.transfer.part_size), 1)
+                ]
+                parts = self._parallel(send, jobs)
+            self._call(
+                f"complete upload of {key!r}",
+                lambda: self._client.complete_multipart_upload(
+                    Bucket=self.bucket, Key=full, UploadId=upload_id,
+                    MultipartUpload={"Parts": sorted(parts, key=lambda p: p["PartNumber"])},
+                ),
+            )  # fmt: skip
+        except BaseException:
+            self._abort(full, upload_id)
+            raise
+
+    def _abort(self, full: str, upload_id: str) -> None:
+        """Abort so no incomplete upload lingers (and keeps costing storage)."""
+        try:
+            self._call(
+                f"abort upload {upload_id}",
+                lambda: self._client.abort_multipart_upload(
+                    Bucket=self.bucket, Key=full, UploadId=upload_id
+                ),
+            )
+        except StorageError as exc:
+            log.warning(
+                "could not abort multipart upload %s of s3://%s/%s: %s; a bucket lifecycle rule "
+                "AbortIncompleteMultipartUpload (or abort_incomplete_uploads()) will clean it",
+                upload_id, self.bucket, full, exc,
+            )  # fmt: skip
+
+    def _parallel(self, fn: Callable[..., T], jobs: list[tuple[int, int, int]]) -> list[T]:
+        """Run jobs on a bounded pool; the first failure cancels what has not started."""
+        workers = min(self.transfer.max_concurrency, len(jobs)) or 1
+        with ThreadPoolExecutor(workers, thread_name_prefix="spotwise-s3") as pool:
+            futures = [pool.submit(fn, *job) for job in jobs]
+            done, pending = wait(futures, return_when=FIRST_EXCEPTION)
+            for fut in pending:
+                fut.cancel()
+            for fut in done:
+                if fut.exception() is not None:
+                    raise fut.exception()  # type: ignore[misc]
+            return [fut.result() for fut in futures]
+
+    def _head(self, key: str, full: str) -> tuple[int, int | None]:
+        head = self._call(
+            f"get {key!r}", lambda: self._client.head_object(Bucket=self.bucket, Key=full)
+        )
+        return int(head["ContentLength"]), _expected_crc(head.get("Metadata"))
+
+    def get_bytes(self, key: str) -> bytes:
+        full = self._full(key)
+
+        def fetch() -> tuple[bytes, int | None]:
+            response = self._client.get_object(Bucket=self.bucket, Key=full)
+            return response["Body"].read(), _expected_crc(response.get("Metadata"))
+
+        data, expected = self._call(f"get {key!r}", fetch)
+        if expected is not None and crc32c.crc32c(data) != expected:
+            raise self._integrity(key)
+        return data
+
+    def get_file(self, key: str, dest: Path) -> None:
+        full = self._full(key)
+        dest = Path(dest)
+        size, expected = self._head(key, full)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        tmp = dest.with_name(f".{dest.name}.{uuid.uuid4().hex[:8]}.part")
+        try:
+            with open(tmp, "wb") as fh:
+                fh.truncate(size)
+                fd = fh.fileno()
+                ranges = plan_parts(size, self.transfer.part_size)
+                if size < self.transfer.multipart_threshold:
+                    ranges = [(0, size)] if size else []
+
+                def fetch(number: int, offset: int, length: int) -> None:
+                    self._download_range(key, full, fd, offset, length)
+
+                self._parallel(fetch, [(n, off, ln) for n, (off, ln) in enumerate(ranges, 1)])
+            if expected is not None and _file_crc(tmp) != expected:
+                raise self._integrity(key)
+            os.replace(tmp, dest)
+        finally:
+            tmp.unlink(missing_ok=True)
+
+    def _download_range(self, key: str, full: str, fd: int, offset: int, length: int) -> None:
+        """Stream one byte range into the file; a cut-off body resumes where it stopped."""
+        position = offset
+        end = offset + length
+
+        def stream() -> None:
+            nonlocal position
+            response = self._client.get_object(
+                Bucket=self.bucket, Key=full, Range=f"bytes={position}-{end - 1}"
+            )
+            for chunk in _iter_body(response["Body"]):
+                os.pwrite(fd, chunk, position)
+                position += len(chunk)
+            if position != end:
+                raise _ShortBody(f"got {position - offset} of {length} bytes")
+
+        self._call(f"get {key!r} bytes {offset}-{end - 1}", stream)
+
+    def _integrity(self, key: str) -> IntegrityError:
+        return IntegrityError(
+            f"{self.uri}/{key}: downloaded bytes do not match the CRC32C recorded at upload",
+            hint="the stored object is corrupt or was overwritten by another tool; use an older "
+            "checkpoint",
+        )
+
+    def list(self, prefix: str = "") -> list[ObjectInfo]:
+        _check_prefix(prefix)
+        root = f"{self.prefix}/" if self.prefix else ""
+
+        def collect() -> list[ObjectInfo]:
+            paginator = self._client.get_paginator("list_objects_v2")
+            found: list[ObjectInfo] = []
+            for page in paginator.paginate(Bucket=self.bucket, Prefix=root + prefix):
+                for obj in page.get("Contents", []):
+                    found.append(ObjectInfo(obj["Key"][len(root) :], int(obj["Size"])))
+            return found
+
+        return sorted(self._call(f"list {prefix!r}", collect), key=lambda o: o.key)
+
+    def delete(self, key: str) -> None:
+        full = self._full(key)
+        self._call(
+            f"delete {key!r}", lambda: self._client.delete_object(Bucket=self.bucket, Key=full)
+        )
+
+    # -- housekeeping ----------------------------------------------------------------------------
+    def abort_incomplete_uploads(self, older_than_s: float = 24 * 3600.0) -> int:
+        """Abort multipart uploads under our prefix left by a killed process; returns the count.
+
+        Only uploads older than ``older_than_s`` are touched, so a live writer elsewhere is safe.
+        """
+        root = f"{self.prefix}/" if self.prefix else ""
+        listing = self._call(
+            "list incomplete uploads",
+            lambda: self._client.list_multipart_uploads(Bucket=self.bucket, Prefix=root),
+        )
+        cutoff = time.time() - older_than_s
+        aborted = 0
+        for upload in listing.get("Uploads", []):
+            if upload["Initiated"].timestamp() <= cutoff:
+                self._abort(upload["Key"], upload["UploadId"])
+                aborted += 1
+        return aborted
+
+    @property
+    def retries(self) -> int:
+        return self.counters.retries
+
+
+class _ShortBody(ConnectionError):
+    """The server closed a body early without an error; retried like a reset."""
+
+
+def _iter_body(body: Any) -> Iterator[bytes]:
+    while True:
+        chunk = body.read(_READ_CHUNK)
+        if not chunk:
+            return
+        yield chunk
+
+
+def _check_prefix(prefix: str) -> None:
+    if prefix and (
+        prefix.startswith("/") or "\\" in prefix or any(p in (".", "..") for p in prefix.split("/"))
+    ):
+        raise ConfigError(
+            f"invalid listing prefix {prefix!r}",
+            hint="use a relative prefix such as 'step-00000100/'",
+        )
+
+
+def _crc_hex(value: int) -> str:
+    return f"{value:08x}"
+
+
+def _expected_crc(metadata: dict[str, str] | None) -> int | None:
+    value = (metadata or {}).get(CRC_METADATA_KEY)
+    return int(value, 16) if value else None
+
+
+def _file_crc(path: Path) -> int:
+    value = 0
+    with open(path, "rb") as fh:
+        while chunk := fh.read(8 * MiB):
+            value = crc32c.crc32c(chunk, value)
+    return value
+
+
+def _brief(exc: BaseException) -> str:
+    response = getattr(exc, "response", None)
+    if isinstance(response, dict) and response.get("Error"):
+        error = response["Error"]
+        status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+        return f"{error.get('Code')} {status}: {error.get('Message', '')}".strip()
+    return f"{type(exc).__name__}: {exc}"
