@@ -1,0 +1,241 @@
+"""Price history from CSV dumps; the format is recognised from the header.
+
+Formats read:
+
+* AWS ``DescribeSpotPriceHistory`` dumps: ``timestamp,region,availability_zone,instance_type,
+  product_description,spot_price_usd_per_hour``;
+* AWS cross-sections by zone id: ``availability_zone_id,instance_type,product_description,
+  spot_price_usd_per_hour,timestamp`` (the region follows from the id);
+* SkyPilot-format catalogs and dated snapshots of them (``snapshot_utc,...,InstanceType,...,Price,
+  SpotPrice,Region[,AvailabilityZone]``): one on-demand and one spot price per row;
+* spotwise's own: ``cloud,region,zone,instance_type,market,usd_per_hour,timestamp``.
+
+Only Linux prices are kept from AWS dumps (other operating systems add licence fees).
+"""
+
+from __future__ import annotations
+
+import csv
+import re
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from spotwise.errors import IngestError
+from spotwise.market.catalog import GPU_MEMORY_GB, canonical_gpu, gcp_attached_type, gcp_vm_gpus
+from spotwise.market.sources import PriceRecord, RowError, aws_region_of_zone_id, parse_timestamp
+
+GCP_N1_GPUS = frozenset({"K80", "P4", "P100", "T4", "V100"})  # attached to N1 hosts
+LINUX = ("Linux/UNIX", "Linux/UNIX (Amazon VPC)")
+
+_AWS_HISTORY = {"timestamp", "region", "availability_zone", "instance_type",
+                "product_description", "spot_price_usd_per_hour"}  # fmt: skip
+_AWS_ZONE_IDS = {"availability_zone_id", "instance_type", "product_description",
+                 "spot_price_usd_per_hour", "timestamp"}  # fmt: skip
+_SKYPILOT = {"InstanceType", "Price", "Region"}
+_SPOTWISE = {"cloud", "region", "zone", "instance_type", "market", "usd_per_hour", "timestamp"}
+
+
+@dataclass(frozen=True)
+class SkyRow:
+    """One SkyPilot-format catalog row, normalised (hardware facts plus both prices)."""
+
+    cloud: str
+    region: str
+    zone: str
+    instance_type: str
+    gpu: str
+    gpus: int
+    gpu_mem_gb: float
+    vcpus: float
+    ram_gb: float
+    host_included: bool
+    on_demand_usd_per_hour: float | None
+    spot_usd_per_hour: float | None
+    ts: int | None  # snapshot time, when the file has one
+
+
+def _num(text: str | None) -> float | None:
+    text = (text or "").strip()
+    return float(text) if text else None
+
+
+def skypilot_row(row: Mapping[str, str], cloud: str) -> SkyRow | None:
+    """Normalise one row; None for rows that are not whole-GPU offers (CPU-only, fractional)."""
+    itype = (row.get("InstanceType") or "").strip()
+    acc = (row.get("AcceleratorName") or "").strip()
+    info = row.get("GpuInfo") or ""
+    mib = re.search(r"SizeInMiB'?\"?:\s*(\d+)", info)
+    mem = int(mib.group(1)) / 1024 if mib else None
+    host_included = True
+    if cloud == "gcp" and not itype:
+        if acc not in GCP_N1_GPUS:
+            return None  # GPU-only rows of GPUs that come inside a2/a3/g2 VMs: priced there
+        count = int(float(row.get("AcceleratorCount") or 0))
+        itype, gpu, host_included = gcp_attached_type(acc, count), acc, False
+    elif cloud == "gcp" and (vm := gcp_vm_gpus(itype)):
+        if row.get("_gpus_priced") != "1":
+            return None  # host-only price: see combine_gcp_rows
+        gpu, count = vm
+    else:
+        if not acc:
+            return None
+        raw_count = float(row.get("AcceleratorCount") or 0)
+        if raw_count < 1 or raw_count != int(raw_count):
+            return None  # fractional GPUs (Azure NV A10 v5, AWS g6f) are not training machines
+        gpu, count = canonical_gpu(acc, mem), int(raw_count)
+    if not itype or count < 1:
+        return None
+    region = (row.get("Region") or "").strip()
+    if not region:
+        raise IngestError("row has no Region")
+    snapshot = row.get("snapshot_utc")
+    return SkyRow(
+        cloud=cloud, region=region, zone=(row.get("AvailabilityZone") or "").strip(),
+        instance_type=itype, gpu=gpu, gpus=count,
+        gpu_mem_gb=mem if mem else GPU_MEMORY_GB.get(gpu, 0.0),
+        vcpus=_num(row.get("vCPUs")) or 0.0, ram_gb=_num(row.get("MemoryGiB")) or 0.0,
+        host_included=host_included, on_demand_usd_per_hour=_num(row.get("Price")),
+        spot_usd_per_hour=_num(row.get("SpotPrice")),
+        ts=parse_timestamp(snapshot) if snapshot else None,
+    )  # fmt: skip
+
+
+def combine_gcp_rows(rows: list[dict[str, str]]) -> None:
+    """Add the GPU price to GCP VMs with built-in GPUs (a2, a3, a4, g2), in place.
+
+    SkyPilot's GCP catalog prices those VMs' vCPUs and memory on the VM row and the GPUs on a
+    separate GPU-only row of the same zone and snapshot (a2-highgpu-1g: 0.739 + A100 x1 2.934 =
+    3.673 $/h in us-central1). A VM row without its GPU row is left unpriced (dropped later).
+    """
+    gpu_rows = {
+        (r.get("snapshot_utc", ""), r.get("AvailabilityZone", ""), r["AcceleratorName"],
+         int(float(r["AcceleratorCount"] or 0))): r
+        for r in rows
+        if not (r.get("InstanceType") or "").strip() and r.get("AcceleratorName")
+    }  # fmt: skip
+    for r in rows:
+        vm = gcp_vm_gpus((r.get("InstanceType") or "").strip())
+        if vm is None:
+            continue
+        key = (r.get("snapshot_utc", ""), r.get("AvailabilityZone", ""), vm[0], vm[1])
+        gpu = gpu_rows.get(key)
+        for col in ("Price", "SpotPrice"):
+            host, acc = _num(r.get(col)), _num(gpu.get(col)) if gpu else None
+            r[col] = "" if host is None or acc is None else f"{host + acc:.6g}"
+        r["_gpus_priced"] = "1"
+
+
+def infer_cloud(path: Path, header: list[str]) -> str | None:
+    name = path.name.lower()
+    for cloud in ("gcp", "azure", "lambda", "aws"):
+        if cloud in name:
+            return cloud
+    if "Generation" in header:
+        return "azure"
+    return None
+
+
+class CsvSource:
+    """Records from one CSV file; malformed rows become RowError with their line number."""
+
+    def __init__(self, path: str | Path, cloud: str | None = None, default_ts: int | None = None):
+        self.path = Path(path)
+        self.cloud = cloud
+        self.default_ts = default_ts  # for catalogs without a snapshot time
+        self.name = f"csv:{self.path.name}"
+
+    def fetch(self) -> Iterator[PriceRecord | RowError]:
+        try:
+            handle = self.path.open(newline="", encoding="utf-8")
+        except OSError as exc:
+            raise IngestError(f"cannot read {self.path}: {exc.strerror}") from exc
+        with handle:
+            reader = csv.DictReader(handle)
+            header = list(reader.fieldnames or [])
+            parse, cloud = self._parser(header)
+            rows: Iterator[tuple[int, dict[str, str]]] = ((reader.line_num, r) for r in reader)
+            if cloud == "gcp":  # GPU prices sit on other rows of the file: read it whole
+                listed = list(rows)
+                combine_gcp_rows([r for _, r in listed if None not in r])
+                rows = iter(listed)
+            for line, row in rows:
+                try:
+                    if None in row or any(v is None for v in row.values()):
+                        raise IngestError(f"expected {len(header)} fields")
+                    yield from parse(row)
+                except (IngestError, ValueError) as exc:
+                    yield RowError(line, str(exc).splitlines()[0], self.path.name)
+
+    def _parser(
+        self, header: list[str]
+    ) -> tuple[Callable[[Mapping[str, str]], Iterator[PriceRecord]], str | None]:
+        cols = set(header)
+        if cols >= _AWS_HISTORY:
+            return self._aws_history, "aws"
+        if cols >= _AWS_ZONE_IDS:
+            return self._aws_zone_ids, "aws"
+        if cols >= _SPOTWISE:
+            return self._spotwise, None
+        if cols >= _SKYPILOT:
+            cloud = self.cloud or infer_cloud(self.path, header)
+            if cloud is None:
+                raise IngestError(
+                    f"{self.path.name}: a SkyPilot-format file, but which cloud?",
+                    hint="pass --cloud aws|gcp|azure|lambda",
+                )
+            return (lambda row: self._skypilot(row, cloud)), cloud
+        raise IngestError(
+            f"{self.path.name}: unknown CSV format (header: {','.join(header[:8])})",
+            hint="columns cloud,region,zone,instance_type,market,usd_per_hour,timestamp work",
+        )
+
+    def _aws(self, region: str, zone: str, row: Mapping[str, str]) -> Iterator[PriceRecord]:
+        if row["product_description"] not in LINUX:
+            return
+        yield PriceRecord(
+            "aws", region, zone, row["instance_type"], "spot",
+            _price(row["spot_price_usd_per_hour"]), parse_timestamp(row["timestamp"]), self.name,
+        )  # fmt: skip
+
+    def _aws_history(self, row: Mapping[str, str]) -> Iterator[PriceRecord]:
+        yield from self._aws(row["region"], row["availability_zone"], row)
+
+    def _aws_zone_ids(self, row: Mapping[str, str]) -> Iterator[PriceRecord]:
+        zone = row["availability_zone_id"]
+        yield from self._aws(aws_region_of_zone_id(zone), zone, row)
+
+    def _spotwise(self, row: Mapping[str, str]) -> Iterator[PriceRecord]:
+        if row["market"] not in ("spot", "on-demand"):
+            raise IngestError(f"market must be spot or on-demand, got {row['market']!r}")
+        yield PriceRecord(
+            row["cloud"], row["region"], row["zone"], row["instance_type"], row["market"],
+            _price(row["usd_per_hour"]), parse_timestamp(row["timestamp"]), self.name,
+        )  # fmt: skip
+
+    def _skypilot(self, row: Mapping[str, str], cloud: str) -> Iterator[PriceRecord]:
+        sky = skypilot_row(row, cloud)
+        if sky is None:
+            return
+        ts = sky.ts if sky.ts is not None else self.default_ts
+        if ts is None:
+            raise IngestError("catalog row without snapshot_utc", hint="pass a --as-of time")
+        for market, usd in (("on-demand", sky.on_demand_usd_per_hour),
+                            ("spot", sky.spot_usd_per_hour)):  # fmt: skip
+            if usd is not None:
+                yield PriceRecord(cloud, sky.region, sky.zone, sky.instance_type, market,
+                                  _check(usd), ts, self.name)  # fmt: skip
+
+
+def _price(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError as exc:
+        raise IngestError(f"price {text!r} is not a number") from exc
+    return _check(value)
+
+
+def _check(value: float) -> float:
+    if not value >= 0 or value == float("inf"):
+        raise IngestError(f"price {value!r} is not a non-negative number")
+    return value
