@@ -1,0 +1,128 @@
+"""A loopback Azure Instance Metadata Service speaking Scheduled Events: one event (Preempt by
+default) for this VM or another, RFC 1123 ``NotBefore``, acknowledgement by ``StartRequests``,
+the ``Metadata: true`` header rule and the 5 requests/s limit."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections import deque
+from email.utils import formatdate
+
+from spotwise.emulators._server import LoopbackEmulator, Request, Response, json_body
+
+EVENT_TYPES = ("Preempt", "Terminate", "Reboot", "Redeploy", "Freeze")
+DURATIONS = {"Preempt": -1, "Terminate": -1, "Reboot": -1, "Redeploy": -1, "Freeze": 9}
+
+
+class AzureScheduledEventsEmulator(LoopbackEmulator):
+    """``AzureScheduledEventsEmulator(port=0).start()`` -> base URL; set
+    ``SPOTWISE_AZURE_METADATA_ENDPOINT`` to it.
+
+    ``notice_after``: seconds until the event is scheduled; ``lead_s``: its ``NotBefore`` is that
+    far after it appears (Preempt: 30; negative = already past). ``resources``: the VMs it names
+    (default: this VM, ``vm_name``). ``rate_limit_per_s``: above it, 429 (0 = no limit).
+    """
+
+    platform = "azure"
+
+    def __init__(
+        self,
+        port: int = 0,
+        host: str = "127.0.0.1",
+        *,
+        notice_after: float | None = None,
+        event_type: str = "Preempt",
+        lead_s: float = 30.0,
+        vm_name: str = "spotwise-vm",
+        resources: list[str] | None = None,
+        rate_limit_per_s: int = 5,
+        clock_skew_s: float = 0.0,
+        hang_s: float = 60.0,
+    ) -> None:
+        if event_type not in EVENT_TYPES:
+            raise ValueError(f"unknown event type {event_type!r}; use one of {EVENT_TYPES}")
+        self.event_type = event_type
+        self.lead_s = lead_s
+        self.vm_name = vm_name
+        self.resources = resources if resources is not None else [vm_name]
+        self.rate_limit_per_s = rate_limit_per_s
+        self.incarnation = 1
+        self.events: list[dict[str, object]] = []
+        self.acknowledged: list[str] = []
+        self._recent: deque[float] = deque()
+        super().__init__(
+            port, host, notice_after=notice_after, clock_skew_s=clock_skew_s, hang_s=hang_s
+        )
+
+    def on_notice(self) -> None:
+        self.events.append(
+            {
+                "EventId": str(uuid.uuid4()).upper(),
+                "EventType": self.event_type,
+                "ResourceType": "VirtualMachine",
+                "Resources": list(self.resources),
+                "EventStatus": "Scheduled",
+                "NotBefore": formatdate(self.now_wall() + self.lead_s, usegmt=True),
+                "Description": "Virtual machine is being evicted from Azure Spot.",
+                "EventSource": "Platform",
+                "DurationInSeconds": DURATIONS[self.event_type],
+            }
+        )
+        self.incarnation += 1
+
+    def handle(self, request: Request) -> Response:
+        plain = {"Content-Type": "application/json; charset=utf-8"}
+        if request.header("X-Forwarded-For") is not None:
+            return Response(403, json_body({"error": "Forwarded requests are not allowed"}), plain)
+        if (request.header("Metadata") or "").lower() != "true":
+            missing = {"error": "Bad request. Required metadata header not specified"}
+            return Response(400, json_body(missing), plain)
+        if self._throttled():
+            return Response(429, json_body({"error": "Too many requests"}), plain)
+        if request.path == "/metadata/versions":
+            return Response(200, json_body({"apiVersions": ["2019-08-01", "2020-07-01"]}), plain)
+        if "api-version" not in request.query:
+            body: dict[str, object] = {
+                "error": "Bad request. api-version was not specified in the request",
+                "newest-versions": ["2020-07-01"],
+            }
+            return Response(400, json_body(body), plain)
+        if request.path == "/metadata/instance/compute/name":
+            return Response(200, self.vm_name.encode(), {"Content-Type": "text/plain"})
+        if request.path != "/metadata/scheduledevents":
+            return Response(404, json_body({"error": "Not found"}), plain)
+        if request.method == "POST":
+            return self._start_requests(request.body, plain)
+        with self._lock:
+            doc = {"DocumentIncarnation": self.incarnation, "Events": list(self.events)}
+        return Response(200, json_body(doc), plain)
+
+    def _throttled(self) -> bool:
+        if self.rate_limit_per_s <= 0:
+            return False
+        now = time.monotonic()
+        with self._lock:
+            while self._recent and now - self._recent[0] > 1.0:
+                self._recent.popleft()
+            if len(self._recent) >= self.rate_limit_per_s:
+                return True
+            self._recent.append(now)
+        return False
+
+    def _start_requests(self, body: bytes, plain: dict[str, str]) -> Response:
+        try:
+            ids = [item["EventId"] for item in json.loads(body)["StartRequests"]]
+        except (ValueError, KeyError, TypeError):
+            return Response(400, json_body({"error": "Bad request. Malformed body"}), plain)
+        with self._lock:
+            known = {str(e["EventId"]): e for e in self.events}
+            if not ids or any(i not in known for i in ids):
+                return Response(400, json_body({"error": "Bad request. Unknown EventId"}), plain)
+            for event_id in ids:
+                known[event_id]["EventStatus"] = "Started"
+                known[event_id]["NotBefore"] = ""
+                self.acknowledged.append(event_id)
+            self.incarnation += 1
+        return Response(200, b"", plain)
