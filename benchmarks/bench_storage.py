@@ -1,0 +1,173 @@
+"""Checkpoint storage throughput: spotwise's S3 backend against boto3's own transfer manager.
+
+Starts a moto S3 server in its own process on 127.0.0.1, writes one checkpoint-sized file, then
+times, in the same run and against the same server:
+
+* boto3 ``upload_file`` / ``download_file`` (s3transfer) with the same part size and concurrency,
+* ``S3Storage.put_file`` / ``get_file`` (which also records and verifies a CRC32C),
+* the same through ``EncryptedStorage`` (AES-256-GCM chunked frames).
+
+Each measurement is repeated (``--repeats``, order rotated) and the median is used. Prints
+``ratio-upload-vs-boto3``, ``ratio-download-vs-boto3`` (throughput of ours / boto3's; >= 1.0 means
+we are at least as fast) and ``ratio-encrypted-vs-plain`` (encrypted save time / plain save time;
+<= 1.3 is the target), then a table.
+
+    .venv/bin/python benchmarks/bench_storage.py --size-gb 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+
+os.environ.setdefault("SPOTWISE_PLATFORM", "none")
+os.environ.setdefault("NO_PROXY", "127.0.0.1,localhost")
+
+MiB = 1024 * 1024
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def start_moto() -> tuple[subprocess.Popen[bytes], str]:
+    port = _free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            urllib.request.urlopen(url + "/moto-api/", timeout=1)
+            return proc, url
+        except OSError:
+            time.sleep(0.2)
+    proc.kill()
+    raise RuntimeError("moto server did not start within 60 s")
+
+
+def write_random_file(path: Path, size: int) -> None:
+    block = os.urandom(16 * MiB)
+    with open(path, "wb") as fh:
+        written = 0
+        while written < size:
+            n = min(len(block), size - written)
+            # vary each block so nothing downstream can deduplicate or compress it
+            fh.write(block[:n] if written % (32 * MiB) else os.urandom(n))
+            written += n
+
+
+def timed(fn: Callable[[], object]) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--size-gb", type=float, default=1.0, help="checkpoint size in GiB")
+    parser.add_argument("--repeats", type=int, default=3, help="runs per measurement")
+    parser.add_argument("--part-mib", type=int, default=32, help="multipart part size (MiB)")
+    parser.add_argument("--concurrency", type=int, default=8, help="parallel parts")
+    args = parser.parse_args()
+
+    import boto3
+    from boto3.s3.transfer import TransferConfig
+
+    from spotwise.storage.crypt import EncryptedStorage
+    from spotwise.storage.s3 import S3Storage, TransferSettings
+
+    os.environ.update(
+        AWS_ACCESS_KEY_ID="bench", AWS_SECRET_ACCESS_KEY="bench", AWS_DEFAULT_REGION="us-east-1"
+    )
+    proc, url = start_moto()
+    try:
+        size = int(args.size_gb * 1024 * MiB)
+        part = args.part_mib * MiB
+        bucket = "spotwise-bench"
+        client = boto3.client("s3", endpoint_url=url)
+        client.create_bucket(Bucket=bucket)
+        transfer = TransferSettings(
+            multipart_threshold=part, part_size=part, max_concurrency=args.concurrency
+        )
+        boto_config = TransferConfig(
+            multipart_threshold=part, multipart_chunksize=part, max_concurrency=args.concurrency
+        )
+        ours = S3Storage(bucket, "ours", endpoint_url=url, transfer=transfer)
+        with tempfile.TemporaryDirectory(prefix="spotwise-bench-") as tmp:
+            work = Path(tmp)
+            src = work / "model.safetensors"
+            write_random_file(src, size)
+            crypted = EncryptedStorage(
+                S3Storage(bucket, "enc", endpoint_url=url, transfer=transfer),
+                os.urandom(32),
+                spool_dir=work / "spool",
+            )
+            dest = work / "back.bin"
+
+            def boto_up() -> None:
+                client.upload_file(str(src), bucket, "boto/model.safetensors", Config=boto_config)
+
+            def boto_down() -> None:
+                client.download_file(
+                    bucket, "boto/model.safetensors", str(dest), Config=boto_config
+                )
+
+            cases: dict[str, Callable[[], object]] = {
+                "boto3 upload_file": boto_up,
+                "spotwise put_file": lambda: ours.put_file("model.safetensors", src),
+                "spotwise put_file encrypted": lambda: crypted.put_file("model.safetensors", src),
+                "boto3 download_file": boto_down,
+                "spotwise get_file": lambda: ours.get_file("model.safetensors", dest),
+                "spotwise get_file encrypted": lambda: crypted.get_file("model.safetensors", dest),
+            }
+            uploads = list(cases)[:3]
+            downloads = list(cases)[3:]
+            times: dict[str, list[float]] = {name: [] for name in cases}
+            for rep in range(args.repeats):
+                shift = rep % 3  # rotate the order so no case always runs first or last
+                for name in uploads[shift:] + uploads[:shift]:
+                    times[name].append(timed(cases[name]))
+                for name in downloads[shift:] + downloads[:shift]:
+                    times[name].append(timed(cases[name]))
+                    if name == "spotwise get_file encrypted":
+                        assert dest.stat().st_size == size
+            med = {name: statistics.median(values) for name, values in times.items()}
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+    up = med["boto3 upload_file"] / med["spotwise put_file"]
+    down = med["boto3 download_file"] / med["spotwise get_file"]
+    enc = med["spotwise put_file encrypted"] / med["spotwise put_file"]
+    enc_down = med["spotwise get_file encrypted"] / med["spotwise get_file"]
+    print(f"size: {size / MiB:.0f} MiB, part {args.part_mib} MiB x {args.concurrency} parallel, "
+          f"{args.repeats} repeats (median), moto server {url}")  # fmt: skip
+    print(f"ratio-upload-vs-boto3: {up:.2f}")
+    print(f"ratio-download-vs-boto3: {down:.2f}")
+    print(f"ratio-encrypted-vs-plain: {enc:.2f}")
+    print(f"ratio-encrypted-vs-plain-download: {enc_down:.2f}")
+    print()
+    print(f"| {'case':<28} | {'median s':>9} | {'MiB/s':>8} | {'runs (s)':<24} |")
+    print(f"|{'-' * 30}|{'-' * 11}|{'-' * 10}|{'-' * 26}|")
+    for name, values in times.items():
+        runs = ", ".join(f"{v:.2f}" for v in values)
+        print(f"| {name:<28} | {med[name]:>9.2f} | {size / MiB / med[name]:>8.0f} | {runs:<24} |")
+
+
+if __name__ == "__main__":
+    main()
