@@ -6,9 +6,10 @@ read, with their line numbers) for :func:`spotwise.market.prices.ingest` to stor
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Protocol, runtime_checkable
 
@@ -28,6 +29,7 @@ class PriceRecord:
     usd_per_hour: float
     ts: int
     source: str
+    line: int = field(default=0, compare=False)  # where it came from, for error reports
 
 
 @dataclass(frozen=True)
@@ -58,6 +60,7 @@ PRICE_SOURCES: Registry[PriceSource] = Registry(
 )
 
 
+@functools.lru_cache(maxsize=65536)  # snapshot dumps repeat one time per snapshot
 def parse_timestamp(text: str) -> int:
     """ISO-8601 (with 'Z', an offset, or none = UTC, as AWS and SkyPilot dumps are) -> Unix s."""
     raw = text.strip()

@@ -163,13 +163,13 @@ class CsvSource:
                 try:
                     if None in row or any(v is None for v in row.values()):
                         raise IngestError(f"expected {len(header)} fields")
-                    yield from parse(row)
+                    yield from parse(row, line)
                 except (IngestError, ValueError) as exc:
                     yield RowError(line, str(exc).splitlines()[0], self.path.name)
 
     def _parser(
         self, header: list[str]
-    ) -> tuple[Callable[[Mapping[str, str]], Iterator[PriceRecord]], str | None]:
+    ) -> tuple[Callable[[Mapping[str, str], int], Iterator[PriceRecord]], str | None]:
         cols = set(header)
         if cols >= _AWS_HISTORY:
             return self._aws_history, "aws"
@@ -184,47 +184,52 @@ class CsvSource:
                     f"{self.path.name}: a SkyPilot-format file, but which cloud?",
                     hint="pass --cloud aws|gcp|azure|lambda",
                 )
-            return (lambda row: self._skypilot(row, cloud)), cloud
+            return (lambda row, line: self._skypilot(row, cloud, line)), cloud
         raise IngestError(
             f"{self.path.name}: unknown CSV format (header: {','.join(header[:8])})",
             hint="columns cloud,region,zone,instance_type,market,usd_per_hour,timestamp work",
         )
 
-    def _aws(self, region: str, zone: str, row: Mapping[str, str]) -> Iterator[PriceRecord]:
+    def _aws(
+        self, region: str, zone: str, row: Mapping[str, str], line: int
+    ) -> Iterator[PriceRecord]:
         if row["product_description"] not in LINUX:
             return
         yield PriceRecord(
             "aws", region, zone, row["instance_type"], "spot",
             _price(row["spot_price_usd_per_hour"]), parse_timestamp(row["timestamp"]), self.name,
+            line,
         )  # fmt: skip
 
-    def _aws_history(self, row: Mapping[str, str]) -> Iterator[PriceRecord]:
-        yield from self._aws(row["region"], row["availability_zone"], row)
+    def _aws_history(self, row: Mapping[str, str], line: int) -> Iterator[PriceRecord]:
+        yield from self._aws(row["region"], row["availability_zone"], row, line)
 
-    def _aws_zone_ids(self, row: Mapping[str, str]) -> Iterator[PriceRecord]:
+    def _aws_zone_ids(self, row: Mapping[str, str], line: int) -> Iterator[PriceRecord]:
         zone = row["availability_zone_id"]
-        yield from self._aws(aws_region_of_zone_id(zone), zone, row)
+        yield from self._aws(aws_region_of_zone_id(zone), zone, row, line)
 
-    def _spotwise(self, row: Mapping[str, str]) -> Iterator[PriceRecord]:
+    def _spotwise(self, row: Mapping[str, str], line: int) -> Iterator[PriceRecord]:
         if row["market"] not in ("spot", "on-demand"):
             raise IngestError(f"market must be spot or on-demand, got {row['market']!r}")
         yield PriceRecord(
             row["cloud"], row["region"], row["zone"], row["instance_type"], row["market"],
-            _price(row["usd_per_hour"]), parse_timestamp(row["timestamp"]), self.name,
+            _price(row["usd_per_hour"]), parse_timestamp(row["timestamp"]), self.name, line,
         )  # fmt: skip
 
-    def _skypilot(self, row: Mapping[str, str], cloud: str) -> Iterator[PriceRecord]:
+    def _skypilot(self, row: Mapping[str, str], cloud: str, line: int) -> Iterator[PriceRecord]:
         sky = skypilot_row(row, cloud)
         if sky is None:
             return
         ts = sky.ts if sky.ts is not None else self.default_ts
         if ts is None:
             raise IngestError("catalog row without snapshot_utc", hint="pass a --as-of time")
-        for market, usd in (("on-demand", sky.on_demand_usd_per_hour),
-                            ("spot", sky.spot_usd_per_hour)):  # fmt: skip
-            if usd is not None:
-                yield PriceRecord(cloud, sky.region, sky.zone, sky.instance_type, market,
-                                  _check(usd), ts, self.name)  # fmt: skip
+        # on-demand prices are regional on every cloud; spot ones may be per zone
+        if sky.on_demand_usd_per_hour is not None:
+            yield PriceRecord(cloud, sky.region, "", sky.instance_type, "on-demand",
+                              _check(sky.on_demand_usd_per_hour), ts, self.name, line)  # fmt: skip
+        if sky.spot_usd_per_hour is not None:
+            yield PriceRecord(cloud, sky.region, sky.zone, sky.instance_type, "spot",
+                              _check(sky.spot_usd_per_hour), ts, self.name, line)  # fmt: skip
 
 
 def _price(text: str) -> float:
