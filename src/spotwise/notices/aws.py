@@ -105,15 +105,15 @@ class AwsDetector:
             return self._terminate  # the instance is going away; nothing can cancel that
         try:
             action = self._get(ACTION_PATH)
-            if action is not None:
-                self._terminate = self._terminate_notice(action.body)
-                return self._terminate
-            rebalance = self._get(REBALANCE_PATH)
-            self._update_advisory(rebalance)
+            if action is None:
+                self._update_advisory(self._get(REBALANCE_PATH))
         except _Skip:
             self.poll_interval_s = min(self.poll_interval_s * 2, MAX_BACKOFF_S)
             return self._advisory
         self.poll_interval_s = self.base_interval_s
+        if action is not None:
+            self._terminate = self._terminate_notice(action.body)
+            return self._terminate
         return self._advisory
 
     def acknowledge(self, notice: Notice) -> None:
