@@ -1,0 +1,96 @@
+"""``spotwise ckpt list|verify DIR``: inspect the checkpoints of a run directory."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import typer
+
+ckpt_app = typer.Typer(
+    help="Inspect a run directory's checkpoints (steps, sizes, integrity).", no_args_is_help=True
+)
+
+
+def _checkpoints(run_dir: Path, deep: bool) -> list[Any]:
+    from spotwise.errors import ConfigError
+    from spotwise.runtime.checkpoint import list_checkpoints
+
+    if not run_dir.is_dir():
+        raise ConfigError(
+            f"{run_dir} is not a directory", hint="pass the run directory given to spotwise.Run"
+        )
+    return list_checkpoints(run_dir, deep=deep)
+
+
+def _human_size(n: int) -> str:
+    size = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{n} B"
+
+
+def _when(wall_time: float | None) -> str:
+    if wall_time is None:
+        return "-"
+    return datetime.fromtimestamp(wall_time, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _print_table(title: str, infos: list[Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=title)
+    for column in ("step", "time", "size", "valid"):
+        table.add_column(column, justify="right" if column in ("step", "size") else "left")
+    for info in infos:
+        valid = "yes" if info.valid else f"[red]no[/red]: {info.problem}"
+        table.add_row(str(info.step), _when(info.wall_time), _human_size(info.size_bytes), valid)
+    Console().print(table)
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(ckpt_app, name="ckpt")
+
+
+@ckpt_app.command("list")
+def list_command(
+    run_dir: Path = typer.Argument(..., help="run directory (the one given to spotwise.Run)"),
+    as_json: bool = typer.Option(False, "--json", help="print JSON instead of a table"),
+    deep: bool = typer.Option(
+        False, "--deep", help="also verify checksums (reads every byte; sizes are always checked)"
+    ),
+) -> None:
+    """List checkpoints: step, time, size and whether each one is valid."""
+    infos = _checkpoints(run_dir, deep)
+    if as_json:
+        typer.echo(json.dumps([i.as_dict() for i in infos], indent=1))
+    elif not infos:
+        typer.echo(f"no checkpoints in {run_dir}")
+    else:
+        _print_table(f"checkpoints in {run_dir}", infos)
+
+
+@ckpt_app.command("verify")
+def verify_command(
+    run_dir: Path = typer.Argument(..., help="run directory (the one given to spotwise.Run)"),
+    as_json: bool = typer.Option(False, "--json", help="print JSON instead of a table"),
+) -> None:
+    """Verify every checkpoint (sizes and CRC32C checksums); exit 1 if any is invalid."""
+    infos = _checkpoints(run_dir, deep=True)
+    bad = [i for i in infos if not i.valid]
+    if as_json:
+        typer.echo(
+            json.dumps({"ok": not bad, "checkpoints": [i.as_dict() for i in infos]}, indent=1)
+        )
+    else:
+        if infos:
+            _print_table(f"verification of {run_dir}", infos)
+        summary = f"{len(infos) - len(bad)} of {len(infos)} checkpoints valid"
+        typer.echo(summary if infos else f"no checkpoints in {run_dir}")
+    if bad:
+        raise typer.Exit(1)

@@ -1,0 +1,109 @@
+"""When to save next: a pure decision from the schedule, the counters and measured costs.
+
+``every="auto"`` uses the Young/Daly optimum. If a save blocks training for C seconds and
+unannounced interruptions arrive on average every M seconds, the expected waste per unit of work
+(C/T for saving plus T/(2M) of lost work) is smallest at T = sqrt(2*C*M) (Young, 1974); Daly
+(2006) refines it to T = sqrt(2CM) * (1 + sqrt(C/2M)/3 + (C/2M)/9) - C for C < 2M, and T = M
+beyond. Because spotwise saves in the background, C is only the snapshot stall; the interval is
+also never shorter than the background write itself, since only one write is in flight.
+
+Default M: one hour (``DEFAULT_MTBI_S``). Spot interruptions normally come with a notice that
+triggers an emergency save, so the periodic interval only guards against the interruptions whose
+notice is missed (a host failure, a notice shorter than the save). One hour is deliberately
+pessimistic for GPU spot pools (the AWS Spot Instance Advisor's worst bucket is ">20% chance of
+an interruption per month"); erring short costs only snapshot stalls, erring long costs lost
+work. Set ``SPOTWISE_MTBI_S`` or ``Run(mtbi_s=...)`` from your own history.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+from spotwise.errors import ConfigError
+
+DEFAULT_MTBI_S = 3600.0
+MTBI_ENV = "SPOTWISE_MTBI_S"
+MIN_AUTO_INTERVAL_S = 1.0  # never save more often than this in auto mode
+
+_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """Save every ``steps`` optimizer steps, every ``seconds``, automatically, or never
+    (all None / False): then only the final save and notice-triggered saves happen."""
+
+    steps: int | None = None
+    seconds: float | None = None
+    auto: bool = False
+
+
+def parse_every(every: int | str | None) -> Schedule:
+    """``500`` (steps), ``"90s"``/``"10m"``/``"1h"`` (time), ``"auto"`` or ``None`` (never)."""
+    if every is None:
+        return Schedule()
+    if isinstance(every, bool):
+        raise ConfigError(f"invalid every={every!r}", hint="use a step count, '10m' or 'auto'")
+    if isinstance(every, int):
+        if every < 1:
+            raise ConfigError(f"every must be at least 1 step, got {every}")
+        return Schedule(steps=every)
+    if isinstance(every, str):
+        text = every.strip().lower()
+        if text == "auto":
+            return Schedule(auto=True)
+        match = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([smh])", text)
+        if match and float(match.group(1)) > 0:
+            return Schedule(seconds=float(match.group(1)) * _UNITS[match.group(2)])
+    raise ConfigError(
+        f"invalid checkpoint interval every={every!r}",
+        hint="use a number of steps (500), a duration ('90s', '10m', '1h'), 'auto' or None",
+    )
+
+
+def young_daly_interval_s(save_cost_s: float, mtbi_s: float) -> float:
+    """Daly's higher-order optimum of the time between saves (seconds)."""
+    if mtbi_s <= 0:
+        raise ValueError("mean time between interruptions must be positive")
+    if save_cost_s <= 0:
+        return 0.0
+    if save_cost_s >= 2 * mtbi_s:
+        return mtbi_s
+    ratio = save_cost_s / (2 * mtbi_s)
+    base = math.sqrt(2 * save_cost_s * mtbi_s)
+    return base * (1 + math.sqrt(ratio) / 3 + ratio / 9) - save_cost_s
+
+
+def auto_interval_s(save_cost_s: float, write_s: float, mtbi_s: float) -> float:
+    """The auto interval: Young/Daly on the blocking cost, but never shorter than one
+    background write, nor than ``MIN_AUTO_INTERVAL_S``."""
+    return max(young_daly_interval_s(save_cost_s, mtbi_s), write_s, MIN_AUTO_INTERVAL_S)
+
+
+def save_due(
+    schedule: Schedule,
+    *,
+    step: int,
+    steps_since_save: int,
+    seconds_since_save: float,
+    save_cost_s: float | None,
+    write_s: float | None,
+    mtbi_s: float,
+) -> bool:
+    """Whether to save at this step boundary (``step`` optimizer steps are done). Step
+    schedules save at multiples of the count, so an extra save (a notice, a resume) does not
+    shift them. In auto mode the first boundary saves (that is how
+    the cost gets measured); afterwards the Young/Daly interval applies."""
+    if steps_since_save <= 0:
+        return False
+    if schedule.steps is not None and step % schedule.steps == 0:
+        return True
+    if schedule.seconds is not None and seconds_since_save >= schedule.seconds:
+        return True
+    if schedule.auto:
+        if save_cost_s is None:
+            return True
+        return seconds_since_save >= auto_interval_s(save_cost_s, write_s or 0.0, mtbi_s)
+    return False

@@ -1,0 +1,583 @@
+"""Run: the training loop's companion. It resumes, decides when to save, saves in the background,
+reacts to interruption notices and exits 75 when the machine is about to go away.
+
+    run = spotwise.Run("runs/digits", model=model, optimizer=opt, scheduler=sched,
+                       loader=loader, steps=3000, every="auto")
+    for x, y in run:                 # one batch per optimizer step, across epochs
+        loss = F.cross_entropy(model(x), y)
+        opt.zero_grad(); loss.backward(); opt.step(); sched.step()
+
+The code after each ``yield`` is the step boundary: the step counter advances, a failed
+background save is raised, notices are checked and, when due, a snapshot is taken.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import logging
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+from torch.utils.data import DataLoader
+
+from spotwise.errors import (
+    CheckpointError,
+    ConfigError,
+    SaveError,
+    StateMismatchError,
+)
+from spotwise.notices.base import Notice, NoticeSource
+from spotwise.runtime.checkpoint import (
+    CheckpointInfo,
+    LoadedCheckpoint,
+    RetentionPolicy,
+    TensorBlob,
+    clean_temporaries,
+    load_newest_valid,
+    pack_tensors,
+    retain,
+    write_checkpoint,
+)
+from spotwise.runtime.interval import DEFAULT_MTBI_S, MTBI_ENV, parse_every, save_due
+from spotwise.runtime.sampler import ResumableBatchSampler, derive_seed, make_resumable
+from spotwise.runtime.snapshot import SnapshotBuffer
+from spotwise.runtime.state import (
+    StateEncoder,
+    capture_rng,
+    check_module_state,
+    decode,
+    restore_rng,
+)
+from spotwise.telemetry.events import EventLog
+
+log = logging.getLogger(__name__)
+
+EXIT_INTERRUPTED = 75  # EX_TEMPFAIL: interrupted, state saved, restart me
+STATE_VERSION = 1
+EVENTS_FILE = "events.jsonl"
+_LOCK_FILE = ".lock"
+_OURS = (".lock", EVENTS_FILE, "step-", ".tmp-step-", ".trash-step-")
+
+
+@runtime_checkable
+class Mirror(Protocol):
+    """A second tier behind the local run directory (for example an object store).
+
+    ``restore`` runs once at start, before the local directory is searched, and may place the
+    newest remote checkpoint there; ``committed`` runs on the saving thread after every local
+    commit and retention pass; ``flush`` blocks until everything committed is safe remotely
+    (called before the final exit and before exiting on a notice).
+    """
+
+    def restore(self, run_dir: Path) -> None: ...
+
+    def committed(self, checkpoint: CheckpointInfo, deleted: Sequence[CheckpointInfo]) -> None: ...
+
+    def flush(self) -> None: ...
+
+
+class Run:
+    """Resumable training: see the module docstring. Pass ``steps`` to iterate."""
+
+    def __init__(
+        self,
+        run_dir: str | os.PathLike[str],
+        *,
+        model: Any = None,
+        optimizer: Any = None,
+        scheduler: Any = None,
+        scaler: Any = None,
+        loader: DataLoader | None = None,
+        steps: int | None = None,
+        every: int | str | None = "auto",
+        keep_last: int = 3,
+        keep_best: int = 0,
+        best_metric: str | None = None,
+        best_mode: str = "min",
+        keep_every: int | None = None,
+        seed: int | None = None,
+        notices: NoticeSource | str | None = "auto",
+        mirror: Mirror | None = None,
+        async_save: bool = True,
+        mtbi_s: float | None = None,
+    ) -> None:
+        self.run_dir = _local_run_dir(run_dir)
+        self.models = _named(model, "model")
+        self.optimizers = _named(optimizer, "optimizer")
+        self.schedulers = _named(scheduler, "scheduler")
+        self.scalers = _named(scaler, "scaler")
+        if steps is not None and (isinstance(steps, bool) or steps < 0):
+            raise ConfigError(f"steps must be a non-negative number of steps, got {steps!r}")
+        self.total_steps = steps
+        self.schedule = parse_every(every)
+        try:
+            self.retention = RetentionPolicy(
+                keep_last, keep_best, best_metric, best_mode, keep_every
+            )
+        except ValueError as exc:
+            raise ConfigError(f"invalid retention settings: {exc}") from exc
+        self.mtbi_s = float(mtbi_s or os.environ.get(MTBI_ENV) or DEFAULT_MTBI_S)
+        self.async_save = async_save
+        self.mirror = mirror
+
+        self.step = 0
+        self.epoch = 0
+        self.batch_in_epoch = 0
+        self.extras: dict[str, Any] = {}  # user state saved with every checkpoint (JSON/tensors)
+        self.metrics: dict[str, float] = {}  # attached to the next checkpoint's manifest
+        self.resumed_from: CheckpointInfo | None = None
+        self.seed = seed if seed is not None else _draw_seed()
+
+        self.loader: DataLoader | None = None
+        self._batches: ResumableBatchSampler | None = None
+        if loader is not None:
+            self.loader, self._batches = make_resumable(loader, self.seed)
+            if len(self._batches) == 0:
+                raise ConfigError("the data loader yields no batches (empty dataset?)")
+        self._iter: Iterator[Any] | None = None
+
+        self._snapshot = SnapshotBuffer()
+        self._writer: threading.Thread | None = None
+        self._writer_error: BaseException | None = None
+        self._committed_step: int | None = None
+        self._last_save_step = 0
+        self._last_save_time = time.monotonic()
+        self.save_cost_s: float | None = None  # smoothed blocking cost of a save
+        self.write_s: float | None = None  # smoothed duration of a background write
+        self._handled: set[tuple[Any, ...]] = set()
+        self._closed = False
+        self._notices: NoticeSource | None = None
+
+        self._lock_fd: int | None = _lock(self.run_dir)
+        self.events = EventLog(self.run_dir / EVENTS_FILE)
+        try:
+            if mirror is not None:
+                mirror.restore(self.run_dir)
+            clean_temporaries(self.run_dir)
+            loaded = load_newest_valid(self.run_dir)
+            if loaded is not None:
+                self._restore(loaded)
+            self._notices = _open_notices(notices)
+        except BaseException:
+            self._release_lock()
+            raise
+        self._last_save_step = self.step
+        self.events.emit(
+            "start", step=self.step, resumed=self.resumed_from is not None, pid=os.getpid()
+        )
+
+    # --- public -------------------------------------------------------------------------------
+    @property
+    def done(self) -> bool:
+        return self.total_steps is not None and self.step >= self.total_steps
+
+    def __iter__(self) -> Iterator[Any]:
+        """Yield one batch per optimizer step (or the step number without a loader) until
+        ``steps``; then save the final checkpoint and release the run directory."""
+        if self.total_steps is None:
+            raise ConfigError("Run needs steps=N (total optimizer steps) to be iterated")
+        clean_exit = False
+        try:
+            while self.step < self.total_steps:
+                item = self._next_item()
+                yield item
+                self._step_boundary()
+            self._wait_writer()
+            if self._committed_step != self.step:
+                self._save(block=True, reason="final")
+            if self.mirror is not None:
+                self.mirror.flush()
+            self.events.emit("finished", step=self.step)
+            clean_exit = True
+        finally:
+            self._iter = None
+            if clean_exit:
+                self.close()
+            else:
+                self._wait_writer(quiet=True)
+
+    def log(self, **metrics: float) -> None:
+        """Record metrics (loss, accuracy...) for the next checkpoint's manifest; retention's
+        ``keep_best`` ranks by them."""
+        self.metrics.update({k: float(v) for k, v in metrics.items()})
+
+    def save(self, *, block: bool = True) -> None:
+        """Save now (blocking by default); the periodic schedule continues from here."""
+        self._wait_writer()
+        if self._committed_step != self.step:
+            self._save(block=block, reason="manual")
+
+    def close(self) -> None:
+        """Wait for a background save (raising its error), stop notice watching and release the
+        run directory. Safe to call twice."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._wait_writer()
+        finally:
+            if self._notices is not None:
+                self._notices.close()
+            self._release_lock()
+
+    def __enter__(self) -> Run:
+        return self
+
+    def __exit__(self, exc_type: object, *rest: object) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            with contextlib.suppress(SaveError):
+                self.close()
+
+    # --- the loop -------------------------------------------------------------------------------
+    def _next_item(self) -> Any:
+        if self.loader is None or self._batches is None:
+            return self.step
+        while True:
+            if self._iter is None:
+                self._batches.set_position(self.epoch, self.batch_in_epoch)
+                assert self.loader.generator is not None
+                self.loader.generator.manual_seed(derive_seed(self.seed, self.epoch, "loader"))
+                self._iter = iter(self.loader)
+            try:
+                return next(self._iter)
+            except StopIteration:
+                self._iter = None
+                self.epoch += 1
+                self.batch_in_epoch = 0
+
+    def _step_boundary(self) -> None:
+        self.step += 1
+        if self.loader is not None:
+            self.batch_in_epoch += 1
+        self._raise_writer_error()
+        if self._notices is not None:
+            notice = self._notices.current()
+            if notice is not None:
+                self._on_notice(notice)
+        due = save_due(
+            self.schedule,
+            step=self.step,
+            steps_since_save=self.step - self._last_save_step,
+            seconds_since_save=time.monotonic() - self._last_save_time,
+            save_cost_s=self.save_cost_s,
+            write_s=self.write_s,
+            mtbi_s=self.mtbi_s,
+        )
+        # the final save follows right after the last step; a notice may have just saved
+        if due and not self.done and self._last_save_step != self.step:
+            self._save(block=not self.async_save, reason="interval")
+
+    def _on_notice(self, notice: Notice) -> None:
+        if notice.is_terminate:
+            self._emergency_exit(notice)
+        key = (notice.source, notice.kind, notice.received_monotonic, notice.action)
+        if key in self._handled:
+            return
+        self._handled.add(key)
+        self.events.emit("notice", step=self.step, source=notice.source, notice=notice.kind.value)
+        self._wait_writer()
+        if self._committed_step != self.step:
+            self._save(block=False, reason="advisory")
+
+    def _emergency_exit(self, notice: Notice) -> None:
+        """Save synchronously, acknowledge, and leave with exit code 75."""
+        try:
+            self._wait_writer()
+        except SaveError as exc:
+            log.warning("a background save failed (%s); saving synchronously now", exc)
+        if self._committed_step != self.step:
+            self._save(block=True, reason="notice")
+        if self.mirror is not None:
+            self.mirror.flush()
+        assert self._notices is not None
+        self._notices.acknowledge(notice)
+        self.events.emit(
+            "interrupted",
+            step=self.step,
+            source=notice.source,
+            action=notice.action,
+            exit_code=EXIT_INTERRUPTED,
+        )
+        print(
+            f"spotwise: {notice.source} notice ({notice.action or notice.kind.value}): saved "
+            f"step {self.step} in {self.run_dir}; exiting with code {EXIT_INTERRUPTED} "
+            "(restart to resume)",
+            file=sys.stderr,
+            flush=True,
+        )
+        self.close()
+        raise SystemExit(EXIT_INTERRUPTED)
+
+    # --- saving ---------------------------------------------------------------------------------
+    def _state(self) -> tuple[dict[str, torch.Tensor], bytes]:
+        encoder = StateEncoder()
+        sampler = None
+        if self._batches is not None:
+            sampler = self._batches.state_dict(self.epoch, self.batch_in_epoch)
+        doc = {
+            "spotwise": {
+                "version": STATE_VERSION,
+                "step": self.step,
+                "epoch": self.epoch,
+                "batch_in_epoch": self.batch_in_epoch,
+                "seed": self.seed,
+            },
+            "models": _encode_all(encoder, "models", self.models),
+            "optimizers": _encode_all(encoder, "optimizers", self.optimizers),
+            "schedulers": _encode_all(encoder, "schedulers", self.schedulers),
+            "scalers": _encode_all(encoder, "scalers", self.scalers),
+            "sampler": encoder.encode(sampler, "sampler"),
+            "extras": encoder.encode(self.extras, "extras"),
+            "rng": encoder.encode(capture_rng(), "rng"),
+        }
+        return encoder.tensors, json.dumps(doc).encode()
+
+    def _save(self, *, block: bool, reason: str) -> None:
+        self._wait_writer()
+        started = time.perf_counter()
+        tensors, state = self._state()
+        blob = pack_tensors(tensors) if block else self._snapshot.capture(tensors)
+        stall = time.perf_counter() - started
+        self.save_cost_s = _smooth(self.save_cost_s, stall)
+        self._last_save_step, self._last_save_time = self.step, time.monotonic()
+        args = (self.step, blob, state, dict(self.metrics), reason, stall)
+        if block:
+            self._write(*args)
+            return
+        self._writer_error = None
+        self._writer = threading.Thread(
+            target=self._background, args=args, name="spotwise-save", daemon=False
+        )
+        self._writer.start()
+
+    def _background(self, *args: Any) -> None:
+        try:
+            self._write(*args)
+        except BaseException as exc:  # handed to the training thread at the next step
+            self._writer_error = exc
+
+    def _write(
+        self,
+        step: int,
+        blob: TensorBlob,
+        state: bytes,
+        metrics: dict[str, float],
+        reason: str,
+        stall_s: float,
+    ) -> None:
+        started = time.perf_counter()
+        info = write_checkpoint(self.run_dir, step, blob, state, metrics=metrics)
+        self._committed_step = step
+        deleted = retain(self.run_dir, self.retention)
+        took = time.perf_counter() - started
+        self.write_s = _smooth(self.write_s, took)
+        self.events.emit(
+            "checkpoint",
+            step=step,
+            reason=reason,
+            bytes=info.size_bytes,
+            stall_s=round(stall_s, 6),
+            write_s=round(took, 6),
+            deleted=[d.step for d in deleted],
+        )
+        if self.mirror is not None:
+            self.mirror.committed(info, deleted)
+
+    def _raise_writer_error(self) -> None:
+        if self._writer is not None and not self._writer.is_alive():
+            self._writer.join()
+            self._writer = None
+        if self._writer is None and self._writer_error is not None:
+            error, self._writer_error = self._writer_error, None
+            if isinstance(error, SaveError):
+                message = f"background save failed: {error.message}"
+                raise SaveError(message, hint=error.hint) from error
+            raise SaveError(
+                f"background save failed: {error!r}",
+                hint="the previous checkpoints are intact; fix the cause and restart",
+            ) from error
+
+    def _wait_writer(self, quiet: bool = False) -> None:
+        if self._writer is not None:
+            self._writer.join()
+        if quiet:
+            if self._writer_error is not None:
+                log.error("background save failed: %s", self._writer_error)
+            self._writer, self._writer_error = None, None
+            return
+        self._raise_writer_error()
+
+    # --- restoring ------------------------------------------------------------------------------
+    def _restore(self, loaded: LoadedCheckpoint) -> None:
+        where = loaded.info.path
+        try:
+            doc = decode(loaded.state, loaded.tensors)
+            meta = doc["spotwise"]
+            sections = {k: doc[k] for k in ("models", "optimizers", "schedulers", "scalers")}
+        except (KeyError, TypeError) as exc:
+            raise StateMismatchError(
+                f"{where} was not written by spotwise.Run (no run state in it)",
+                hint="point Run at a directory of its own",
+            ) from exc
+        if meta.get("version") != STATE_VERSION:
+            raise StateMismatchError(f"{where} has run-state version {meta.get('version')!r}")
+        for kind, live in (
+            ("models", self.models),
+            ("optimizers", self.optimizers),
+            ("schedulers", self.schedulers),
+            ("scalers", self.scalers),
+        ):
+            if set(sections[kind]) != set(live):
+                raise StateMismatchError(
+                    f"{where} holds {kind} {sorted(sections[kind])}, this Run was given "
+                    f"{sorted(live)}",
+                    hint="pass the same objects as the run that wrote the checkpoint, or use a "
+                    "new run directory",
+                )
+        for name, module in self.models.items():
+            check_module_state(name, module, sections["models"][name])
+        if self._batches is not None:
+            if doc["sampler"] is None:
+                raise StateMismatchError(f"{where} was saved without a data loader")
+            self._batches.load_state_dict(doc["sampler"])
+        for kind in ("models", "optimizers", "schedulers", "scalers"):
+            for name, obj in getattr(self, kind).items():
+                try:
+                    obj.load_state_dict(sections[kind][name])
+                except (RuntimeError, ValueError, KeyError) as exc:
+                    raise StateMismatchError(
+                        f"{where} does not fit {kind[:-1]} {name!r}: {exc}",
+                        hint="the objects differ from the run that wrote it; use a new run "
+                        "directory or restore the original configuration",
+                    ) from exc
+        self.step = int(meta["step"])
+        self.epoch = int(meta["epoch"])
+        self.batch_in_epoch = int(meta["batch_in_epoch"])
+        self.seed = int(meta["seed"])
+        self.extras = dict(doc["extras"] or {})
+        self.metrics = dict(loaded.info.metrics)
+        restore_rng(doc["rng"])
+        self._committed_step = self.step
+        self.resumed_from = loaded.info
+        log.info("resumed from %s (step %d)", where, self.step)
+        self.events.emit("resume", step=self.step, checkpoint=where.name)
+
+    def _release_lock(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)  # closing drops the flock
+            self._lock_fd = None
+
+
+# --- helpers -----------------------------------------------------------------------------------
+def _local_run_dir(run_dir: str | os.PathLike[str]) -> Path:
+    text = os.fspath(run_dir)
+    if text.startswith("file://"):
+        text = text[len("file://") :]
+    elif "://" in text:
+        scheme = text.split("://", 1)[0]
+        raise ConfigError(
+            f"Run needs a local run directory; {scheme}:// is not supported here yet",
+            hint="train into a local directory; remote mirroring of checkpoints comes with the "
+            "storage extra (pip install 'spotwise[s3]')",
+        )
+    path = Path(text).expanduser()
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"run directory {path} exists and is not a directory")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(
+            f"cannot create run directory {path}: {exc.strerror}",
+            hint="choose a writable location for --run-dir",
+        ) from exc
+    entries = os.listdir(path)
+    foreign = [e for e in entries if not e.startswith(_OURS)]
+    if foreign and not any(e.startswith(_OURS) for e in entries):
+        raise ConfigError(
+            f"{path} is not a spotwise run directory: it holds other files "
+            f"({', '.join(sorted(foreign)[:3])}{', ...' if len(foreign) > 3 else ''})",
+            hint="use a new or empty directory for the run, e.g. runs/<name>",
+        )
+    return path
+
+
+def _lock(run_dir: Path) -> int:
+    fd = os.open(run_dir / _LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError as exc:
+        os.close(fd)
+        raise CheckpointError(
+            f"another process (or another Run) is using {run_dir}",
+            hint="wait for it to finish, close() the other Run, or use a different run directory",
+        ) from exc
+    return fd
+
+
+def _named(obj: Any, kind: str) -> dict[str, Any]:
+    if obj is None:
+        return {}
+    if isinstance(obj, Mapping):
+        named = {str(k): v for k, v in obj.items()}
+    elif isinstance(obj, (list, tuple)):
+        named = {str(i): v for i, v in enumerate(obj)}
+    else:
+        named = {"main": obj}
+    for name, value in named.items():
+        if not callable(getattr(value, "state_dict", None)) or not callable(
+            getattr(value, "load_state_dict", None)
+        ):
+            raise ConfigError(
+                f"{kind} {name!r} ({type(value).__name__}) has no state_dict/load_state_dict",
+                hint=f"pass a torch {kind} object, or a dict/list of them",
+            )
+    return named
+
+
+def _encode_all(encoder: StateEncoder, kind: str, objects: Mapping[str, Any]) -> dict[str, Any]:
+    return {name: encoder.encode(o.state_dict(), f"{kind}/{name}") for name, o in objects.items()}
+
+
+def _smooth(previous: float | None, sample: float) -> float:
+    """Exponential moving average of a measured duration."""
+    return sample if previous is None else 0.7 * previous + 0.3 * sample
+
+
+def _draw_seed() -> int:
+    """A seed drawn from torch's global RNG, so ``torch.manual_seed`` controls the data order."""
+    return int(torch.randint(0, 2**62, (1,)).item())
+
+
+def _open_notices(spec: NoticeSource | str | None) -> NoticeSource | None:
+    if spec is None:
+        return None
+    if spec == "auto":
+        try:
+            watcher: Callable[[], NoticeSource] = __import__(
+                "spotwise.notices.watcher", fromlist=["watch_from_environment"]
+            ).watch_from_environment
+        except ModuleNotFoundError as exc:
+            if exc.name != "spotwise.notices.watcher":
+                raise
+            log.warning("interruption notices are unavailable (%s); continuing without", exc)
+            return None
+        return watcher()
+    if isinstance(spec, NoticeSource):
+        return spec
+    raise ConfigError(
+        f"notices={spec!r} is not a notice source",
+        hint="use 'auto', None, or an object with current()/acknowledge()/close()",
+    )
+
+
+__all__ = ["EXIT_INTERRUPTED", "Mirror", "Run"]

@@ -1,0 +1,59 @@
+"""Copy the tensors of a state into one reusable host buffer, so a background thread can write
+them while training goes on.
+
+The buffer is laid out exactly like the data section of the checkpoint's safetensors file, so
+the writer sends it to disk in one piece. It is allocated once (pinned when CUDA is present) and
+reused while the set of tensors keeps its names, shapes and dtypes; training is blocked only for
+the copy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+
+from spotwise.runtime.checkpoint import TensorBlob, TensorLayout, byte_view, spec_of
+
+
+class SnapshotBuffer:
+    """One flat uint8 buffer plus per-tensor destination views, rebuilt only when the state's
+    signature (names, shapes, dtypes) changes. The caller must not snapshot again while a write
+    of the previous blob is still reading the buffer."""
+
+    def __init__(self) -> None:
+        self._signature: tuple[tuple[str, torch.dtype, tuple[int, ...]], ...] | None = None
+        self._layout: TensorLayout | None = None
+        self._flat: torch.Tensor | None = None
+        self._dests: list[torch.Tensor] = []
+        self._order: list[str] = []
+
+    @property
+    def nbytes(self) -> int:
+        return 0 if self._flat is None else self._flat.numel()
+
+    def _prepare(self, tensors: Mapping[str, torch.Tensor]) -> None:
+        signature = tuple((n, t.dtype, tuple(t.shape)) for n, t in tensors.items())
+        if signature == self._signature:
+            return
+        layout = TensorLayout.plan(spec_of(n, t) for n, t in tensors.items())
+        pin = torch.cuda.is_available()
+        flat = torch.empty(layout.data_bytes, dtype=torch.uint8, pin_memory=pin)
+        dests = []
+        for spec, offset in zip(layout.specs, layout.offsets, strict=True):
+            raw = flat[offset : offset + spec.nbytes]
+            dests.append(raw.view(spec.dtype).view(spec.shape))
+        self._signature, self._layout, self._flat = signature, layout, flat
+        self._dests, self._order = dests, [s.name for s in layout.specs]
+
+    def capture(self, tensors: Mapping[str, torch.Tensor]) -> TensorBlob:
+        """Copy ``tensors`` into the buffer and return a blob that refers to it."""
+        self._prepare(tensors)
+        assert self._layout is not None and self._flat is not None
+        sources = [tensors[name].detach() for name in self._order]
+        on_device = any(t.device.type != "cpu" for t in sources)
+        if sources:
+            torch._foreach_copy_(self._dests, sources, non_blocking=on_device)
+        if on_device:
+            torch.cuda.synchronize()
+        return TensorBlob(self._layout, (byte_view(self._flat),))

@@ -1,0 +1,165 @@
+"""Capture and restore of the whole training state, split into tensors and JSON.
+
+Anything a ``state_dict()`` returns (models, optimizers, schedulers, GradScaler), the RNGs and
+user extras is walked once: tensors go to the safetensors file under readable names, everything
+else becomes JSON with small tagged forms for what JSON lacks (tuples, non-string keys, numpy
+arrays). Nothing is pickled, and loading builds only plain values and tensors.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import torch
+
+from spotwise.errors import ConfigError, CorruptCheckpointError, StateMismatchError
+
+_TENSOR, _NDARRAY, _TUPLE, _DICT = "__tensor__", "__ndarray__", "__tuple__", "__dict__"
+_MARKERS = {_TENSOR, _NDARRAY, _TUPLE, _DICT}
+
+
+class StateEncoder:
+    """Turns nested state into JSON-able values, collecting tensors under unique names."""
+
+    def __init__(self) -> None:
+        self.tensors: dict[str, torch.Tensor] = {}
+
+    def _name(self, path: str) -> str:
+        name, n = path or "tensor", 1
+        while name in self.tensors:
+            n += 1
+            name = f"{path}#{n}"
+        return name
+
+    def encode(self, value: Any, path: str) -> Any:
+        if value is None or isinstance(value, (bool, int, float, str)):
+            return value
+        if isinstance(value, torch.Tensor):
+            name = self._name(path)
+            self.tensors[name] = value.detach()
+            return {_TENSOR: name}
+        if isinstance(value, np.ndarray):
+            name = self._name(path)
+            self.tensors[name] = torch.from_numpy(np.ascontiguousarray(value))
+            return {_NDARRAY: name}
+        if isinstance(value, np.generic):
+            return self.encode(value.item(), path)
+        if isinstance(value, Mapping):
+            keys = list(value)
+            plain = all(isinstance(k, str) for k in keys) and not (
+                len(keys) == 1 and keys[0] in _MARKERS
+            )
+            if plain:
+                return {k: self.encode(v, f"{path}/{k}") for k, v in value.items()}
+            return {
+                _DICT: [
+                    [self.encode(k, f"{path}/key"), self.encode(v, f"{path}/{k}")]
+                    for k, v in value.items()
+                ]
+            }
+        if isinstance(value, tuple):
+            return {_TUPLE: [self.encode(v, f"{path}/{i}") for i, v in enumerate(value)]}
+        if isinstance(value, list):
+            return [self.encode(v, f"{path}/{i}") for i, v in enumerate(value)]
+        raise ConfigError(
+            f"cannot checkpoint {path!r}: values of type {type(value).__name__} are not "
+            "supported (spotwise never pickles)",
+            hint="keep state to tensors, numbers, strings, lists, tuples and dicts; store "
+            "anything else as one of these in run.extras",
+        )
+
+
+def decode(value: Any, tensors: Mapping[str, torch.Tensor]) -> Any:
+    """Inverse of :meth:`StateEncoder.encode`."""
+    if isinstance(value, list):
+        return [decode(v, tensors) for v in value]
+    if not isinstance(value, dict):
+        return value
+    if len(value) == 1:
+        (key, inner), = value.items()
+        if key in (_TENSOR, _NDARRAY):
+            if inner not in tensors:
+                raise CorruptCheckpointError(f"state refers to a missing tensor {inner!r}")
+            tensor = tensors[inner]
+            return tensor.numpy().copy() if key == _NDARRAY else tensor
+        if key == _TUPLE:
+            return tuple(decode(v, tensors) for v in inner)
+        if key == _DICT:
+            return {_hashable(decode(k, tensors)): decode(v, tensors) for k, v in inner}
+    return {k: decode(v, tensors) for k, v in value.items()}
+
+
+def _hashable(key: Any) -> Any:
+    return tuple(_hashable(k) for k in key) if isinstance(key, (list, tuple)) else key
+
+
+# --- random number generators ------------------------------------------------------------------
+def capture_rng() -> dict[str, Any]:
+    """Python, NumPy (legacy global) and torch CPU/CUDA generator states."""
+    state: dict[str, Any] = {
+        "python": random.getstate(),
+        "numpy": _numpy_state(),
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _numpy_state() -> tuple[Any, ...]:
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    return (kind, [int(k) for k in keys], int(pos), int(has_gauss), float(cached))
+
+
+def restore_rng(state: Mapping[str, Any]) -> None:
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    kind, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((kind, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
+    torch.set_rng_state(state["torch"].clone())
+    if "cuda" in state and torch.cuda.is_available():
+        saved = state["cuda"]
+        if len(saved) != torch.cuda.device_count():
+            raise StateMismatchError(
+                f"the checkpoint holds CUDA RNG states for {len(saved)} devices, this machine "
+                f"has {torch.cuda.device_count()}",
+                hint="resume on the same number of visible GPUs for a bit-exact continuation",
+            )
+        torch.cuda.set_rng_state_all([s.clone() for s in saved])
+
+
+# --- modules -----------------------------------------------------------------------------------
+def check_module_state(name: str, module: torch.nn.Module, saved: Mapping[str, Any]) -> None:
+    """Refuse a checkpoint of a different model before anything is loaded."""
+    live = module.state_dict()
+    missing = sorted(set(live) - set(saved))
+    unexpected = sorted(set(saved) - set(live))
+    wrong = [
+        f"{k}: checkpoint {tuple(saved[k].shape)} {saved[k].dtype}, model "
+        f"{tuple(live[k].shape)} {live[k].dtype}"
+        for k in live
+        if k in saved
+        and isinstance(saved[k], torch.Tensor)
+        and (saved[k].shape != live[k].shape or saved[k].dtype != live[k].dtype)
+    ]
+    if missing or unexpected or wrong:
+        parts = []
+        if missing:
+            parts.append(f"missing keys {_few(missing)}")
+        if unexpected:
+            parts.append(f"unexpected keys {_few(unexpected)}")
+        if wrong:
+            parts.append(f"mismatched tensors {_few(wrong)}")
+        raise StateMismatchError(
+            f"the checkpoint does not fit model {name!r}: {'; '.join(parts)}",
+            hint="this run directory belongs to a different model; use a new run directory, "
+            "or restore the model definition that wrote it",
+        )
+
+
+def _few(items: list[str], n: int = 3) -> str:
+    more = f" (+{len(items) - n} more)" if len(items) > n else ""
+    return ", ".join(items[:n]) + more

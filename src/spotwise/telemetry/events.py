@@ -1,0 +1,54 @@
+"""A tiny append-only JSONL event log: one ``{"time": ..., "kind": ..., ...}`` object a line.
+
+Each event is a single ``write`` on a file opened with O_APPEND, so concurrent writers (the
+training loop and its background saver, or several processes) never interleave within a line,
+and a crash loses at most the event being written.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+
+class EventLog:
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+
+    def emit(self, kind: str, **fields: Any) -> None:
+        """Append one event; failures are logged, never raised (events are not worth a crash)."""
+        record = {"time": time.time(), "kind": kind, **fields}
+        line = (json.dumps(record, default=str, separators=(",", ":")) + "\n").encode()
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            try:
+                os.write(fd, line)
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            log.warning("could not record event %s in %s: %s", kind, self.path, exc)
+
+
+def read_events(path: str | os.PathLike[str], kind: str | None = None) -> list[dict[str, Any]]:
+    """All events in the log (optionally of one kind), skipping a torn last line."""
+    try:
+        text = Path(path).read_text()
+    except FileNotFoundError:
+        return []
+    events = []
+    for line in text.splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            log.warning("skipping a malformed event line in %s", path)
+            continue
+        if kind is None or record.get("kind") == kind:
+            events.append(record)
+    return events
