@@ -121,6 +121,16 @@ def aws_offers(shared: Path, advisor: dict) -> list[Offer]:
     return offers
 
 
+def aws_reserved(shared: Path) -> list[tuple[str, str, float]]:
+    """(region, type, 1-year reserved $/h) where the Vantage table has one (for `spotwise roi`)."""
+    with (shared / AWS_VANTAGE).open(newline="") as f:
+        return sorted(
+            (r["region"], r["instance_type"], float(r["reserved_usd_hr"]))
+            for r in csv.DictReader(f)
+            if r["reserved_usd_hr"] and float(r["gpu_count"]) >= 1
+        )
+
+
 def _latest_snapshot(path: Path) -> tuple[str, list[dict]]:
     with path.open(newline="") as f:
         rows = list(csv.DictReader(f))
@@ -266,6 +276,11 @@ def main(argv: list[str] | None = None) -> int:
         write_offers(offers, f)
     with (args.out / "interruption.csv").open("w", newline="") as f:
         write_rates(rates, f)
+    reserved = aws_reserved(shared)
+    with (args.out / "reserved.csv").open("w", newline="") as f:
+        writer = csv.writer(f, lineterminator="\n")
+        writer.writerow(["cloud", "region", "instance_type", "usd_per_hour"])
+        writer.writerows(("aws", region, itype, usd) for region, itype, usd in reserved)
     counts = defaultdict(int)
     for o in offers:
         counts[(o.cloud, o.market)] += 1
@@ -274,6 +289,7 @@ def main(argv: list[str] | None = None) -> int:
         + ", ".join(f"{c}/{m}={n}" for (c, m), n in sorted(counts.items()))
     )
     print(f"interruption rows: {len(rates)} (prior weight {PRIOR_WEIGHT_H:g} h)")
+    print(f"reserved prices: {len(reserved)}")
     return 0
 
 

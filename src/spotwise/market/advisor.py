@@ -25,6 +25,8 @@ from spotwise.market.catalog import Catalog, Offer, same_family
 from spotwise.market.interruption import InterruptionModel
 
 MIN_USEFUL_SHARE = 0.05  # below this the job spends > 95% of its time redoing work
+DEFAULT_CHECKPOINT_COST_H = 0.05  # 3 minutes to write a checkpoint
+DEFAULT_RESTART_H = 0.2  # 12 minutes changeover, the simulation model's d
 
 
 @dataclass(frozen=True)
@@ -38,8 +40,8 @@ class JobRequest:
     deadline_hours: float | None = None  # from now
     deadline_at: datetime | None = None  # absolute; needs advise(now=...)
     budget_usd: float | None = None
-    checkpoint_cost_h: float = 0.05  # time to write one checkpoint (3 min)
-    restart_h: float = 0.2  # changeover: provision + start + restore
+    checkpoint_cost_h: float = DEFAULT_CHECKPOINT_COST_H  # time to write one checkpoint
+    restart_h: float = DEFAULT_RESTART_H  # changeover: provision + start + restore
     checkpoint_interval_h: float | None = None  # None: Young's optimum per placement
     emergency_save: bool = False  # a notice triggers a save, so little work is lost
     markets: tuple[str, ...] = ("spot", "on-demand")

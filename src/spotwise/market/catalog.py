@@ -357,6 +357,14 @@ def _load(path: str | None) -> Catalog:
     return Catalog(read_offers(text))
 
 
+@functools.lru_cache(maxsize=1)
+def load_reserved_prices() -> dict[tuple[str, str, str], float]:
+    """(cloud, region, instance_type) -> 1-year reserved $/h, where the sources have one."""
+    ref = resources.files("spotwise") / "data" / "catalog" / "reserved.csv"
+    rows = csv.DictReader(io.StringIO(ref.read_text(encoding="utf-8")))
+    return {(r["cloud"], r["region"], r["instance_type"]): float(r["usd_per_hour"]) for r in rows}
+
+
 def load_catalog(path: str | Path | None = None) -> Catalog:
     """The shipped catalog (cached), or one read from a CSV in the same format."""
     return _load(None if path is None else str(path))

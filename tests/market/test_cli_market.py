@@ -1,0 +1,142 @@
+"""The market commands, driven through the real Typer app (and one real subprocess)."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from spotwise.cli.main import app
+from spotwise.cli.market import parse_hours, sparkline
+from spotwise.errors import ConfigError, MarketError, NoPlacementError, UnknownGPUError
+
+PRICES = Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "prices"
+runner = CliRunner()
+
+
+def run(*args: str):
+    return runner.invoke(app, list(args), catch_exceptions=True)
+
+
+def test_advise_json_is_a_ranked_list_with_the_promised_fields():
+    result = run("advise", "--gpu", "V100", "--count", "8", "--hours", "48", "--deadline", "60h",
+                 "--json", "--no-history")  # fmt: skip
+    assert result.exit_code == 0, result.output
+    placements = json.loads(result.output)
+    required = {"cloud", "region", "zone", "instance_type", "market", "gpus", "usd_per_hour",
+                "expected_hours", "expected_cost_usd", "meets_deadline"}  # fmt: skip
+    assert all(required <= set(p) for p in placements)
+    assert all(p["gpus"] == 8 for p in placements)
+    ok = [p for p in placements if p["meets_deadline"]]
+    assert placements[: len(ok)] == ok  # deadline-feasible first
+    assert [p["expected_cost_usd"] for p in ok] == sorted(p["expected_cost_usd"] for p in ok)
+    assert any(not p["meets_deadline"] for p in placements)
+
+
+def test_advise_table_names_the_best_placement():
+    result = run("advise", "--gpu", "V100", "-n", "8", "--hours", "48h", "--no-history")
+    assert result.exit_code == 0, result.output
+    assert "best expected cost first" in result.output and "best: " in result.output
+
+
+def test_advise_uses_newer_history_prices(tmp_path):
+    csv = tmp_path / "p.csv"
+    csv.write_text(
+        "cloud,region,zone,instance_type,market,usd_per_hour,timestamp\n"
+        "aws,us-east-1,use1-az5,p3.16xlarge,spot,0.5,2026-06-01T00:00:00Z\n"
+    )
+    db = tmp_path / "p.db"
+    assert run("prices", "ingest", str(csv), "--db", str(db)).exit_code == 0
+    result = run("advise", "--gpu", "V100", "-n", "8", "--hours", "48", "--json", "--db", str(db))
+    best = json.loads(result.output)[0]
+    assert (best["zone"], best["usd_per_hour"]) == ("use1-az5", 0.5)
+
+
+def test_gpus_filters_and_json():
+    result = run("gpus", "--gpu", "A100", "--count", "8", "--min-mem", "80", "--json")
+    assert result.exit_code == 0
+    types = json.loads(result.output)
+    assert types and {t["gpu"] for t in types} == {"A100-80GB"}
+    assert "p4de.24xlarge" in {t["instance_type"] for t in types}
+    assert "p4d.24xlarge" in run("gpus", "--gpu", "A100", "--count", "8").output
+
+
+@pytest.mark.parametrize(
+    ("args", "error", "text"),
+    [
+        (["gpus", "--gpu", "V1000"], UnknownGPUError, "did you mean"),
+        (["gpus", "--gpu", "V100", "--count", "64"], NoPlacementError, "most on one instance is 8"),
+        (["advise", "--gpu", "V100", "--hours", "soon"], ConfigError, "cannot read --hours"),
+        (["prices", "show"], MarketError, "no price history"),
+        (["prices", "ingest"], ConfigError, "nothing to ingest"),
+    ],
+)
+def test_bad_input_raises_our_errors(args, error, text):
+    result = run(*args)
+    assert isinstance(result.exception, error) and text in str(result.exception)
+
+
+def test_errors_print_one_line_and_exit_2(tmp_path):
+    env = {**os.environ, "SPOTWISE_HOME": str(tmp_path), "SPOTWISE_PLATFORM": "none"}
+    code = "from spotwise.cli.main import main; main()"
+    proc = subprocess.run(
+        [sys.executable, "-c", code, "gpus", "--gpu", "H10"],
+        capture_output=True, text=True, env=env, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("error: unknown GPU 'H10'") and "H100" in proc.stderr
+
+
+def test_prices_ingest_show_history_chart(tmp_path):
+    src = tmp_path / "aws.csv"
+    with (PRICES / "aws_p2_p3_spot_price_history.csv").open() as f:
+        src.write_text("".join(itertools.islice(f, 1500)) + "garbage,row\n")
+    db = str(tmp_path / "p.db")
+    result = run("prices", "ingest", str(src), "--db", db)
+    assert result.exit_code == 0, result.output
+    assert "1,499 rows read, 1,499 new or changed" in result.output
+    assert "line 1501: expected 6 fields" in result.output
+    again = run("prices", "ingest", str(src), "--db", db)
+    assert "0 new or changed, 1,499 already stored" in again.output
+    summary = json.loads(run("prices", "show", "--db", db, "--json").output)
+    assert summary[0]["rows"] == 1499 and summary[0]["cloud"] == "aws"
+    latest = json.loads(run("prices", "show", "--type", "p2.16xlarge", "--db", db, "--json").output)
+    assert latest and all(r["instance_type"] == "p2.16xlarge" for r in latest)
+    png = tmp_path / "chart.png"
+    chart = run("prices", "history", "--type", "p2.16xlarge", "--db", db, "--png", str(png))
+    assert chart.exit_code == 0, chart.output
+    assert "aws/eu-west-1a" in chart.output and "min " in chart.output
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    empty = run("prices", "history", "--type", "p9.huge", "--db", db)
+    assert isinstance(empty.exception, MarketError)
+
+
+def test_roi_prints_break_even():
+    result = run("roi", "--gpu-hours", "40000", "--price", "250000", "--gpus", "8",
+                 "--power-kw", "6.5", "--gpu", "A100", "--cloud", "aws", "--region", "us-east-1",
+                 "--json")  # fmt: skip
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.output)
+    names = [o["name"] for o in data["options"]]
+    assert set(names) == {"buy", "on-demand", "reserved", "spot"}
+    on_demand = next(o for o in data["options"] if o["name"] == "on-demand")
+    assert 0 < on_demand["break_even_utilisation"] < 1
+    text = run("roi", "--gpu-hours", "40000", "--price", "250000", "--power-kw", "6.5",
+               "--on-demand-usd", "2.5").output  # fmt: skip
+    assert "break-even utilisation against on-demand" in text
+
+
+def test_parse_hours_and_sparkline():
+    assert parse_hours("60h", "x") == 60 and parse_hours("90m", "x") == 1.5
+    assert parse_hours("2d", "x") == 48 and parse_hours("1.5", "x") == 1.5
+    with pytest.raises(ConfigError):
+        parse_hours("-3h", "x")
+    line = sparkline([1, 1, 2, 3, 5, 8], width=6)
+    assert line[0] == "▁" and line[-1] == "█" and len(line) == 6
+    assert len(sparkline(list(range(1000)), width=40)) == 40
