@@ -56,6 +56,7 @@ from spotwise.runtime.state import (
     decode,
     restore_rng,
 )
+from spotwise.runtime.tiered import TieredMirror, is_remote, staging_dir
 from spotwise.telemetry.events import EventLog
 
 log = logging.getLogger(__name__)
@@ -106,10 +107,12 @@ class Run:
         seed: int | None = None,
         notices: NoticeSource | str | None = "auto",
         mirror: Mirror | None = None,
+        local_dir: str | os.PathLike[str] | None = None,  # staging dir for an s3:// run_dir
         async_save: bool = True,
         mtbi_s: float | None = None,
     ) -> None:
-        self.run_dir = _local_run_dir(run_dir)
+        remote_uri = os.fspath(run_dir) if is_remote(run_dir) else None
+        self.run_dir = _local_run_dir(staging_dir(remote_uri, local_dir) if remote_uri else run_dir)
         self.models = _named(model, "model")
         self.optimizers = _named(optimizer, "optimizer")
         self.schedulers = _named(scheduler, "scheduler")
@@ -126,6 +129,10 @@ class Run:
             raise ConfigError(f"invalid retention settings: {exc}") from exc
         self.mtbi_s = float(mtbi_s or os.environ.get(MTBI_ENV) or DEFAULT_MTBI_S)
         self.async_save = async_save
+        if remote_uri is not None:  # two tiers: commit locally, upload in the background
+            if mirror is not None:
+                raise ConfigError("pass either a remote run_dir or mirror=, not both")
+            mirror = TieredMirror.from_uri(remote_uri, retention=self.retention)
         self.mirror = mirror
 
         self.step = 0
@@ -223,6 +230,8 @@ class Run:
         self._closed = True
         try:
             self._wait_writer()
+            if self.mirror is not None:
+                self.mirror.flush()
         finally:
             if self._notices is not None:
                 self._notices.close()
@@ -486,9 +495,8 @@ def _local_run_dir(run_dir: str | os.PathLike[str]) -> Path:
     elif "://" in text:
         scheme = text.split("://", 1)[0]
         raise ConfigError(
-            f"Run needs a local run directory; {scheme}:// is not supported here yet",
-            hint="train into a local directory; remote mirroring of checkpoints comes with the "
-            "storage extra (pip install 'spotwise[s3]')",
+            f"Run cannot use {scheme}:// run directories",
+            hint="use a local path, file:///path or s3://bucket/prefix",
         )
     path = Path(text).expanduser()
     if path.exists() and not path.is_dir():

@@ -1,0 +1,420 @@
+"""Two-tier checkpoints: commit to fast local disk, then copy to an object store in the background.
+
+Training only ever waits for the local commit (``checkpoint.write_checkpoint``). A single
+uploader thread then pushes the newest committed checkpoint to the remote ``Storage`` with the
+object-store commit protocol: every data file first, ``manifest.json`` **last**. A reader that
+lists the remote prefix sees a checkpoint only once its manifest exists, and trusts it only when
+every file it names is there with the right size (and, when pulled, the right CRC32C).
+
+On start (:meth:`TieredMirror.restore`), the newest committed checkpoint across both tiers wins:
+a newer remote one is pulled into the local directory (verified, written, then renamed into
+place); a newer local one (the previous process died before its upload finished) is uploaded.
+
+Emergency saves (a spot notice): the checkpoint is committed locally first, which takes as long
+as writing it to disk, and ``flush`` then waits for its upload. The local copy survives a process
+crash and a stop/hibernate; the remote copy is what survives the VM. If the deadline hits first,
+the remote still holds the previous committed checkpoint, never a partial one.
+
+Remote retention follows the local policy, but only after a newer checkpoint has committed
+remotely; a deletion removes the manifest first, so a half-deleted checkpoint is never trusted.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import re
+import threading
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import crc32c
+
+from spotwise.errors import (
+    CorruptCheckpointError,
+    EncryptionKeyError,
+    IntegrityError,
+    NoCheckpointError,
+    SaveError,
+    StorageNotFoundError,
+)
+from spotwise.runtime.checkpoint import (
+    MANIFEST,
+    TMP_PREFIX,
+    CheckpointInfo,
+    RetentionPolicy,
+    choose_deletions,
+    list_checkpoints,
+    parse_manifest,
+)
+from spotwise.storage.base import Storage
+
+log = logging.getLogger(__name__)
+
+CACHE_ENV = "SPOTWISE_CACHE_DIR"
+_STEP_KEY = re.compile(r"^(step-(\d{8,}))/(.+)$")
+_REMOTE_SCHEMES = ("s3://", "memory://")
+
+
+def is_remote(run_dir: str | os.PathLike[str]) -> bool:
+    """True for run directories that name an object store (``s3://bucket/prefix``; ``memory://``
+    is the in-process fake that tests use)."""
+    return os.fspath(run_dir).startswith(_REMOTE_SCHEMES)
+
+
+def staging_dir(uri: str, local_dir: str | os.PathLike[str] | None = None) -> Path:
+    """The local directory that stages checkpoints of remote ``uri``.
+
+    ``local_dir`` wins; else ``$SPOTWISE_CACHE_DIR/<name>-<hash>``; else
+    ``~/.cache/spotwise/<name>-<hash>``, where the hash of the URI keeps two runs apart.
+    """
+    if local_dir is not None:
+        return Path(local_dir).expanduser()
+    digest = hashlib.sha256(uri.encode()).hexdigest()[:12]
+    name = re.sub(r"[^A-Za-z0-9._-]+", "_", uri.split("://", 1)[-1].rstrip("/"))[-40:]
+    base = os.environ.get(CACHE_ENV) or Path("~/.cache/spotwise").expanduser()
+    return Path(base) / f"{name}-{digest}"
+
+
+def open_remote(uri: str) -> Storage:
+    """The storage backend for ``uri``, wrapped for encryption when a key is configured."""
+    from spotwise.storage import open_storage
+    from spotwise.storage.crypt import EncryptedStorage
+
+    return EncryptedStorage.from_env(open_storage(uri))
+
+
+# --- remote discovery --------------------------------------------------------------------------
+@dataclass
+class RemoteCheckpoint:
+    """One ``step-*`` prefix of the remote store, as found by listing it."""
+
+    step: int
+    name: str
+    sizes: dict[str, int]  # file name -> size, as listed
+    manifest_raw: bytes | None = None
+    manifest: dict[str, Any] | None = None
+    valid: bool = False
+    problem: str | None = None
+
+    @property
+    def size_bytes(self) -> int:
+        return sum(self.sizes.values())
+
+    def info(self) -> CheckpointInfo:
+        """As a ``CheckpointInfo`` (path = the step name), for retention decisions and listings."""
+        manifest = self.manifest or {}
+        metrics = manifest.get("metrics") or {}
+        return CheckpointInfo(
+            step=self.step,
+            path=Path(self.name),
+            wall_time=float(manifest.get("wall_time") or 0) or None,
+            size_bytes=self.size_bytes,
+            valid=self.valid,
+            problem=self.problem,
+            metrics={k: float(v) for k, v in metrics.items() if isinstance(v, (int, float))},
+        )
+
+    def as_dict(self, uri: str) -> dict[str, Any]:
+        out = self.info().as_dict()
+        out["path"] = f"{uri.rstrip('/')}/{self.name}"
+        return out
+
+
+def scan_remote(
+    storage: Storage, cache: dict[str, RemoteCheckpoint] | None = None
+) -> list[RemoteCheckpoint]:
+    """Every ``step-*`` prefix under ``storage``, oldest first, checked from one listing.
+
+    A checkpoint is valid when its manifest parses and every file it names is listed with the
+    manifest's size. ``cache`` (name -> checkpoint) saves re-reading unchanged manifests.
+    """
+    groups: dict[str, RemoteCheckpoint] = {}
+    for obj in storage.list(""):
+        match = _STEP_KEY.match(obj.key)
+        if match is None:
+            continue
+        name, step, rest = match.group(1), int(match.group(2)), match.group(3)
+        groups.setdefault(name, RemoteCheckpoint(step, name, {})).sizes[rest] = obj.size
+    found = []
+    for name, ckpt in sorted(groups.items(), key=lambda kv: kv[1].step):
+        cached = (cache or {}).get(name)
+        if cached is not None and cached.valid and cached.sizes == ckpt.sizes:
+            found.append(cached)
+            continue
+        _check(storage, ckpt)
+        if cache is not None:
+            cache[name] = ckpt
+        found.append(ckpt)
+    return found
+
+
+def _check(storage: Storage, ckpt: RemoteCheckpoint) -> None:
+    if MANIFEST not in ckpt.sizes:
+        ckpt.problem = f"no {MANIFEST}: the upload never committed"
+        return
+    where = f"{storage.uri}/{ckpt.name}/{MANIFEST}"
+    try:
+        ckpt.manifest_raw = storage.get_bytes(f"{ckpt.name}/{MANIFEST}")
+        ckpt.manifest = parse_manifest(ckpt.manifest_raw, where)
+    except CorruptCheckpointError as exc:
+        ckpt.problem = exc.message
+        if _looks_encrypted(ckpt.manifest_raw):
+            raise EncryptionKeyError(
+                f"the checkpoints at {storage.uri} are encrypted and no key is configured",
+                hint="set SPOTWISE_ENCRYPTION_KEY (or SPOTWISE_ENCRYPTION_KEY_FILE) to the key "
+                "they were written with",
+            ) from exc
+        return
+    except (IntegrityError, StorageNotFoundError) as exc:
+        ckpt.problem = exc.message
+        return
+    if ckpt.manifest["step"] != ckpt.step:
+        ckpt.problem = f"holds step {ckpt.manifest['step']} but is named for step {ckpt.step}"
+        return
+    for fname, entry in ckpt.manifest["files"].items():
+        listed = ckpt.sizes.get(fname)
+        if listed != entry["size"]:
+            got = "missing" if listed is None else f"{listed} bytes"
+            ckpt.problem = f"{fname} is {got}, the manifest says {entry['size']} bytes"
+            return
+    ckpt.valid = True
+
+
+def _looks_encrypted(raw: bytes | None) -> bool:
+    from spotwise.storage.crypt import looks_encrypted
+
+    return raw is not None and looks_encrypted(raw)
+
+
+def newest_valid(checkpoints: Sequence[RemoteCheckpoint]) -> RemoteCheckpoint | None:
+    valid = [c for c in checkpoints if c.valid]
+    return valid[-1] if valid else None
+
+
+# --- moving checkpoints between tiers ----------------------------------------------------------
+def push(storage: Storage, ckpt_dir: Path) -> None:
+    """Upload one committed local checkpoint: verified data files first, the manifest last."""
+    raw = (ckpt_dir / MANIFEST).read_bytes()
+    manifest = parse_manifest(raw, str(ckpt_dir / MANIFEST))
+    for fname, entry in manifest["files"].items():
+        path = ckpt_dir / fname
+        _verify_file(path, entry)  # never upload bytes that differ from what was committed
+        storage.put_file(f"{ckpt_dir.name}/{fname}", path)
+    storage.put_bytes(f"{ckpt_dir.name}/{MANIFEST}", raw)
+
+
+def pull(storage: Storage, ckpt: RemoteCheckpoint, run_dir: Path) -> Path:
+    """Download a remote checkpoint into ``run_dir`` with the local commit protocol.
+
+    Files land in a hidden temporary directory, each is checked against the manifest's size and
+    CRC32C and fsynced, the manifest is written last and the directory renamed into place.
+    Raises CorruptCheckpointError (or IntegrityError) and leaves nothing behind on failure.
+    """
+    if not ckpt.valid or ckpt.manifest is None or ckpt.manifest_raw is None:
+        raise CorruptCheckpointError(f"{storage.uri}/{ckpt.name} is not valid: {ckpt.problem}")
+    final = run_dir / ckpt.name
+    tmp = run_dir / f"{TMP_PREFIX}{ckpt.step:08d}-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir(parents=True)
+    try:
+        for fname, entry in ckpt.manifest["files"].items():
+            storage.get_file(f"{ckpt.name}/{fname}", tmp / fname)
+            _verify_file(tmp / fname, entry)
+            _fsync(tmp / fname)
+        (tmp / MANIFEST).write_bytes(ckpt.manifest_raw)
+        _fsync(tmp / MANIFEST)
+        _fsync(tmp)
+        if final.exists():  # a stale or broken local copy of the same step
+            _remove_tree(final)
+        os.rename(tmp, final)
+        _fsync(run_dir)
+    except BaseException:
+        _remove_tree(tmp)
+        raise
+    return final
+
+
+def _verify_file(path: Path, entry: dict[str, Any]) -> None:
+    try:
+        size = path.stat().st_size
+        value = 0
+        with open(path, "rb") as fh:
+            while chunk := fh.read(16 << 20):
+                value = crc32c.crc32c(chunk, value)
+    except FileNotFoundError as exc:
+        raise CorruptCheckpointError(f"{path} is missing") from exc
+    if size != entry["size"] or f"{value:08x}" != entry["crc32c"]:
+        raise CorruptCheckpointError(
+            f"{path} does not match its manifest (size {size} vs {entry['size']}, CRC32C "
+            f"{value:08x} vs {entry['crc32c']})"
+        )
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _remove_tree(path: Path) -> None:
+    import shutil
+
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def delete_remote(storage: Storage, ckpt: RemoteCheckpoint) -> None:
+    """Delete a remote checkpoint, manifest first so a half-deleted one is never trusted."""
+    if MANIFEST in ckpt.sizes:
+        storage.delete(f"{ckpt.name}/{MANIFEST}")
+    for fname in ckpt.sizes:
+        if fname != MANIFEST:
+            storage.delete(f"{ckpt.name}/{fname}")
+
+
+def pull_newest(storage: Storage, dest: Path) -> Path:
+    """Download the newest valid remote checkpoint into ``dest`` (``spotwise ckpt pull``);
+    a newer one that fails verification is skipped with a warning."""
+    checkpoints = scan_remote(storage)
+    for ckpt in reversed([c for c in checkpoints if c.valid]):
+        try:
+            return pull(storage, ckpt, dest)
+        except (CorruptCheckpointError, IntegrityError) as exc:
+            log.warning("skipping %s/%s: %s", storage.uri, ckpt.name, exc)
+    raise NoCheckpointError(
+        f"no valid checkpoint at {storage.uri} ({len(checkpoints)} found, none valid)",
+        hint="check the URI (s3://bucket/prefix given as --run-dir) and the credentials",
+    )
+
+
+# --- the mirror that Run drives ----------------------------------------------------------------
+@dataclass
+class _UploadState:
+    pending: CheckpointInfo | None = None
+    busy: bool = False
+    error: BaseException | None = None
+    uploaded: list[int] = field(default_factory=list)
+
+
+class TieredMirror:
+    """A ``spotwise.runtime.run.Mirror`` backed by a remote ``Storage`` (see module docstring)."""
+
+    def __init__(self, remote: Storage, *, retention: RetentionPolicy | None = None) -> None:
+        self.remote = remote
+        self.retention = retention or RetentionPolicy()
+        self._state = _UploadState()
+        self._cond = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self._manifests: dict[str, RemoteCheckpoint] = {}
+
+    @classmethod
+    def from_uri(cls, uri: str, *, retention: RetentionPolicy | None = None) -> TieredMirror:
+        return cls(open_remote(uri), retention=retention)
+
+    @property
+    def uploaded_steps(self) -> list[int]:
+        with self._cond:
+            return list(self._state.uploaded)
+
+    # -- Mirror protocol -------------------------------------------------------------------------
+    def restore(self, run_dir: Path) -> None:
+        """Make the newest committed checkpoint of either tier the newest local one."""
+        local = [c for c in list_checkpoints(run_dir) if c.valid]
+        local_step = local[-1].step if local else -1
+        remote = scan_remote(self.remote, self._manifests)
+        remote_valid = [c for c in remote if c.valid]
+        remote_step = remote_valid[-1].step if remote_valid else -1
+        for ckpt in reversed(remote_valid):
+            if ckpt.step <= local_step:
+                break
+            try:
+                pull(self.remote, ckpt, run_dir)
+                log.info("pulled %s/%s into %s", self.remote.uri, ckpt.name, run_dir)
+                return
+            except (CorruptCheckpointError, IntegrityError) as exc:
+                log.warning("remote %s/%s fails verification (%s); trying an older one",
+                            self.remote.uri, ckpt.name, exc)  # fmt: skip
+        if local_step > remote_step:
+            log.info("uploading local step %d, newer than the remote's %d", local_step, remote_step)
+            self.committed(local[-1], ())
+
+    def committed(self, checkpoint: CheckpointInfo, deleted: Sequence[CheckpointInfo]) -> None:
+        """Queue ``checkpoint`` for upload; a newer commit replaces one that has not started.
+
+        Local deletions are not mirrored one by one: after each upload, the retention policy is
+        applied to the remote listing itself.
+        """
+        with self._cond:
+            self._state.pending = checkpoint
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(
+                    target=self._upload_loop, name="spotwise-upload", daemon=True
+                )
+                self._thread.start()
+            self._cond.notify_all()
+
+    def flush(self, timeout_s: float | None = None) -> None:
+        """Block until every committed checkpoint is safe remotely; raise SaveError if the newest
+        upload failed (the local checkpoint is intact either way)."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        with self._cond:
+            while self._state.pending is not None or self._state.busy:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    raise SaveError(
+                        f"upload to {self.remote.uri} did not finish within {timeout_s:.0f} s",
+                        hint="the local checkpoint is intact; the remote keeps the previous one",
+                    )
+                self._cond.wait(left)
+            error, self._state.error = self._state.error, None
+        if error is not None:
+            hint = getattr(error, "hint", None) or "the local checkpoint is intact"
+            raise SaveError(f"upload to {self.remote.uri} failed: {error}", hint=hint) from error
+
+    # -- the uploader thread ---------------------------------------------------------------------
+    def _upload_loop(self) -> None:
+        while True:
+            with self._cond:
+                if self._state.pending is None:
+                    self._cond.notify_all()
+                    return  # restarted by the next commit
+                job, self._state.pending = self._state.pending, None
+                self._state.busy = True
+            error: BaseException | None = None
+            try:
+                self._upload(job)
+            except Exception as exc:  # kept for flush(); training goes on with local checkpoints
+                error = exc
+                log.error("upload of step %d to %s failed: %s", job.step, self.remote.uri, exc)
+            with self._cond:
+                self._state.busy = False
+                if error is None:
+                    self._state.uploaded.append(job.step)
+                    self._state.error = None
+                elif self._state.pending is None:  # a newer upload would supersede this error
+                    self._state.error = error
+                self._cond.notify_all()
+
+    def _upload(self, job: CheckpointInfo) -> None:
+        if not (job.path / MANIFEST).exists():
+            log.info("step %d was deleted locally before its upload started; skipped", job.step)
+            return
+        started = time.perf_counter()
+        push(self.remote, job.path)
+        log.info("uploaded step %d to %s in %.1fs", job.step, self.remote.uri,
+                 time.perf_counter() - started)  # fmt: skip
+        self._apply_retention(job.step)
+
+    def _apply_retention(self, newest_step: int) -> None:
+        remote = scan_remote(self.remote, self._manifests)
+        doomed = {c.step for c in choose_deletions([c.info() for c in remote], self.retention)}
+        for ckpt in remote:
+            if ckpt.step in doomed and ckpt.step < newest_step:
+                delete_remote(self.remote, ckpt)
+                self._manifests.pop(ckpt.name, None)
