@@ -1,0 +1,160 @@
+"""spotwise: plan against a learned model of spot availability, hop zones, never miss.
+
+Uniform Progress follows a fixed line; the optimum knows the future. This policy sits between:
+
+1. **Learn** each zone's availability online as a two-state Markov chain (probability per tick
+   that spot goes away, and that it comes back), from the trace *before* the run and what the run
+   has seen so far, with a weak prior (2 h up / 2 h down). Nothing after "now" is ever read.
+2. **Plan** by solving the exact DP of the optimal policy (same model, same lattice) in
+   expectation under that chain: the batch axis becomes the joint availability state of the
+   ``max_zones`` best zones. The plan knows the changeover cost, the deadline and the prices, so
+   it decides when idling is worth the slack, when to buy on-demand, when to come back to spot and
+   when to hop to another zone instead of waiting. It re-plans every ``replan_h`` hours with the
+   updated statistics.
+3. **Guard** the deadline with the Safety Net invariants, whatever the plan says: idle only with
+   R(t) >= C(t) + 2d (and one more tick to spare when ticks are longer than d), start spot only
+   under that same condition, and once it fails while idle, on-demand until the end. Hence the
+   deadline is met whenever on-demand only would meet it (C + d <= R).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+
+from spotwise.market.policies.base import BasePolicy, Decision, Market, Observation, Problem
+from spotwise.market.policies.optimal import Lattice, decode, solve, state_index, waste_cell
+
+
+def transition_estimate(
+    seq: np.ndarray,
+    gap_s: float,
+    prior_up_h: float = 2.0,
+    prior_down_h: float = 2.0,
+    prior_weight_h: float = 12.0,
+) -> tuple[float, float]:
+    """(P(up -> down), P(down -> up)) per tick from a boolean availability sequence."""
+    seq = np.asarray(seq, dtype=bool)
+    prev, nxt = seq[:-1], seq[1:]
+    n_up, n_down = float(np.sum(prev)), float(np.sum(~prev))
+    ud, du = float(np.sum(prev & ~nxt)), float(np.sum(~prev & nxt))
+    pseudo = prior_weight_h * 3600.0 / gap_s / 2.0  # pseudo-ticks in each state
+    p_ud = (ud + pseudo * gap_s / (prior_up_h * 3600.0)) / (n_up + pseudo)
+    p_du = (du + pseudo * gap_s / (prior_down_h * 3600.0)) / (n_down + pseudo)
+    eps = 1e-4
+    return min(max(p_ud, eps), 1 - eps), min(max(p_du, eps), 1 - eps)
+
+
+def planning_problem(problem: Problem, gap_s: float, max_cells: int) -> Problem:
+    """The same job with the changeover's last partial tick rounded to a coarser grid.
+
+    The exact lattice can be fine (15 s for 195 s ticks and d = 720 s: 2,881 cells); a plan made
+    on G/k steps (65 s here, d planned as 715 s) is as good a guide, several times cheaper. The
+    guard, not the plan, is what keeps the deadline.
+    """
+    exact = Lattice.of(problem, gap_s)
+    if exact.cells <= max_cells:
+        return problem
+    slack = problem.deadline_s - problem.compute_s
+    k = max(1, math.floor(gap_s * max_cells / slack))
+    unit = gap_s / k
+    d = problem.changeover_s
+    whole = math.floor(d / gap_s + 1e-9) * gap_s
+    part = d - whole
+    if part > 1e-9:
+        part = min(gap_s, max(unit, round(part / unit) * unit))
+    return dataclasses.replace(problem, changeover_h=(whole + part) / 3600.0)
+
+
+class SpotwisePolicy(BasePolicy):
+    name = "spotwise"
+
+    def __init__(
+        self,
+        max_zones: int = 2,
+        replan_h: float = 24.0,
+        window_h: float = 24.0 * 14,
+        max_cells: int = 800,
+    ):
+        super().__init__()
+        self.max_zones = max_zones
+        self.replan_h = replan_h
+        self.window_h = window_h
+        self.max_cells = max_cells
+
+    def reset(self, problem: Problem, gap_s: float, zones: int, history: np.ndarray | None) -> None:
+        super().reset(problem, gap_s, zones, history)
+        self._plan_problem = planning_problem(problem, gap_s, self.max_cells)
+        keep = max(0, math.ceil(self.window_h * 3600.0 / gap_s))
+        past = np.zeros((zones, 0), bool) if history is None else np.asarray(history, bool)
+        self._past = [list(past[z, -keep:]) if keep else [] for z in range(zones)]
+        self._plan_tick = -1
+        self._table: np.ndarray | None = None
+
+    # -- learning and planning -------------------------------------------------------------
+    def _replan(self, obs: Observation) -> None:
+        estimates = [transition_estimate(np.array(seq), obs.gap_s) for seq in self._past]
+        stationary = [du / (ud + du) for ud, du in estimates]
+        order = sorted(range(self.zones), key=lambda z: (-stationary[z], estimates[z][0]))
+        chosen = order[: self.max_zones]
+        if obs.market is Market.SPOT and obs.zone is not None and obs.zone not in chosen:
+            chosen = [obs.zone, *chosen[: self.max_zones - 1]]
+        self._zones = tuple(chosen)
+        n = len(chosen)
+        combos = 1 << n
+        bits = (np.arange(combos)[:, None] >> np.arange(n)[None, :]) & 1  # combos x n
+        transition = np.ones((combos, combos))
+        for i, z in enumerate(chosen):
+            ud, du = estimates[z]
+            step = np.array([[1 - du, du], [ud, 1 - ud]])  # [from][to], 0 = down, 1 = up
+            transition *= step[bits[:, i][:, None], bits[:, i][None, :]]
+        ticks = math.ceil(obs.deadline_s / obs.gap_s - 1e-9)
+        available = np.broadcast_to(bits.astype(bool)[:, :, None], (combos, n, ticks))
+        prices = np.broadcast_to(
+            np.array([obs.spot_prices[z] for z in chosen])[None, :, None], (combos, n, ticks)
+        )
+        horizon = max(1, math.ceil(self.replan_h * 3600.0 / obs.gap_s))
+        _, self._table, self._lattice = solve(
+            self._plan_problem,
+            obs.gap_s,
+            available,
+            prices,
+            keep_decisions=horizon,
+            transition=transition,
+            first_tick=obs.tick,
+        )
+        self._plan_tick = obs.tick
+        self._plan_until = obs.tick + horizon
+
+    def _planned(self, obs: Observation) -> Decision:
+        if self._plan_tick < 0 or obs.tick >= self._plan_until:
+            self._replan(obs)
+        lat: Lattice = self._lattice
+        cell = waste_cell(lat, obs)
+        if self._table is None or cell >= lat.cells:
+            return Decision.ondemand()
+        if obs.market is Market.IDLE:
+            m = -1
+        elif obs.market is Market.ONDEMAND:
+            m = 0
+        else:
+            m = 1 + self._zones.index(obs.zone) if obs.zone in self._zones else -1
+        combo = sum(int(obs.available[z]) << i for i, z in enumerate(self._zones))
+        code = int(self._table[obs.tick - self._plan_tick, state_index(lat, m, obs), combo, cell])
+        return decode(code, self._zones)
+
+    # -- the guarded decision --------------------------------------------------------------
+    def decide(self, obs: Observation) -> Decision:
+        for z, seq in enumerate(self._past):
+            seq.append(bool(obs.available[z]))
+        if self._safety_net(obs):
+            return Decision.ondemand()
+        want = self._planned(obs)
+        if not obs.safety_net or want.market is Market.ONDEMAND:
+            return want
+        # Too little slack to risk another changeover or an idle tick: keep what runs.
+        if obs.market is Market.SPOT and obs.zone is not None:
+            return Decision.spot(obs.zone)
+        return Decision.ondemand()
