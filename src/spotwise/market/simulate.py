@@ -284,3 +284,41 @@ def simulate(
     runs = [simulate_run(factory(), problem, markets, s, record=record) for s in starts]
     name = policy if isinstance(policy, str) else factory().name
     return Summary(policy=name, runs=runs)
+
+
+COMPARED = ("on-demand", "greedy", "uniform-progress", "spotwise", "optimal")
+
+
+def compare(
+    problem: Problem,
+    markets: Markets,
+    starts: Sequence[int],
+    policies: Sequence[str] = COMPARED,
+    *,
+    on_run: Callable[[], None] | None = None,
+) -> list[Summary]:
+    """Every policy on the same runs (``on_run`` is called after each run, for progress bars)."""
+    from spotwise.market.policies import make_policy
+
+    out = []
+    for name in policies:
+        runs = []
+        for s in starts:
+            runs.append(simulate_run(make_policy(name), problem, markets, s))
+            if on_run is not None:
+                on_run()
+        out.append(Summary(policy=name, runs=runs))
+    return out
+
+
+def relative_costs(summaries: Sequence[Summary]) -> dict[str, dict[str, float | None]]:
+    """Each policy's mean cost over on-demand only's and over the optimum's (when present)."""
+    by = {s.policy: s.mean_cost_usd for s in summaries}
+    od, opt = by.get("on-demand"), by.get("optimal")
+    return {
+        name: {
+            "vs_ondemand": cost / od if od else None,
+            "vs_optimal": cost / opt if opt else None,
+        }
+        for name, cost in by.items()
+    }
