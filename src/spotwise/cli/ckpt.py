@@ -1,4 +1,5 @@
-"""``spotwise ckpt list|verify DIR``: inspect the checkpoints of a run directory."""
+"""``spotwise ckpt list|verify DIR|URI`` and ``ckpt pull URI DIR``: inspect and fetch checkpoints
+of a run directory or of an object store (``s3://bucket/prefix``)."""
 
 from __future__ import annotations
 
@@ -14,10 +15,14 @@ ckpt_app = typer.Typer(
 )
 
 
-def _checkpoints(run_dir: Path, deep: bool) -> list[Any]:
+def _checkpoints(location: str, deep: bool) -> list[Any]:
     from spotwise.errors import ConfigError
     from spotwise.runtime.checkpoint import list_checkpoints
+    from spotwise.runtime.tiered import is_remote, list_remote
 
+    if is_remote(location):
+        return list_remote(location, deep=deep)
+    run_dir = Path(location)
     if not run_dir.is_dir():
         raise ConfigError(
             f"{run_dir} is not a directory", hint="pass the run directory given to spotwise.Run"
@@ -59,7 +64,9 @@ def register(app: typer.Typer) -> None:
 
 @ckpt_app.command("list")
 def list_command(
-    run_dir: Path = typer.Argument(..., help="run directory (the one given to spotwise.Run)"),
+    run_dir: str = typer.Argument(
+        ..., help="run directory or s3://bucket/prefix (the one given to spotwise.Run)"
+    ),
     as_json: bool = typer.Option(False, "--json", help="print JSON instead of a table"),
     deep: bool = typer.Option(
         False, "--deep", help="also verify checksums (reads every byte; sizes are always checked)"
@@ -77,7 +84,9 @@ def list_command(
 
 @ckpt_app.command("verify")
 def verify_command(
-    run_dir: Path = typer.Argument(..., help="run directory (the one given to spotwise.Run)"),
+    run_dir: str = typer.Argument(
+        ..., help="run directory or s3://bucket/prefix (the one given to spotwise.Run)"
+    ),
     as_json: bool = typer.Option(False, "--json", help="print JSON instead of a table"),
 ) -> None:
     """Verify every checkpoint (sizes and CRC32C checksums); exit 1 if any is invalid."""
@@ -94,3 +103,21 @@ def verify_command(
         typer.echo(summary if infos else f"no checkpoints in {run_dir}")
     if bad:
         raise typer.Exit(1)
+
+
+@ckpt_app.command("pull")
+def pull_command(
+    uri: str = typer.Argument(..., help="s3://bucket/prefix (the run_dir given to spotwise.Run)"),
+    dest: Path = typer.Argument(..., help="local directory to place the checkpoint in"),
+) -> None:
+    """Download the newest valid checkpoint, verified against its manifest, into DEST."""
+    from rich.console import Console
+
+    from spotwise.errors import ConfigError
+    from spotwise.runtime.tiered import is_remote, open_remote, pull_newest
+
+    if not is_remote(uri):
+        raise ConfigError(f"{uri!r} is not an object-store URI", hint="use s3://bucket/prefix")
+    with Console(stderr=True).status(f"pulling the newest valid checkpoint from {uri}"):
+        path = pull_newest(open_remote(uri), dest)
+    typer.echo(f"pulled {path.name} into {path}")

@@ -204,7 +204,7 @@ def push(storage: Storage, ckpt_dir: Path) -> None:
     manifest = parse_manifest(raw, str(ckpt_dir / MANIFEST))
     for fname, entry in manifest["files"].items():
         path = ckpt_dir / fname
-        _verify_file(path, entry)  # never upload bytes that differ from what was committed
+        _verify_file(path, entry, str(path))  # never upload bytes that differ from the commit
         storage.put_file(f"{ckpt_dir.name}/{fname}", path)
     storage.put_bytes(f"{ckpt_dir.name}/{MANIFEST}", raw)
 
@@ -224,7 +224,7 @@ def pull(storage: Storage, ckpt: RemoteCheckpoint, run_dir: Path) -> Path:
     try:
         for fname, entry in ckpt.manifest["files"].items():
             storage.get_file(f"{ckpt.name}/{fname}", tmp / fname)
-            _verify_file(tmp / fname, entry)
+            _verify_file(tmp / fname, entry, f"{storage.uri}/{ckpt.name}/{fname}")
             _fsync(tmp / fname)
         (tmp / MANIFEST).write_bytes(ckpt.manifest_raw)
         _fsync(tmp / MANIFEST)
@@ -239,7 +239,7 @@ def pull(storage: Storage, ckpt: RemoteCheckpoint, run_dir: Path) -> Path:
     return final
 
 
-def _verify_file(path: Path, entry: dict[str, Any]) -> None:
+def _verify_file(path: Path, entry: dict[str, Any], where: str) -> None:
     try:
         size = path.stat().st_size
         value = 0
@@ -247,10 +247,10 @@ def _verify_file(path: Path, entry: dict[str, Any]) -> None:
             while chunk := fh.read(16 << 20):
                 value = crc32c.crc32c(chunk, value)
     except FileNotFoundError as exc:
-        raise CorruptCheckpointError(f"{path} is missing") from exc
+        raise CorruptCheckpointError(f"{where} is missing") from exc
     if size != entry["size"] or f"{value:08x}" != entry["crc32c"]:
         raise CorruptCheckpointError(
-            f"{path} does not match its manifest (size {size} vs {entry['size']}, CRC32C "
+            f"{where} does not match its manifest (size {size} vs {entry['size']}, CRC32C "
             f"{value:08x} vs {entry['crc32c']})"
         )
 
@@ -276,6 +276,35 @@ def delete_remote(storage: Storage, ckpt: RemoteCheckpoint) -> None:
     for fname in ckpt.sizes:
         if fname != MANIFEST:
             storage.delete(f"{ckpt.name}/{fname}")
+
+
+def verify_deep(storage: Storage, ckpt: RemoteCheckpoint, scratch: Path) -> None:
+    """Download every file of a (listing-valid) checkpoint into ``scratch`` and check it against
+    the manifest's size and CRC32C; a failure marks ``ckpt`` invalid with the problem."""
+    if not ckpt.valid or ckpt.manifest is None:
+        return
+    try:
+        for fname, entry in ckpt.manifest["files"].items():
+            dest = scratch / fname
+            storage.get_file(f"{ckpt.name}/{fname}", dest)
+            _verify_file(dest, entry, f"{storage.uri}/{ckpt.name}/{fname}")
+            dest.unlink()
+    except (CorruptCheckpointError, IntegrityError, StorageNotFoundError) as exc:
+        ckpt.valid, ckpt.problem = False, exc.message
+
+
+def list_remote(uri: str, *, deep: bool = False) -> list[CheckpointInfo]:
+    """The checkpoints at ``uri``, oldest first (``spotwise ckpt list|verify``): listing and
+    manifest checks, plus a download and checksum of every file with ``deep``."""
+    import tempfile
+
+    storage = open_remote(uri)
+    found = scan_remote(storage)
+    if deep:
+        with tempfile.TemporaryDirectory(prefix="spotwise-verify-") as scratch:
+            for ckpt in found:
+                verify_deep(storage, ckpt, Path(scratch))
+    return [c.info() for c in found]
 
 
 def pull_newest(storage: Storage, dest: Path) -> Path:
