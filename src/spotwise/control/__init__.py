@@ -1,0 +1,1 @@
+"""Job control: ``spotwise launch`` runs a job to the end across preemptions (see controller)."""

@@ -1,0 +1,221 @@
+"""Job commands: ``launch``, ``jobs``, ``status``, ``logs``, ``cancel``, ``resume``."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+_STEP = re.compile(r"step (\d+)/(\d+)")
+
+
+def _store():
+    from spotwise.control.store import Store
+
+    return Store()
+
+
+def _progress(log: Path) -> str:
+    """Last ``step N/M`` the training printed (the digits example and most loops do)."""
+    try:
+        with open(log, "rb") as f:
+            f.seek(max(0, f.seek(0, 2) - 4096))
+            tail = f.read().decode(errors="replace")
+    except OSError:
+        return "-"
+    hits = _STEP.findall(tail)
+    return f"step {hits[-1][0]}/{hits[-1][1]}" if hits else "-"
+
+
+def _view(summary: dict[str, Any]) -> Table:
+    table = Table(title=f"spotwise job {summary['id']}", show_header=False, min_width=60)
+    attempts = summary["attempts"]
+    last = attempts[-1] if attempts else None
+    table.add_row("state", f"[bold]{summary['state']}[/] {summary['message']}")
+    table.add_row("attempt", f"{len(attempts)} ({summary['preemptions']} preempted)")
+    table.add_row("placement", f"{last['market']} {last['zone']}" if last else "-")
+    table.add_row("progress", _progress(Path(summary["log"])))
+    table.add_row("cost", f"${summary['cost_usd']:.2f} (on-demand would be "
+                  f"${summary['ondemand_cost_usd']:.2f}; saved ${summary['savings_usd']:.2f})")
+    return table
+
+
+def _run_controller(job_id: str, quiet: bool) -> str:
+    """Drive the job to its end here, with a live view on a terminal."""
+    from rich.live import Live
+
+    from spotwise.control.controller import Controller, job_summary
+
+    store = _store()
+    console = Console()
+    if quiet:
+        return Controller(store, job_id).run().value
+    if console.is_terminal:
+        with Live(console=console, refresh_per_second=4) as live:
+            def update(job, attempts) -> None:
+                live.update(_view(job_summary(store, job)))
+
+            state = Controller(store, job_id, on_update=update).run().value
+    else:  # a log or a pipe: one line per change
+        seen: list[Any] = [None]
+
+        def update(job, attempts) -> None:
+            key = (job.state, len(attempts))
+            if key != seen[0]:
+                seen[0] = key
+                last = attempts[-1] if attempts else None
+                where = f" attempt {last.n} {last.market} {last.zone}" if last else ""
+                console.print(f"[{time.strftime('%H:%M:%S')}] {job.state.value}{where}: "
+                              f"{job.message}", highlight=False)
+
+        state = Controller(store, job_id, on_update=update).run().value
+    summary = job_summary(store, store.job(job_id))
+    console.print(
+        f"job {job_id} {summary['state']}: {len(summary['attempts'])} attempt(s), "
+        f"{summary['preemptions']} preempted, cost ${summary['cost_usd']:.2f} vs "
+        f"${summary['ondemand_cost_usd']:.2f} on-demand (saved ${summary['savings_usd']:.2f})",
+        highlight=False)
+    return state
+
+
+def _spawn_controller(job_id: str) -> None:
+    from spotwise.control.store import Store
+
+    job = Store().job(job_id)
+    with open(job.dir / "controller.log", "ab") as out:
+        subprocess.Popen([sys.executable, "-c", "from spotwise.cli.main import main; main()",
+                          "resume", job_id, "--quiet"],
+                         stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                         start_new_session=True)
+
+
+def register(app: typer.Typer) -> None:
+    @app.command()
+    def launch(
+        job_file: Path = typer.Argument(..., help="job spec (YAML), e.g. examples/digits/job.yaml"),
+        detach: bool = typer.Option(False, "--detach", "-d",
+                                    help="run the controller in the background, print the id"),
+    ) -> None:
+        """Run a job to completion across preemptions: relaunch, resume, stay on budget.
+
+        Blocks (with a live view of state, attempt, placement, progress and cost) until the job
+        ends; exits 0 when it succeeded. With --detach, prints the job id and returns.
+        """
+        from spotwise.control.controller import submit
+        from spotwise.control.spec import load_spec
+
+        spec = load_spec(job_file)
+        job = submit(_store(), spec, str(job_file.resolve()))
+        if detach:
+            _spawn_controller(job.id)
+            typer.echo(job.id)
+            return
+        Console().print(f"job [bold]{job.id}[/] submitted (logs: spotwise logs {job.id} -f)")
+        state = _run_controller(job.id, quiet=False)
+        raise typer.Exit(0 if state == "SUCCEEDED" else 1)
+
+    @app.command()
+    def resume(
+        job_id: str = typer.Argument(..., help="job id (or a unique prefix)"),
+        quiet: bool = typer.Option(False, "--quiet", help="no live view"),
+    ) -> None:
+        """Restart the controller of a job whose controller died (it picks up where it was)."""
+        state = _run_controller(_store().job(job_id).id, quiet=quiet)
+        raise typer.Exit(0 if state == "SUCCEEDED" else 1)
+
+    @app.command("jobs")
+    def jobs_cmd(as_json: bool = typer.Option(False, "--json", help="machine-readable")) -> None:
+        """List jobs: state, attempts, cost."""
+        from spotwise.control.controller import job_summary
+
+        store = _store()
+        rows = [job_summary(store, j) for j in store.jobs()]
+        if as_json:
+            typer.echo(json.dumps(rows, indent=2))
+            return
+        table = Table("id", "state", "attempts", "preempted", "cost $", "saved $", "controller",
+                      "command")
+        for r in rows:
+            alive = "running" if r["controller_alive"] else "-"
+            if not r["controller_alive"] and r["state"] not in ("SUCCEEDED", "FAILED",
+                                                                "CANCELLED"):
+                alive = f"[red]stopped[/] (spotwise resume {r['id']})"
+            table.add_row(r["id"], r["state"], str(len(r["attempts"])), str(r["preemptions"]),
+                          f"{r['cost_usd']:.2f}", f"{r['savings_usd']:.2f}", alive,
+                          r["command"][:40])
+        Console().print(table)
+
+    @app.command()
+    def status(
+        job_id: str = typer.Argument(..., help="job id (or a unique prefix)"),
+        as_json: bool = typer.Option(False, "--json", help="machine-readable"),
+    ) -> None:
+        """One job: state, every attempt (start, end, reason, market, zone, cost), total cost."""
+        from spotwise.control.controller import job_summary
+
+        store = _store()
+        summary = job_summary(store, store.job(job_id))
+        if as_json:
+            typer.echo(json.dumps(summary, indent=2))
+            return
+        console = Console()
+        console.print(_view(summary))
+        table = Table("#", "market", "zone", "start", "end", "reason", "exit", "cost $")
+        for a in summary["attempts"]:
+            end = time.strftime("%H:%M:%S", time.localtime(a["end"])) if a["end"] else "-"
+            table.add_row(str(a["n"]), a["market"], a["zone"],
+                          time.strftime("%H:%M:%S", time.localtime(a["start"])), end,
+                          a["reason"] or a["state"], str(a["exit_code"]), f"{a['cost_usd']:.4f}")
+        console.print(table)
+
+    @app.command()
+    def logs(
+        job_id: str = typer.Argument(..., help="job id (or a unique prefix)"),
+        follow: bool = typer.Option(False, "--follow", "-f", help="keep printing until it ends"),
+    ) -> None:
+        """Print the job's output (every attempt, in order)."""
+        store = _store()
+        job = store.job(job_id)
+        pos = 0
+        while True:
+            try:
+                with open(job.log_path, "rb") as f:
+                    f.seek(pos)
+                    chunk = f.read()
+            except FileNotFoundError:
+                chunk = b""
+            if chunk:
+                pos += len(chunk)
+                sys.stdout.write(chunk.decode(errors="replace"))
+                sys.stdout.flush()
+            if not follow or (store.job(job.id).state.terminal and not chunk):
+                return
+            time.sleep(0.3)
+
+    @app.command()
+    def cancel(job_id: str = typer.Argument(..., help="job id (or a unique prefix)")) -> None:
+        """Stop a job: the attempt gets a notice (so it saves), then its machine is freed."""
+        from spotwise.control.controller import controller_alive
+
+        store = _store()
+        job = store.job(job_id)
+        if job.state.terminal:
+            typer.echo(f"job {job.id} already {job.state.value}")
+            return
+        store.request_cancel(job.id)
+        if controller_alive(job):
+            for _ in range(1200):
+                if store.job(job.id).state.terminal:
+                    break
+                time.sleep(0.1)
+        else:
+            _run_controller(job.id, quiet=True)
+        typer.echo(f"job {job.id} {store.job(job.id).state.value}")

@@ -1,0 +1,382 @@
+"""The recovery loop: drive one job through its states until it succeeds, fails or is cancelled.
+
+PENDING -> LAUNCHING -> RUNNING -> SUCCEEDED
+                ^           |-> PREEMPTED -> RECOVERING -> LAUNCHING ...   (exit 75, machine lost)
+                |           |-> RECOVERING (error, while max_restarts allows) | FAILED
+                +-- RECOVERING (no capacity: next zone / market)            CANCELLED, FAILED
+
+Every transition is written to SQLite before it is acted on, and an attempt is recorded before
+its launch, so a controller killed at any instant resumes where it was: it finds a launch whose
+handle it lost through the provider (``find``), never starts a second attempt while one is open,
+and bills every attempt from its launch. One controller per job, enforced by a ``flock``.
+The decisions themselves are the pure functions in ``decisions.py``; time comes from ``clock``.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import string
+import sys
+import time
+from collections.abc import Callable
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from spotwise.control.decisions import (
+    Next,
+    Progress,
+    Reason,
+    after_attempt,
+    choose_placement,
+    classify,
+    estimate_cost_usd,
+    stop_for_budget,
+)
+from spotwise.control.providers import (
+    AttemptStatus,
+    LaunchRequest,
+    Phase,
+    Placement,
+    Provider,
+    make_provider,
+)
+from spotwise.control.spec import JobSpec
+from spotwise.control.store import Attempt, Job, JobState, Store
+from spotwise.errors import (
+    BudgetError,
+    CapacityError,
+    ControlError,
+    ProviderError,
+    TransientProviderError,
+)
+
+Clock = Callable[[], float]
+
+
+def provider_for(job: Job) -> Provider:
+    spec = JobSpec.model_validate(job.spec)
+    return make_provider(spec.provider.name, spec.provider.options, epoch=job.created_at,
+                         instance_type=spec.resources.instance_type)
+
+
+def submit(store: Store, spec: JobSpec, spec_path: str | None = None) -> Job:
+    """Check the job can run (provider reachable, budget covers the estimate), then record it."""
+    provider = make_provider(spec.provider.name, spec.provider.options, epoch=time.time(),
+                             instance_type=spec.resources.instance_type)
+    provider.check()
+    if spec.budget_usd is not None and spec.expected_runtime_s is not None:
+        zone = provider.features.zones[0] if provider.features.zones else ""
+        market = "on-demand" if spec.market == "on-demand" or not provider.features.spot \
+            else "spot"
+        cheapest = estimate_cost_usd(spec.expected_runtime_s,
+                                     provider.pricing(Placement(market, zone)))
+        if cheapest > spec.budget_usd:
+            raise BudgetError(
+                f"budget ${spec.budget_usd:.2f} is below the estimated ${cheapest:.2f} for "
+                f"{spec.expected_runtime_s:.0f}s of {market} on {spec.provider.name}",
+                hint=f"raise budget_usd to at least {cheapest:.2f} or shorten the job")
+    return store.create_job(spec.name, spec.model_dump(mode="json"), spec_path)
+
+
+def controller_lock_path(job: Job) -> Path:
+    return job.dir / "controller.lock"
+
+
+@contextmanager
+def controller_lock(job: Job):
+    """Exactly one live controller per job."""
+    job.dir.mkdir(parents=True, exist_ok=True)
+    fd = os.open(controller_lock_path(job), os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise ControlError(f"job {job.id} already has a running controller",
+                           hint=f"watch it with: spotwise status {job.id}") from None
+    try:
+        yield
+    finally:
+        os.close(fd)
+
+
+def controller_alive(job: Job) -> bool:
+    from spotwise.control.providers.process import lock_held
+
+    return lock_held(controller_lock_path(job))
+
+
+class Controller:
+    """Runs one job to a terminal state; safe to start again after being killed."""
+
+    def __init__(self, store: Store, job_id: str, *, clock: Clock = time.time,
+                 sleep: Callable[[float], None] = time.sleep,
+                 on_update: Callable[[Job, list[Attempt]], None] | None = None) -> None:
+        self.store = store
+        self.job_id = store.job(job_id).id
+        self.clock = clock
+        self.sleep = sleep
+        self.on_update = on_update
+        job = store.job(self.job_id)
+        self.spec = JobSpec.model_validate(job.spec)
+        self.provider = provider_for(job)
+        self._terminate_sent: set[int] = set()
+
+    # --- the loop --------------------------------------------------------------------------
+    def run(self) -> JobState:
+        job = self.store.job(self.job_id)
+        with controller_lock(job):
+            self.store.event(self.job_id, "controller", f"controller {os.getpid()} started "
+                             f"in state {job.state.value}")
+            while True:
+                job = self.store.job(self.job_id)
+                if job.state.terminal:
+                    self._cleanup(job)
+                    if self.on_update:
+                        self.on_update(job, self.store.attempts(self.job_id))
+                    return job.state
+                try:
+                    self.step(job)
+                    if job.control_error_since is not None:
+                        self.store.update_job(self.job_id, control_error_since=None)
+                except TransientProviderError as exc:
+                    self._control_plane_error(job, exc)
+                if self.on_update:
+                    self.on_update(self.store.job(self.job_id), self.store.attempts(self.job_id))
+                self.sleep(self.provider.features.poll_s)
+
+    def step(self, job: Job) -> None:
+        """One pass: look at the job and its open attempt, do the next thing."""
+        open_attempt = self._open_attempt()
+        now = self.clock()
+        if job.cancel_requested and job.stop_reason != "cancel":
+            self.store.update_job(self.job_id, stop_reason="cancel")
+            job.stop_reason = "cancel"
+        if open_attempt is None:
+            if job.stop_reason == "cancel":
+                self._set(JobState.CANCELLED, "cancelled by the user")
+            elif job.state in (JobState.PENDING, JobState.RECOVERING, JobState.PREEMPTED,
+                               JobState.LAUNCHING, JobState.RUNNING):
+                self._maybe_launch(job, now)
+            return
+        if open_attempt.handle is None:
+            self._launch_or_adopt(job, open_attempt)
+            return
+        status = self.provider.status(open_attempt.handle)
+        self._observe(job, open_attempt, status, now)
+
+    # --- launching -------------------------------------------------------------------------
+    def _maybe_launch(self, job: Job, now: float) -> None:
+        if job.state is not JobState.RECOVERING and job.state is not JobState.PENDING:
+            self._set(JobState.RECOVERING, "no attempt open; deciding the next one")
+            return
+        if now < job.next_launch_at:
+            return
+        attempts = self.store.attempts(self.job_id)
+        if self.spec.budget_usd is not None:
+            spent = sum(a.cost_usd(now) for a in attempts)
+            if spent >= self.spec.budget_usd:
+                self._set(JobState.FAILED, f"budget ${self.spec.budget_usd:.2f} spent "
+                          f"(${spent:.2f}); state saved")
+                return
+        placement = choose_placement(
+            self.spec.market, self.spec.policy, self.provider.features.zones, job.blocked,
+            attempts[-1].zone if attempts else "", now, self._progress(job, attempts, now),
+            *self._prices(), spot_supported=self.provider.features.spot)
+        if placement is None:
+            self.store.update_job(self.job_id, next_launch_at=now + 1.0)
+            return
+        pricing = self.provider.pricing(placement)
+        attempt = self.store.open_attempt(
+            self.job_id, provider=self.provider.name, market=placement.market,
+            zone=placement.zone, usd_per_hour=pricing.usd_per_hour,
+            ondemand_usd_per_hour=pricing.ondemand_usd_per_hour, time_scale=pricing.time_scale,
+            now=now)
+        self._set(JobState.LAUNCHING, f"attempt {attempt.n}: {placement.market} "
+                  f"{placement.zone}".rstrip())
+        self._launch_or_adopt(self.store.job(self.job_id), attempt)
+
+    def _launch_or_adopt(self, job: Job, attempt: Attempt) -> None:
+        """Start the attempt, unless a previous controller already did (crash recovery)."""
+        req = self._request(job, attempt)
+        handle = self.provider.find(req)
+        if handle is not None:
+            self.store.event(self.job_id, "adopt", f"attempt {attempt.n} was already launched; "
+                             "adopting it")
+        else:
+            try:
+                handle = self.provider.launch(req)
+            except CapacityError as exc:
+                self.store.discard_attempt(self.job_id, attempt.n, exc.message)
+                blocked = dict(job.blocked)
+                blocked[attempt.zone] = self.clock() + self.spec.zone_cooldown_s
+                self.store.update_job(self.job_id, blocked=blocked, state=JobState.RECOVERING)
+                return
+            except TransientProviderError:
+                raise  # the attempt stays open without a handle: find() settles it next time
+            except ProviderError as exc:
+                self._end_attempt(job, attempt, AttemptStatus(Phase.EXITED, exit_code=None),
+                                  Reason.ERROR, detail=f"launch failed: {exc.message}")
+                return
+        self.store.update_attempt(self.job_id, attempt.n, handle=handle)
+
+    def _request(self, job: Job, attempt: Attempt) -> LaunchRequest:
+        ckpt = self.spec.checkpoint_dir or str(job.dir / "checkpoint")
+        env = dict(os.environ)
+        if self.provider.name in ("local", "sim"):
+            env["SPOTWISE_PLATFORM"] = "none"  # a local process is on no cloud: never probe
+        env.update(self.spec.env)
+        env.update(SPOTWISE_JOB_ID=job.id, SPOTWISE_ATTEMPT=str(attempt.n),
+                   SPOTWISE_CHECKPOINT_DIR=ckpt,
+                   SPOTWISE_GRACE_S=f"{self.provider.features.grace_s:g}")
+        argv = [string.Template(a).safe_substitute(env) for a in self.spec.command]
+        if argv[0] in ("python", "python3"):
+            argv[0] = sys.executable  # the interpreter spotwise runs in (its virtualenv)
+        return LaunchRequest(
+            job_id=job.id, n=attempt.n, argv=tuple(argv), workdir=Path(self.spec.workdir),
+            env=env, log_path=job.log_path, attempt_dir=job.dir / "attempts" / str(attempt.n),
+            placement=Placement(attempt.market, attempt.zone),
+            grace_s=self.provider.features.grace_s)
+
+    # --- watching --------------------------------------------------------------------------
+    def _observe(self, job: Job, attempt: Attempt, status: AttemptStatus, now: float) -> None:
+        assert attempt.handle is not None
+        known_restarts = int(attempt.handle.get("restarts", 0))
+        if status.restarts > known_restarts:  # the provider requeued it by itself (SLURM)
+            self._end_attempt(job, attempt, status, Reason.PREEMPTED, now=now,
+                              detail=f"requeued by {self.provider.name}")
+            job = self.store.job(self.job_id)
+            if job.state is JobState.RECOVERING:
+                nxt = self.store.open_attempt(
+                    self.job_id, provider=attempt.provider, market=attempt.market,
+                    zone=attempt.zone, usd_per_hour=attempt.usd_per_hour,
+                    ondemand_usd_per_hour=attempt.ondemand_usd_per_hour,
+                    time_scale=attempt.time_scale,
+                    handle={**attempt.handle, "restarts": status.restarts}, now=now)
+                self._set(JobState.LAUNCHING, f"attempt {nxt.n}: requeued")
+            return
+        if status.phase is Phase.STARTING:
+            if job.state is not JobState.LAUNCHING:
+                self._set(JobState.LAUNCHING, "waiting for the machine")
+        elif status.phase is Phase.RUNNING:
+            if attempt.state != "running":
+                self.store.update_attempt(self.job_id, attempt.n, state="running",
+                                          running_at=status.running_at or now)
+                self._set(JobState.RUNNING, f"attempt {attempt.n} running")
+            self._check_budget(job, attempt, now)
+        if job.stop_reason and attempt.n not in self._terminate_sent:
+            self._terminate_sent.add(attempt.n)
+            self.provider.terminate(attempt.handle)
+        if status.phase in (Phase.EXITED, Phase.LOST):
+            self._end_attempt(job, attempt, status, classify(status, job.stop_reason), now=now)
+
+    def _check_budget(self, job: Job, attempt: Attempt, now: float) -> None:
+        if self.spec.budget_usd is None or job.stop_reason:
+            return
+        spent = sum(a.cost_usd(now) for a in self.store.attempts(self.job_id))
+        burn = attempt.usd_per_hour * attempt.time_scale / 3600.0
+        horizon = self.provider.features.grace_s + 2 * self.provider.features.poll_s
+        if stop_for_budget(spent, burn, self.spec.budget_usd, horizon):
+            self.store.update_job(self.job_id, stop_reason="budget", event=(
+                "budget", f"${spent:.2f} spent of ${self.spec.budget_usd:.2f}: stopping attempt "
+                f"{attempt.n} so it saves before the budget runs out"))
+            job.stop_reason = "budget"
+
+    def _end_attempt(self, job: Job, attempt: Attempt, status: AttemptStatus, reason: Reason,
+                     now: float | None = None, detail: str = "") -> None:
+        now = self.clock() if now is None else now
+        ended_at = min(status.ended_at or now, now)
+        self.store.update_attempt(self.job_id, attempt.n, state="ended", ended_at=ended_at,
+                                  reason=reason.value, exit_code=status.exit_code)
+        self.store.event(self.job_id, "attempt-end", f"attempt {attempt.n} ended: {reason.value}"
+                         + (f" ({detail or status.detail})" if detail or status.detail else ""),
+                         {"n": attempt.n, "exit_code": status.exit_code, "reason": reason.value})
+        decision = after_attempt(reason, job.errors_used, self.spec.max_restarts)
+        errors_used = job.errors_used + (1 if decision.counts_as_error else 0)
+        if decision.next is Next.SUCCEED:
+            self._set(JobState.SUCCEEDED, decision.message, errors_used=errors_used)
+        elif decision.next is Next.CANCEL:
+            self._set(JobState.CANCELLED, decision.message)
+        elif decision.next is Next.FAIL:
+            self._set(JobState.FAILED, detail or decision.message, errors_used=errors_used)
+        else:
+            blocked = dict(job.blocked)
+            delay = 0.0
+            if reason in (Reason.PREEMPTED, Reason.LOST):
+                blocked[attempt.zone] = now + self.spec.zone_cooldown_s
+                self._set(JobState.PREEMPTED, decision.message, blocked=blocked)
+            else:
+                delay = self.spec.restart_backoff_s * 2 ** max(0, errors_used - 1)
+            self._set(JobState.RECOVERING, decision.message, errors_used=errors_used,
+                      next_launch_at=now + delay)
+
+    def _control_plane_error(self, job: Job, exc: TransientProviderError) -> None:
+        now = self.clock()
+        since = job.control_error_since or now
+        if job.control_error_since is None:
+            self.store.update_job(self.job_id, control_error_since=now,
+                                  event=("control-plane", f"provider error: {exc.message}"))
+        if now - since > self.spec.control_plane_timeout_s:
+            self._set(JobState.FAILED, f"provider {self.provider.name} unreachable for "
+                      f"{now - since:.0f}s: {exc.message}")
+
+    # --- helpers ---------------------------------------------------------------------------
+    def _open_attempt(self) -> Attempt | None:
+        for a in self.store.attempts(self.job_id):
+            if a.state != "ended":
+                return a
+        return None
+
+    def _set(self, state: JobState, message: str, **fields: Any) -> None:
+        self.store.update_job(self.job_id, state=state, message=message,
+                              event=("state", f"{state.value}: {message}"), **fields)
+
+    def _prices(self) -> tuple[float, float]:
+        zone = self.provider.features.zones[0] if self.provider.features.zones else ""
+        pricing = self.provider.pricing(Placement("spot", zone))
+        return pricing.usd_per_hour, pricing.ondemand_usd_per_hour
+
+    def _progress(self, job: Job, attempts: list[Attempt], now: float) -> Progress:
+        ran = sum(((a.ended_at or now) - a.running_at) for a in attempts if a.running_at)
+        delays = [a.running_at - a.started_at for a in attempts if a.running_at]
+        changeover = (sum(delays) / len(delays) if delays else 1.0) + 1.0
+        return Progress(now - job.created_at, ran, self.spec.deadline_s,
+                        self.spec.expected_runtime_s, changeover)
+
+    def _cleanup(self, job: Job) -> None:
+        """A finished job leaves nothing running: end any attempt still open."""
+        attempt = self._open_attempt()
+        if attempt is None:
+            return
+        if attempt.handle is not None:
+            self.provider.terminate(attempt.handle)
+            for _ in range(600):
+                status = self.provider.status(attempt.handle)
+                if status.phase in (Phase.EXITED, Phase.LOST):
+                    break
+                self.sleep(0.1)
+        self.store.update_attempt(self.job_id, attempt.n, state="ended",
+                                  ended_at=self.clock(), reason=job.state.value.lower())
+
+
+def job_summary(store: Store, job: Job, now: float | None = None) -> dict[str, Any]:
+    """The ``spotwise status --json`` document."""
+    now = time.time() if now is None else now
+    attempts = store.attempts(job.id)
+    spec = JobSpec.model_validate(job.spec)
+    cost = sum(a.cost_usd(now) for a in attempts)
+    ondemand = sum(a.ondemand_cost_usd(now) for a in attempts)
+    return {
+        "id": job.id, "name": job.name, "state": job.state.value, "message": job.message,
+        "command": spec.command_line, "provider": spec.provider.name, "market": spec.market,
+        "created_at": job.created_at, "updated_at": job.updated_at,
+        "attempts": [a.as_dict(now) for a in attempts],
+        "preemptions": sum(a.reason in (Reason.PREEMPTED.value, Reason.LOST.value)
+                           for a in attempts),
+        "errors": job.errors_used,
+        "cost_usd": round(cost, 6), "ondemand_cost_usd": round(ondemand, 6),
+        "savings_usd": round(ondemand - cost, 6),
+        "budget_usd": spec.budget_usd, "log": str(job.log_path),
+        "controller_alive": controller_alive(job),
+    }

@@ -1,0 +1,32 @@
+"""Hourly prices for attempts, from the market catalog (the one place that knows prices)."""
+
+from __future__ import annotations
+
+import functools
+import re
+
+from spotwise.errors import ConfigError, MarketError
+
+
+@functools.lru_cache(maxsize=1)
+def _catalog():
+    from spotwise.market.catalog import load_catalog
+
+    return load_catalog()
+
+
+def region_of(zone: str) -> str:
+    """``us-east-1a`` -> ``us-east-1`` (AWS zone names end in one letter)."""
+    return re.sub(r"(?<=\d)[a-z]$", "", zone)
+
+
+def catalog_usd_per_hour(instance_type: str, zone: str, market: str, cloud: str = "aws") -> float:
+    """The catalog's price of ``instance_type`` in the zone's region (cheapest zone for spot)."""
+    try:
+        return float(_catalog().price(cloud, region_of(zone), instance_type, market))
+    except MarketError as exc:
+        raise ConfigError(
+            f"no {market} price for {instance_type} in {region_of(zone)}: {exc.message}",
+            hint="set resources.instance_type to a catalog type (spotwise gpus --json), or give "
+            "the sim provider spot_usd_per_hour / ondemand_usd_per_hour",
+        ) from exc

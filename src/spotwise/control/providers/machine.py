@@ -1,0 +1,130 @@
+"""A "machine" for the local and sim providers: a small supervisor process around one attempt.
+
+It outlives the controller (own session), so a controller killed with SIGKILL leaves the job
+running and finds it again. It holds an exclusive ``flock`` on the attempt's ``lock`` file for
+its whole life (inherited from the controller at fork, so there is no unlocked window), writes
+``machine.json`` (its pid and start time, the training process's pid) and, at the end,
+``exit.json`` (exit code, how it ended, when), which is how a restarted controller learns the
+outcome of a process that is not its child.
+
+On the sim provider it also plays the platform: at ``--notice-at`` it sends the notice signal
+(SIGTERM) to the training process, and at ``--lost-at`` the machine is taken away (SIGKILL to the
+training process group). A SIGTERM to the machine itself (terminate/cancel) does the same with
+the grace period starting now.
+
+Run as ``python -m spotwise.control.providers.machine --dir DIR [...] -- COMMAND...``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+
+def proc_start_ticks(pid: int) -> int | None:
+    """The process's start time in clock ticks since boot (``/proc/PID/stat`` field 22), which
+    tells a live process from a new one that reused its pid."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat.rsplit(")", 1)[1].split()[19])
+
+
+def write_json_atomic(path: Path, doc: dict[str, Any]) -> None:
+    tmp = path.with_suffix(".tmp")
+    with open(tmp, "w") as f:
+        json.dump(doc, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _kill_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        return
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--dir", required=True, type=Path)
+    parser.add_argument("--log", required=True, type=Path)
+    parser.add_argument("--lock-fd", type=int, default=-1)
+    parser.add_argument("--boot-s", type=float, default=0.0)
+    parser.add_argument("--notice-at", type=float, default=None)
+    parser.add_argument("--lost-at", type=float, default=None)
+    parser.add_argument("--grace-s", type=float, default=30.0)
+    parser.add_argument("--banner", default="")
+    parser.add_argument("command", nargs=argparse.REMAINDER)
+    args = parser.parse_args(argv)
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    state: dict[str, Any] = {"pid": os.getpid(), "start_ticks": proc_start_ticks(os.getpid())}
+    machine_file = args.dir / "machine.json"
+    write_json_atomic(machine_file, state)
+
+    stop_at: list[float] = []  # set by a terminate request (SIGTERM to this machine)
+    signal.signal(signal.SIGTERM, lambda *_: stop_at.append(time.time()))
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+    def finish(outcome: str, code: int | None) -> int:
+        write_json_atomic(args.dir / "exit.json",
+                          {"outcome": outcome, "exit_code": code, "ended_at": time.time()})
+        return 0
+
+    boot_end = time.time() + args.boot_s
+    while time.time() < boot_end:  # provisioning: the machine is billed but not yet running
+        if stop_at:
+            return finish("terminated", None)
+        if args.lost_at is not None and time.time() >= args.lost_at:
+            return finish("lost", None)
+        time.sleep(0.02)
+
+    with open(args.log, "ab", buffering=0) as log:
+        if args.banner:
+            log.write(f"[spotwise] {args.banner}\n".encode())
+        try:
+            child = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL, start_new_session=True)
+        except OSError as exc:
+            log.write(f"[spotwise] cannot start {command[:1]}: {exc}\n".encode())
+            return finish("exited", 127)
+        state.update(child_pid=child.pid, child_start_ticks=proc_start_ticks(child.pid),
+                     running_at=time.time())
+        write_json_atomic(machine_file, state)
+
+        notice_at, lost_at, noticed, outcome = args.notice_at, args.lost_at, False, "exited"
+        while True:
+            try:
+                code = child.wait(timeout=0.02)
+                break
+            except subprocess.TimeoutExpired:
+                pass
+            now = time.time()
+            if stop_at and not noticed:
+                outcome = "terminated"
+                notice_at, lost_at = now, min(lost_at or float("inf"), now + args.grace_s)
+            if notice_at is not None and now >= notice_at and not noticed:
+                noticed = True
+                log.write(b"[spotwise] interruption notice: SIGTERM\n")
+                child.send_signal(signal.SIGTERM)
+            if lost_at is not None and now >= lost_at:
+                log.write(b"[spotwise] machine taken away: SIGKILL\n")
+                _kill_group(child.pid, signal.SIGKILL)
+                child.wait()
+                return finish("lost" if outcome == "exited" else outcome, None)
+        _kill_group(child.pid, signal.SIGKILL)  # leave nothing behind on the "machine"
+        return finish(outcome if outcome == "terminated" and code not in (0, 75) else "exited",
+                      code)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,137 @@
+"""Attempts as local supervised processes ("machines"), shared by the local and sim providers.
+
+Liveness comes from the machine's ``flock`` on ``<attempt_dir>/lock``, not from pids: the lock
+exists exactly as long as the machine process, so pid reuse cannot fool it, and the controller
+takes it *before* forking, so there is no instant at which a machine runs unlocked.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from spotwise.control.providers.base import AttemptStatus, Handle, LaunchRequest, Phase
+from spotwise.control.providers.machine import proc_start_ticks
+from spotwise.errors import ProviderError
+
+
+def _read_json(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, json.JSONDecodeError):  # half-written files are replaced atomically
+        return None
+
+
+def lock_held(lock_path: Path) -> bool:
+    """Whether some process (the machine) holds the attempt's lock."""
+    try:
+        fd = os.open(lock_path, os.O_RDWR)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+    return False
+
+
+def _signal_if_same(pid: int | None, ticks: int | None, sig: int, group: bool = False) -> None:
+    """Signal a process only if it is still the one we started (same start time)."""
+    if not pid or proc_start_ticks(pid) != ticks:
+        return
+    try:
+        os.killpg(pid, sig) if group else os.kill(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        return
+
+
+class ProcessMachines:
+    """Start, observe and stop machine processes (see ``machine.py``)."""
+
+    def launch(self, req: LaunchRequest, *, boot_s: float = 0.0, notice_at: float | None = None,
+               lost_at: float | None = None, banner: str = "") -> Handle:
+        req.attempt_dir.mkdir(parents=True, exist_ok=True)
+        for stale in ("exit.json", "machine.json"):
+            (req.attempt_dir / stale).unlink(missing_ok=True)
+        lock_path = req.attempt_dir / "lock"
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise ProviderError(f"attempt {req.key} is already running") from None
+        cmd = [sys.executable, "-m", "spotwise.control.providers.machine",
+               "--dir", str(req.attempt_dir), "--log", str(req.log_path),
+               "--lock-fd", str(fd), "--grace-s", str(req.grace_s), "--boot-s", str(boot_s),
+               "--banner", banner]
+        if notice_at is not None:
+            cmd += ["--notice-at", repr(notice_at)]
+        if lost_at is not None:
+            cmd += ["--lost-at", repr(lost_at)]
+        cmd += ["--", *req.argv]
+        try:
+            proc = subprocess.Popen(
+                cmd, cwd=req.workdir, env=req.env, pass_fds=(fd,), start_new_session=True,
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        except OSError as exc:
+            raise ProviderError(f"cannot start attempt {req.key}: {exc}",
+                                hint=f"check the working directory {req.workdir}") from exc
+        finally:
+            os.close(fd)  # the machine keeps the lock alive through its inherited descriptor
+        return {"dir": str(req.attempt_dir), "pid": proc.pid,
+                "start_ticks": proc_start_ticks(proc.pid)}
+
+    def find(self, req: LaunchRequest) -> Handle | None:
+        d = req.attempt_dir
+        if lock_held(d / "lock") or (d / "exit.json").exists():
+            for _ in range(200):  # a machine that just started writes machine.json at once
+                machine = _read_json(d / "machine.json")
+                if machine is not None:
+                    return {"dir": str(d), "pid": machine["pid"],
+                            "start_ticks": machine["start_ticks"]}
+                if not lock_held(d / "lock"):
+                    break
+                time.sleep(0.05)
+            return {"dir": str(d), "pid": None, "start_ticks": None}
+        return None
+
+    def status(self, handle: Handle) -> AttemptStatus:
+        d = Path(handle["dir"])
+        end = _read_json(d / "exit.json")
+        machine = _read_json(d / "machine.json") or {}
+        running_at = machine.get("running_at")
+        if end is not None:
+            if end["outcome"] in ("lost", "terminated") and end["exit_code"] is None:
+                return AttemptStatus(Phase.LOST, ended_at=end["ended_at"], running_at=running_at,
+                                     detail=end["outcome"])
+            return AttemptStatus(Phase.EXITED, exit_code=end["exit_code"],
+                                 ended_at=end["ended_at"], running_at=running_at)
+        if lock_held(d / "lock"):
+            phase = Phase.RUNNING if running_at else Phase.STARTING
+            return AttemptStatus(phase, running_at=running_at)
+        if _read_json(d / "exit.json") is not None:  # it finished between the two reads
+            return self.status(handle)
+        # The machine died without a word (killed, host gone): clean up what it left.
+        _signal_if_same(machine.get("child_pid"), machine.get("child_start_ticks"),
+                        signal.SIGKILL, group=True)
+        return AttemptStatus(Phase.LOST, ended_at=None, running_at=running_at,
+                             detail="machine process vanished")
+
+    def terminate(self, handle: Handle) -> None:
+        d = Path(handle["dir"])
+        machine = _read_json(d / "machine.json") or {}
+        if lock_held(d / "lock"):
+            _signal_if_same(machine.get("pid"), machine.get("start_ticks"), signal.SIGTERM)
+        else:
+            _signal_if_same(machine.get("child_pid"), machine.get("child_start_ticks"),
+                            signal.SIGKILL, group=True)

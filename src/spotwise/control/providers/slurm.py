@@ -1,0 +1,160 @@
+"""``slurm``: each attempt is a batch job (``sbatch --requeue --signal``) on a SLURM cluster.
+
+SLURM relaunches a preempted or requeued job by itself under the same job id; the controller sees
+that as the restart count going up (``scontrol show job``: ``Restarts=``) and records a new
+attempt without submitting anything. ``--signal=B:SIG@secs`` asks SLURM to signal the training
+process before its end time; the runtime's SLURM detector reads that signal and the end time.
+The batch script ``exec``s the command, so the training process is the batch step's process and
+gets SLURM's SIGTERM on preemption or requeue directly.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from spotwise.control.providers.base import (
+    AttemptStatus,
+    Features,
+    Handle,
+    LaunchRequest,
+    Phase,
+    Placement,
+    Pricing,
+)
+from spotwise.errors import (
+    ConfigError,
+    ProviderError,
+    ProviderUnavailableError,
+    TransientProviderError,
+)
+
+_OPTIONS = {"partition", "signal", "signal_s", "time_limit", "extra_args", "usd_per_hour"}
+_PENDING = {"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "CONFIGURING", "RESIZING",
+            "SUSPENDED"}
+_RUNNING = {"RUNNING", "COMPLETING", "STAGE_OUT", "SIGNALING"}
+_LOST = {"NODE_FAIL", "BOOT_FAIL", "PREEMPTED", "DEADLINE", "TIMEOUT", "CANCELLED",
+         "OUT_OF_MEMORY"}
+
+
+def _run(argv: list[str], timeout_s: float = 30.0) -> str:
+    """Run a SLURM command; translate its failures into our provider errors."""
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s)
+    except FileNotFoundError:
+        raise ProviderUnavailableError(
+            f"SLURM command {argv[0]!r} is not installed",
+            hint="install slurm-wlm (scripts/slurm-up.sh starts a local cluster)") from None
+    except subprocess.TimeoutExpired:
+        raise TransientProviderError(f"{argv[0]} timed out after {timeout_s:.0f}s") from None
+    if done.returncode != 0:
+        err = (done.stderr or done.stdout).strip()
+        if "Unable to contact slurm controller" in err or "Connection refused" in err \
+                or "Socket timed out" in err:
+            raise TransientProviderError(f"{argv[0]} cannot reach slurmctld: {err}",
+                                         hint="is slurmctld running? (scontrol ping)")
+        raise ProviderError(f"{shlex.join(argv)} failed: {err}")
+    return done.stdout
+
+
+def parse_show_job(text: str) -> dict[str, str]:
+    """``scontrol show job -o`` output (one line of Key=Value) -> dict."""
+    fields: dict[str, str] = {}
+    for token in text.split():
+        key, sep, value = token.partition("=")
+        if sep and key not in fields:
+            fields[key] = value
+    return fields
+
+
+class SlurmProvider:
+    name = "slurm"
+
+    def __init__(self, options: dict[str, Any], *, epoch: float, instance_type: str | None):
+        unknown = set(options) - _OPTIONS
+        if unknown:
+            raise ConfigError(f"provider.slurm: unknown option(s) {sorted(unknown)}",
+                              hint=f"allowed: {', '.join(sorted(_OPTIONS))}")
+        self.partition = options.get("partition")
+        self.signal = str(options.get("signal", "USR1"))
+        self.signal_s = int(options.get("signal_s", 60))
+        self.time_limit = options.get("time_limit")
+        self.extra_args = [str(a) for a in options.get("extra_args", [])]
+        self.usd_per_hour = float(options.get("usd_per_hour", 0.0))
+        self.features = Features(spot=False, self_requeue=True, zones=("slurm",), poll_s=0.5,
+                                 grace_s=30.0)
+
+    def check(self) -> None:
+        try:
+            _run(["scontrol", "ping"], timeout_s=15)
+        except TransientProviderError as exc:
+            raise ProviderUnavailableError(exc.message, hint=exc.hint) from None
+        except ProviderError as exc:  # ping exits 1 when the controller is DOWN
+            raise ProviderUnavailableError(f"slurmctld is not reachable: {exc.message}",
+                                           hint="start it (scripts/slurm-up.sh)") from None
+
+    def pricing(self, placement: Placement) -> Pricing:
+        return Pricing(self.usd_per_hour, self.usd_per_hour, 1.0)
+
+    def _script(self, req: LaunchRequest) -> Path:
+        exports = "\n".join(f"export {k}={shlex.quote(v)}" for k, v in sorted(req.env.items())
+                             if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k))
+        script = req.attempt_dir / "batch.sh"
+        script.write_text(
+            "#!/bin/bash\n"
+            f"# spotwise job {req.job_id} attempt {req.n}\n"
+            f"{exports}\n"
+            'export SPOTWISE_ATTEMPT_RESTARTS="${SLURM_RESTART_COUNT:-0}"\n'
+            'echo "[spotwise] slurm job $SLURM_JOB_ID start"'
+            ' "(restart ${SLURM_RESTART_COUNT:-0})"\n'
+            f"cd {shlex.quote(str(req.workdir))}\n"
+            f"exec {shlex.join(req.argv)}\n")
+        script.chmod(0o700)
+        return script
+
+    def launch(self, req: LaunchRequest) -> Handle:
+        req.attempt_dir.mkdir(parents=True, exist_ok=True)
+        argv = ["sbatch", "--parsable", "--requeue", "--open-mode=append",
+                f"--signal=B:{self.signal}@{self.signal_s}", f"--job-name={req.key}",
+                f"--output={req.log_path}", f"--chdir={req.workdir}", "--export=NONE"]
+        if self.partition:
+            argv.append(f"--partition={self.partition}")
+        if self.time_limit:
+            argv.append(f"--time={self.time_limit}")
+        argv += [*self.extra_args, str(self._script(req))]
+        job_id = _run(argv).strip().split(";")[0]
+        return {"slurm_job_id": job_id}
+
+    def find(self, req: LaunchRequest) -> Handle | None:
+        out = _run(["squeue", "-h", f"--name={req.key}", "-o", "%i"])
+        ids = out.split()
+        return {"slurm_job_id": ids[0]} if ids else None
+
+    def status(self, handle: Handle) -> AttemptStatus:
+        job_id = handle["slurm_job_id"]
+        try:
+            info = parse_show_job(_run(["scontrol", "-o", "show", "job", job_id]))
+        except TransientProviderError:
+            raise
+        except ProviderError as exc:
+            if "Invalid job id" in exc.message:  # purged from slurmctld's memory
+                return AttemptStatus(Phase.LOST, detail=f"slurm job {job_id} is gone")
+            raise
+        state = info.get("JobState", "UNKNOWN")
+        restarts = int(info.get("Restarts", "0") or 0)
+        if state in _PENDING:
+            return AttemptStatus(Phase.STARTING, restarts=restarts, detail=state)
+        if state in _RUNNING:
+            return AttemptStatus(Phase.RUNNING, restarts=restarts, detail=state)
+        code = int(info.get("ExitCode", "0:0").split(":")[0])
+        if state == "COMPLETED" or (state == "FAILED" and code != 0):
+            return AttemptStatus(Phase.EXITED, exit_code=code, restarts=restarts, detail=state)
+        if state in _LOST or state == "FAILED":
+            return AttemptStatus(Phase.LOST, restarts=restarts, detail=state)
+        raise TransientProviderError(f"slurm job {job_id} is in unknown state {state}")
+
+    def terminate(self, handle: Handle) -> None:
+        _run(["scancel", "--full", handle["slurm_job_id"]])
