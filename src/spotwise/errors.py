@@ -141,3 +141,7 @@ class ProviderUnavailableError(ProviderError):
 
 class TransientProviderError(ProviderError):
     """A control-plane hiccup: retried, and never counted as a preemption."""
+
+
+class CapacityError(ProviderError):
+    """No machine of the requested kind (spot in that zone) is available right now."""
