@@ -9,7 +9,13 @@ import pytest
 
 from spotwise.errors import IngestError
 from spotwise.market.catalog import load_catalog
-from spotwise.market.prices import PriceStore, catalog_with_history, default_db_path, ingest
+from spotwise.market.prices import (
+    _LATEST,
+    PriceStore,
+    catalog_with_history,
+    default_db_path,
+    ingest,
+)
 from spotwise.market.sources import PriceRecord, aws_region_of_zone_id, parse_timestamp
 from spotwise.market.sources.csvfile import CsvSource
 
@@ -162,11 +168,9 @@ def test_latest_matches_full_scan_and_respects_time(store, tmp_path):
     assert fast == slow and fast
     early = parse_timestamp("2020-01-01T00:00:00Z")
     assert all(r.ts <= early for r in store.latest(types, at=early))
-    plan = store.query_plan(
-        "SELECT MAX(ts) FROM prices WHERE cloud='aws' AND instance_type='p3.2xlarge' "
-        "GROUP BY market, region, zone"
-    )
-    assert "SEARCH" in plan
+    # one seek per place: the small places table drives, prices is only ever SEARCHed
+    plan = store.query_plan(_LATEST, (0, "aws", "p3.2xlarge"))
+    assert plan.startswith("SEARCH p USING PRIMARY KEY") and "SCAN" not in plan
 
 
 def test_newer_history_overrides_the_catalog(store, tmp_path):
