@@ -83,9 +83,9 @@ def plan_from_environment(env: Mapping[str, str] | None = None) -> Plan:
             plan.remote.extend(spec.detectors(spec.base_from_override(override), env))
         elif platform == name:
             plan.remote.extend(spec.detectors(spec.default_base, env))
-        elif platform in ("auto", "kubernetes") and not _disabled(spec, env):
+        elif platform == "auto" and not _disabled(spec, env):
             to_probe.append(spec)
-    if to_probe and platform == "auto":
+    if to_probe:
         plan.discover = lambda: discover(to_probe, env)
     return plan
 
