@@ -154,7 +154,7 @@ def _print_table(summaries, rel, problem, markets, runs: int) -> None:
         "OD compute h",
         "misses",
     ):
-        table.add_column(col, justify="left" if col == "policy" else "right")
+        table.add_column(col, justify="left" if col == "policy" else "right", no_wrap=True)
     for s in summaries:
         r = rel[s.policy]
         table.add_row(
@@ -167,4 +167,4 @@ def _print_table(summaries, rel, problem, markets, runs: int) -> None:
             f"{s.mean_ondemand_compute_h:.2f}",
             str(s.misses),
         )
-    Console(width=max(100, Console().width)).print(table)
+    Console(width=max(120, Console().width)).print(table)
