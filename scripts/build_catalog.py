@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import hashlib
 import json
 import re
 import statistics
@@ -185,7 +186,9 @@ def snapshot_offers(shared: Path, rel: str, cloud: str) -> list[Offer]:
     return list(by_key.values())
 
 
-def interruption_rows(shared: Path, advisor: dict, gpu_types: set[str]) -> list[RateRow]:
+def interruption_rows(
+    shared: Path, advisor: dict, gpu_types: set[str]
+) -> tuple[list[RateRow], float]:
     ranges = {r["index"]: r for r in advisor["ranges"]}
     assert set(ranges) == {0, 1, 2, 3, 4}, "advisor bands changed; review BAND_MONTHLY_PROBABILITY"
     priors: dict[tuple[str, str], float] = {}
@@ -252,7 +255,7 @@ def interruption_rows(shared: Path, advisor: dict, gpu_types: set[str]) -> list[
                     "traces (zone)",
                 )
             )
-    return rows
+    return rows, scale
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -270,12 +273,27 @@ def main(argv: list[str] | None = None) -> int:
     )
     offers.sort(key=lambda o: (o.cloud, o.instance_type, o.region, o.zone, o.market))
     gpu_types = {o.instance_type for o in offers if o.cloud == "aws"}
-    rates = interruption_rows(shared, advisor, gpu_types)
+    rates, scale = interruption_rows(shared, advisor, gpu_types)
     args.out.mkdir(parents=True, exist_ok=True)
     with (args.out / "offers.csv").open("w", newline="") as f:
         write_offers(offers, f)
     with (args.out / "interruption.csv").open("w", newline="") as f:
         write_rates(rates, f)
+    inputs = [AWS_VANTAGE, AWS_SKYPILOT, GCP, AZURE, LAMBDA, ADVISOR]
+    inputs += [str(p.relative_to(shared)) for p in sorted((shared / TRACES).glob("*/*.json"))]
+    with (args.out / "sources.json").open("w") as f:
+        json.dump(
+            {
+                "built_by": "scripts/build_catalog.py",
+                "inputs": {
+                    rel: hashlib.sha256((shared / rel).read_bytes()).hexdigest() for rel in inputs
+                },
+                "advisor_band_scale": round(scale, 3),
+            },
+            f,
+            indent=1,
+        )
+        f.write("\n")
     reserved = aws_reserved(shared)
     with (args.out / "reserved.csv").open("w", newline="") as f:
         writer = csv.writer(f, lineterminator="\n")

@@ -107,3 +107,36 @@ def _header() -> str:
     from spotwise.market.catalog import _FIELDS
 
     return ",".join(_FIELDS) + "\n"
+
+
+def test_market_is_pure_and_light():
+    """No torch, no cloud SDK, no providers get imported by the market or its commands."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, spotwise.market, spotwise.market.prices, spotwise.market.roi, "
+        "spotwise.market.sources.csvfile, spotwise.market.sources.azure, spotwise.cli.market\n"
+        "bad = [m for m in sys.modules if m.split('.')[0] in ('torch', 'boto3', 'botocore', "
+        "'matplotlib') or m.startswith('spotwise.control')]\n"
+        "print(bad)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
+
+
+def test_shipped_data_is_what_the_build_script_makes(tmp_path):
+    """The committed catalog files are exactly the build script's output from ../shared/data."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run(
+        [sys.executable, str(root / "scripts" / "build_catalog.py"), "--out", str(tmp_path)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    shipped = root / "src" / "spotwise" / "data" / "catalog"
+    for name in ("offers.csv", "interruption.csv", "reserved.csv", "sources.json"):
+        assert (tmp_path / name).read_bytes() == (shipped / name).read_bytes(), name
