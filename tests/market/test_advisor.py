@@ -119,6 +119,12 @@ def test_bad_jobs_are_rejected():
         advise(JobRequest(compute_hours=0, gpu="V100"), [], model({}))
     with pytest.raises(NoPlacementError):
         advise(JobRequest(compute_hours=1, gpu="V100", gpus=3), [offer("a", "spot", 1)], model({}))
+    with pytest.raises(ConfigError, match="unknown market preemptible"):
+        advise(JobRequest(compute_hours=1, gpu="V100", markets=("preemptible",)), [], model({}))
+    with pytest.raises(ConfigError, match="unknown cloud oci"):
+        advise(JobRequest(compute_hours=1, gpu="V100", clouds=("oci",)), [], model({}))
+    with pytest.raises(ConfigError, match="deadline"):
+        advise(JobRequest(compute_hours=1, gpu="V100", deadline_hours=-1), [], model({}))
 
 
 def test_shipped_data_answers_8xv100_48h_offline():

@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime
 
 from spotwise.errors import ConfigError, NoPlacementError
-from spotwise.market.catalog import Catalog, Offer, same_family
+from spotwise.market.catalog import CLOUDS, MARKETS, Catalog, Offer, same_family
 from spotwise.market.interruption import InterruptionModel
 
 MIN_USEFUL_SHARE = 0.05  # below this the job spends > 95% of its time redoing work
@@ -63,6 +63,19 @@ class JobRequest:
             raise ConfigError("checkpoint cost and restart time cannot be negative")
         if self.checkpoint_interval_h is not None and self.checkpoint_interval_h <= 0:
             raise ConfigError("checkpoint interval must be positive")
+        if self.deadline_hours is not None and self.deadline_hours <= 0:
+            raise ConfigError(f"the deadline must be in the future, got {self.deadline_hours} h")
+        if self.budget_usd is not None and self.budget_usd <= 0:
+            raise ConfigError(f"the budget must be positive, got {self.budget_usd}")
+        for name, values, allowed in (
+            ("market", self.markets, MARKETS),
+            ("cloud", self.clouds, CLOUDS),
+        ):
+            unknown = sorted(set(values) - set(allowed))
+            if unknown:
+                raise ConfigError(
+                    f"unknown {name} {', '.join(unknown)}", hint=f"use {', '.join(allowed)}"
+                )
 
 
 @dataclass(frozen=True)
