@@ -439,7 +439,11 @@ def _advice_table(job: Any, placements: list[Any], top: int) -> None:
             _hours(p.expected_hours),
             _money(p.expected_cost_usd),
             "-" if s is None else f"{-s:+.0f}%",
-            "ok" if p.meets_deadline else "[red]MISSES[/red]",
+            "-"
+            if job.deadline_hours is None
+            else "ok"
+            if p.meets_deadline
+            else "[red]MISSES[/red]",
         )
     console = _wide_console()
     console.print(table)
