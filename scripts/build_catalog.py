@@ -39,6 +39,7 @@ GCP = "prices/gcp_gpu_catalog_snapshots.csv"
 AZURE = "prices/azure_gpu_catalog_snapshots.csv"
 ADVISOR = "advisor/spot-advisor-data_2024-02-28.json"
 TRACES = "traces/availability/1-node"
+PREEMPTION = "traces/preemption/1-node"
 TRACE_TYPES = {"v100_1": "p3.2xlarge", "v100_8": "p3.16xlarge",
                "k80_1": "p2.xlarge", "k80_8": "p2.16xlarge"}  # fmt: skip
 
@@ -222,7 +223,9 @@ def interruption_rows(
             c, "", "", "", default, 0, 0.0, default, "default: mean scaled AWS GPU advisor prior"
         )
         for c in CLOUDS
+        if c != "gcp"
     ]
+    rows += gcp_rows(shared, default)
     for (region, itype), prior in sorted(priors.items()):
         events, exposure = evidence.get((region, "", itype), (0, 0.0))
         source = "advisor band (scaled) + traces" if exposure else "advisor band (scaled)"
@@ -258,6 +261,25 @@ def interruption_rows(
     return rows, scale
 
 
+def gcp_rows(shared: Path, prior: float) -> list[RateRow]:
+    """GCP has no advisor feed; its spot preemption traces (c3-highcpu-88 VMs, 2023-04) move the
+    default prior, for the cloud and per traced region. They are CPU VMs: GPU VMs may differ."""
+    evidence: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
+    for path in sorted((shared / PREEMPTION).glob("gcp-*/*.json")):
+        zone = path.stem.partition("_")[0]
+        data = json.loads(path.read_text())
+        events, exposure = trace_evidence(data["data"], data["metadata"]["gap_seconds"])
+        for key in ("", zone.rsplit("-", 1)[0]):
+            evidence[key][0] += events
+            evidence[key][1] += exposure
+    source = "default prior + GCP preemption traces (c3-highcpu-88)"
+    return [
+        RateRow("gcp", region, "", "", prior, int(events), exposure,
+                posterior_rate(prior, int(events), exposure), source)
+        for region, (events, exposure) in sorted(evidence.items())
+    ]  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shared", type=Path, default=ROOT.parent / "shared" / "data")
@@ -281,6 +303,9 @@ def main(argv: list[str] | None = None) -> int:
         write_rates(rates, f)
     inputs = [AWS_VANTAGE, AWS_SKYPILOT, GCP, AZURE, LAMBDA, ADVISOR]
     inputs += [str(p.relative_to(shared)) for p in sorted((shared / TRACES).glob("*/*.json"))]
+    inputs += [
+        str(p.relative_to(shared)) for p in sorted((shared / PREEMPTION).glob("gcp-*/*.json"))
+    ]
     with (args.out / "sources.json").open("w") as f:
         json.dump(
             {
