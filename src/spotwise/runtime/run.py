@@ -200,8 +200,6 @@ class Run:
             self._wait_writer()
             if self._committed_step != self.step:
                 self._save(block=True, reason="final")
-            if self.mirror is not None:
-                self.mirror.flush()
             self.events.emit("finished", step=self.step)
             clean_exit = True
         finally:
@@ -223,8 +221,8 @@ class Run:
             self._save(block=block, reason="manual")
 
     def close(self) -> None:
-        """Wait for a background save (raising its error), stop notice watching and release the
-        run directory. Safe to call twice."""
+        """Wait for a background save (raising its error) and for the mirror, stop notice
+        watching and release the run directory. Safe to call twice."""
         if self._closed:
             return
         self._closed = True
@@ -520,7 +518,14 @@ def _local_run_dir(run_dir: str | os.PathLike[str]) -> Path:
 
 
 def _lock(run_dir: Path) -> int:
-    fd = os.open(run_dir / _LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    # read-only descriptor: a held lock must not keep the file system busy for writing
+    try:
+        fd = os.open(run_dir / _LOCK_FILE, os.O_RDONLY | os.O_CREAT, 0o644)
+    except OSError as exc:
+        raise ConfigError(
+            f"cannot use run directory {run_dir}: {exc.strerror}",
+            hint="the run directory must be writable; choose another --run-dir",
+        ) from exc
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError as exc:

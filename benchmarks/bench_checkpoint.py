@@ -1,0 +1,263 @@
+#!/usr/bin/env python
+"""Checkpoint speed against baselines measured in the same process, on the same disk.
+
+Two states: "large" (--size-gb of float32 in 16 tensors) and "small" (2,000 tensors, 256 MiB in
+all, sized like a real model's parameters plus optimizer moments). For each, medians over
+--reps repetitions (the order of the contenders rotates each repetition) of:
+
+- durable save: spotwise ``write_checkpoint`` (safetensors + JSON + manifest, CRC32C, fsync of
+  every file and directory, rename) vs writing the same bytes raw into one file + fsync, vs
+  ``torch.save`` + fsync and ``safetensors.torch.save_file`` + fsync;
+- async stall: what ``Run`` blocks for (state walk + JSON + copy into its reused snapshot
+  buffer) vs a plain ``copy_`` of every tensor into preallocated buffers;
+- load: spotwise ``load_checkpoint`` (reads every byte into one buffer, verifies CRC32C, views
+  the tensors) vs a raw ``readinto`` of the same file; the page cache of the file is dropped
+  (posix_fadvise DONTNEED after fsync) before every read, for both.
+
+    python benchmarks/bench_checkpoint.py --size-gb 1 [--reps 3] [--dir /path/on/the/disk]
+
+Besides the table it prints the ratio lines ``ratio-save-vs-raw: X`` and so on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+from spotwise.runtime.checkpoint import (
+    byte_view,
+    load_checkpoint,
+    write_checkpoint,
+)
+from spotwise.runtime.snapshot import SnapshotBuffer
+from spotwise.runtime.state import StateEncoder
+
+MiB = 1 << 20
+
+
+def large_state(size_gb: float) -> dict[str, torch.Tensor]:
+    per = int(size_gb * (1 << 30)) // 16 // 4
+    return {f"layer{i}.weight": torch.rand(per) for i in range(16)}
+
+
+def small_state(count: int = 2000, total_mib: int = 256) -> dict[str, torch.Tensor]:
+    """Parameter-like tensors (a third each: weights, Adam exp_avg, exp_avg_sq) of varied size."""
+    g = torch.Generator().manual_seed(0)
+    raw = torch.exp(torch.rand(count // 3 + 1, generator=g) * 8)  # sizes spread over ~3 decades
+    elements = (raw / raw.sum() * (total_mib * MiB // 4 // 3)).long().clamp(min=1)
+    state = {}
+    for i, n in enumerate(elements.tolist()):
+        for kind in ("param", "exp_avg", "exp_avg_sq"):
+            if len(state) < count:
+                state[f"{kind}.{i}"] = torch.rand(int(n), generator=g)
+    return state
+
+
+def nbytes(state: dict[str, torch.Tensor]) -> int:
+    return sum(t.numel() * t.element_size() for t in state.values())
+
+
+def drop_cache(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def fsync_path(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+# --- contenders --------------------------------------------------------------------------------
+def raw_write(state: dict[str, torch.Tensor], path: Path) -> None:
+    views = [byte_view(t) for t in state.values()]
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        for i in range(0, len(views), 512):
+            batch = views[i : i + 512]
+            total, done = sum(len(v) for v in batch), os.writev(fd, batch)
+            if done != total:  # finish a short write piece by piece
+                for v in batch:
+                    skip = min(done, len(v))
+                    done -= skip
+                    rest = v[skip:]
+                    while len(rest):
+                        rest = rest[os.write(fd, rest) :]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def ours_write(state: dict[str, torch.Tensor], path: Path) -> None:
+    write_checkpoint(path, 1, state, {"note": "bench"})
+
+
+def torch_write(state: dict[str, torch.Tensor], path: Path) -> None:
+    with open(path, "wb") as f:
+        torch.save(state, f)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def safetensors_write(state: dict[str, torch.Tensor], path: Path) -> None:
+    save_file(state, str(path))
+    fsync_path(path)
+
+
+def raw_read(path: Path, size: int) -> torch.Tensor:
+    buf = torch.empty(size, dtype=torch.uint8)
+    view = memoryview(buf.numpy()).cast("B")
+    with open(path, "rb", buffering=0) as f:
+        while len(view):
+            n = f.readinto(view)
+            if not n:
+                raise OSError("short read")
+            view = view[n:]
+    return buf
+
+
+def timed(fn: Callable[[], object]) -> float:
+    started = time.perf_counter()
+    fn()
+    return time.perf_counter() - started
+
+
+def bench_saves(state: dict[str, torch.Tensor], root: Path, reps: int) -> dict[str, float]:
+    contenders = {
+        "raw write+fsync": raw_write,
+        "spotwise save": ours_write,
+        "torch.save+fsync": torch_write,
+        "safetensors save_file+fsync": safetensors_write,
+    }
+    times: dict[str, list[float]] = {name: [] for name in contenders}
+    names = list(contenders)
+    for rep in range(reps):
+        for name in names[rep % len(names) :] + names[: rep % len(names)]:
+            target = root / f"save-{len(times[name])}"
+            times[name].append(timed(lambda: contenders[name](state, target)))  # noqa: B023
+            if target.is_dir():
+                shutil.rmtree(target)
+            else:
+                target.unlink()
+            fsync_path(root)
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+def bench_stall(state: dict[str, torch.Tensor], reps: int) -> dict[str, float]:
+    dests = [torch.empty_like(t) for t in state.values()]
+    sources = list(state.values())
+
+    def plain_copy() -> None:
+        for d, s in zip(dests, sources, strict=True):
+            d.copy_(s)
+
+    snapshot = SnapshotBuffer()
+
+    def ours() -> None:  # what Run blocks for: walk the state, JSON, copy into the buffer
+        encoder = StateEncoder()
+        json.dumps(encoder.encode(state, "models/main"))
+        snapshot.capture(encoder.tensors)
+
+    ours()  # buffers are sized once, on the first save; the baseline's are preallocated too
+    plain_copy()
+    times: dict[str, list[float]] = {"copy into reused buffers": [], "spotwise async stall": []}
+    for _ in range(max(reps, 5)):
+        times["copy into reused buffers"].append(timed(plain_copy))
+        times["spotwise async stall"].append(timed(ours))
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+def bench_loads(state: dict[str, torch.Tensor], root: Path, reps: int) -> dict[str, float]:
+    ckpt = root / "load-src"
+    write_checkpoint(ckpt, 1, state)
+    step_dir = ckpt / "step-00000001"
+    raw_file = root / "load-raw.bin"
+    raw_write(state, raw_file)
+    size = raw_file.stat().st_size
+    files = [step_dir / name for name in os.listdir(step_dir)]
+
+    def ours() -> None:
+        loaded = load_checkpoint(step_dir)
+        assert len(loaded.tensors) == len(state)
+
+    times: dict[str, list[float]] = {"raw read": [], "spotwise load (verified)": []}
+    for rep in range(reps):
+        order = ["raw read", "spotwise load (verified)"]
+        for name in order if rep % 2 == 0 else order[::-1]:
+            for f in [raw_file, *files]:
+                drop_cache(f)
+            fn = (lambda: raw_read(raw_file, size)) if name == "raw read" else ours
+            times[name].append(timed(fn))
+    shutil.rmtree(ckpt)
+    raw_file.unlink()
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--size-gb", type=float, default=1.0, help="size of the large state")
+    parser.add_argument("--reps", type=int, default=3, help="repetitions (medians are reported)")
+    parser.add_argument("--dir", default=None, help="where to write (default: system temp dir)")
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    root = Path(tempfile.mkdtemp(prefix="spotwise-bench-", dir=args.dir))
+    print(f"writing under {root}", flush=True)
+    ratios: dict[str, float] = {}
+    try:
+        for label, state in (("large", large_state(args.size_gb)), ("small", small_state())):
+            size = nbytes(state)
+            suffix = "" if label == "large" else "-small"
+            print(f"\n{label}: {len(state)} tensors, {size / MiB:.0f} MiB", flush=True)
+            saves = bench_saves(state, root, args.reps)
+            stall = bench_stall(state, args.reps)
+            loads = bench_loads(state, root, args.reps)
+            print(f"{'measure':40s} {'median s':>10s} {'GiB/s':>8s}")
+            for name, seconds in {**saves, **stall, **loads}.items():
+                print(f"{name:40s} {seconds:10.4f} {size / seconds / (1 << 30):8.2f}")
+            ratios[f"ratio-save-vs-raw{suffix}"] = saves["raw write+fsync"] / saves["spotwise save"]
+            if label == "large":
+                ratios["ratio-save-vs-torch-save"] = (
+                    saves["torch.save+fsync"] / saves["spotwise save"]
+                )
+                ratios["ratio-save-vs-safetensors"] = (
+                    saves["safetensors save_file+fsync"] / saves["spotwise save"]
+                )
+            else:
+                ratios["ratio-save-vs-torch-save-small"] = (
+                    saves["torch.save+fsync"] / saves["spotwise save"]
+                )
+                ratios["ratio-save-vs-safetensors-small"] = (
+                    saves["safetensors save_file+fsync"] / saves["spotwise save"]
+                )
+            ratios[f"ratio-stall-vs-copy{suffix}"] = (
+                stall["spotwise async stall"] / stall["copy into reused buffers"]
+            )
+            ratios[f"ratio-load-vs-raw{suffix}"] = (
+                loads["raw read"] / loads["spotwise load (verified)"]
+            )
+            del state
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    print()
+    for name, value in ratios.items():
+        print(f"{name}: {value:.3f}")
+
+
+if __name__ == "__main__":
+    main()
