@@ -84,6 +84,15 @@ def test_cheap_but_often_interrupted_zone_loses_to_a_calmer_one():
     )
 
 
+def test_savings_are_shown_when_only_spot_is_asked_for():
+    offers = [offer("us-east-1", "spot", 5.0), offer("us-east-1", "on-demand", 24.48)]
+    job = JobRequest(compute_hours=10, gpu="V100", gpus=8, markets=("spot",))
+    [p] = advise(job, offers, model({}))
+    assert p.market == "spot" and p.savings_vs_on_demand_pct == pytest.approx(
+        100 * (1 - 50 / 244.8)
+    )
+
+
 def test_deadline_puts_feasible_placements_first():
     offers = [offer("us-east-1", "spot", 5.0), offer("us-east-1", "on-demand", 24.48)]
     job = JobRequest(compute_hours=48, gpu="V100", gpus=8, deadline_hours=55)

@@ -155,11 +155,11 @@ def _deadline(job: JobRequest, now: datetime | None) -> float | None:
 
 
 def _fits(job: JobRequest, o: Offer) -> bool:
-    """Everything about an offer the job constrains, except the GPU model."""
+    """Hardware and place; not the GPU model, nor the market (on-demand offers are the reference
+    for savings even when only spot is wanted)."""
     return (
         o.gpus == job.gpus
         and (job.min_gpu_mem_gb is None or o.gpu_mem_gb >= job.min_gpu_mem_gb)
-        and o.market in job.markets
         and (not job.clouds or o.cloud in job.clouds)
         and (not job.regions or o.region in job.regions)
         and (job.include_host_excluded or o.host_included)
@@ -167,7 +167,8 @@ def _fits(job: JobRequest, o: Offer) -> bool:
 
 
 def matching_offers(job: JobRequest, offers: Iterable[Offer], catalog: Catalog) -> list[Offer]:
-    """Offers whose hardware and place fit the job (GPU names resolved against the catalog)."""
+    """Offers whose hardware and place fit the job, in every market (GPU names resolved against
+    the catalog)."""
     gpu = catalog.resolve_gpu(job.gpu) if job.gpu else None
     return [o for o in offers if (gpu is None or same_family(gpu, o.gpu)) and _fits(job, o)]
 
@@ -190,14 +191,15 @@ def advise(
     if objective not in ("cost", "time"):
         raise ConfigError(f"objective must be 'cost' or 'time', got {objective!r}")
     deadline_h = _deadline(job, now)
-    pool = [o for o in offers if _fits(job, o)]
+    candidates = [o for o in offers if _fits(job, o)]
+    pool = [o for o in candidates if o.market in job.markets]
     if not pool:
         raise NoPlacementError(
             f"no offer fits {job.gpus} x {job.gpu or 'GPU'} in markets {', '.join(job.markets)}",
             hint="spotwise gpus shows what exists; relax the count, clouds or regions",
         )
     on_demand: dict[tuple[str, str, str], float] = {}
-    for o in pool:
+    for o in candidates:
         if o.market == "on-demand":
             k = (o.cloud, o.region, o.instance_type)
             on_demand[k] = min(on_demand.get(k, math.inf), o.usd_per_hour)
