@@ -20,6 +20,7 @@ Uniform Progress follows a fixed line; the optimum knows the future. This policy
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
 import numpy as np
@@ -68,6 +69,49 @@ def planning_problem(problem: Problem, gap_s: float, max_cells: int) -> Problem:
     return dataclasses.replace(problem, changeover_h=(whole + part) / 3600.0)
 
 
+def _quantize(chain: tuple[float, float]) -> tuple[float, float]:
+    """Round probabilities to a 25 % log grid, so that similar estimates share a cached plan."""
+    return tuple(_STEP ** round(math.log(p) / math.log(_STEP)) for p in chain)  # type: ignore[return-value]
+
+
+_STEP = 1.25
+
+
+@functools.lru_cache(maxsize=12)
+def plan_table(
+    problem: Problem,
+    gap_s: float,
+    chains: tuple[tuple[float, float], ...],
+    prices: tuple[float, ...],
+    first_tick: int,
+    horizon: int,
+) -> tuple[np.ndarray | None, Lattice]:
+    """Decisions of the expected-cost DP for independent per-zone chains (P(up->down),
+    P(down->up)) per tick, for boundaries first_tick .. first_tick + horizon - 1."""
+    n = len(chains)
+    combos = 1 << n
+    bits = (np.arange(combos)[:, None] >> np.arange(n)[None, :]) & 1  # combos x n
+    transition = np.ones((combos, combos))
+    for i, (ud, du) in enumerate(chains):
+        step = np.array([[1 - du, du], [ud, 1 - ud]])  # [from][to], 0 = down, 1 = up
+        transition *= step[bits[:, i][:, None], bits[:, i][None, :]]
+    ticks = math.ceil(problem.deadline_s / gap_s - 1e-9)
+    available = np.broadcast_to(bits.astype(bool)[:, :, None], (combos, n, ticks))
+    price = np.broadcast_to(np.array(prices)[None, :, None], (combos, n, ticks))
+    _, table, lattice = solve(
+        problem,
+        gap_s,
+        available,
+        price,
+        keep_decisions=horizon,
+        transition=transition,
+        first_tick=first_tick,
+    )
+    if table is not None:
+        table.setflags(write=False)
+    return table, lattice
+
+
 class SpotwisePolicy(BasePolicy):
     name = "spotwise"
 
@@ -102,28 +146,14 @@ class SpotwisePolicy(BasePolicy):
         if obs.market is Market.SPOT and obs.zone is not None and obs.zone not in chosen:
             chosen = [obs.zone, *chosen[: self.max_zones - 1]]
         self._zones = tuple(chosen)
-        n = len(chosen)
-        combos = 1 << n
-        bits = (np.arange(combos)[:, None] >> np.arange(n)[None, :]) & 1  # combos x n
-        transition = np.ones((combos, combos))
-        for i, z in enumerate(chosen):
-            ud, du = estimates[z]
-            step = np.array([[1 - du, du], [ud, 1 - ud]])  # [from][to], 0 = down, 1 = up
-            transition *= step[bits[:, i][:, None], bits[:, i][None, :]]
-        ticks = math.ceil(obs.deadline_s / obs.gap_s - 1e-9)
-        available = np.broadcast_to(bits.astype(bool)[:, :, None], (combos, n, ticks))
-        prices = np.broadcast_to(
-            np.array([obs.spot_prices[z] for z in chosen])[None, :, None], (combos, n, ticks)
-        )
         horizon = max(1, math.ceil(self.replan_h * 3600.0 / obs.gap_s))
-        _, self._table, self._lattice = solve(
+        self._table, self._lattice = plan_table(
             self._plan_problem,
             obs.gap_s,
-            available,
-            prices,
-            keep_decisions=horizon,
-            transition=transition,
-            first_tick=obs.tick,
+            tuple(_quantize(estimates[z]) for z in chosen),
+            tuple(obs.spot_prices[z] for z in chosen),
+            obs.tick,
+            horizon,
         )
         self._plan_tick = obs.tick
         self._plan_until = obs.tick + horizon
