@@ -122,7 +122,11 @@ def main(argv: list[str] | None = None) -> int:
                 child.wait()
                 return finish("lost" if outcome == "exited" else outcome, None)
         _kill_group(child.pid, signal.SIGKILL)  # leave nothing behind on the "machine"
-        return finish(outcome if outcome == "terminated" and code not in (0, 75) else "exited",
+        if code in (0, 75):
+            return finish("exited", code)
+        # Died of the notice itself (e.g. before its handler was installed): the platform's
+        # doing, not the command's, so it is a lost machine and not a user error.
+        return finish(outcome if outcome == "terminated" else "lost" if noticed else "exited",
                       code)
 
 

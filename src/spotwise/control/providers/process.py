@@ -111,8 +111,9 @@ class ProcessMachines:
         machine = _read_json(d / "machine.json") or {}
         running_at = machine.get("running_at")
         if end is not None:
-            if end["outcome"] in ("lost", "terminated") and end["exit_code"] is None:
-                return AttemptStatus(Phase.LOST, ended_at=end["ended_at"], running_at=running_at,
+            if end["outcome"] == "lost" or end["exit_code"] is None:
+                return AttemptStatus(Phase.LOST, exit_code=end["exit_code"],
+                                     ended_at=end["ended_at"], running_at=running_at,
                                      detail=end["outcome"])
             return AttemptStatus(Phase.EXITED, exit_code=end["exit_code"],
                                  ended_at=end["ended_at"], running_at=running_at)

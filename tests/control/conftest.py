@@ -1,0 +1,69 @@
+"""Helpers for controller tests: stand-in training scripts and jobs run to the end in-process."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from spotwise.control.controller import Controller, job_summary, submit
+from spotwise.control.spec import JobSpec, parse_spec
+from spotwise.control.store import Store
+
+# A stand-in for a training script: counts its runs in a file, sleeps, exits with the code
+# chosen for that run, and exits 75 on SIGTERM (as the runtime does after its emergency save).
+STANDIN = """
+import os, signal, sys, time
+runs = int(open("runs").read()) if os.path.exists("runs") else 0
+open("runs", "w").write(str(runs + 1))
+codes = [int(c) for c in sys.argv[1].split(",")]
+code = codes[min(runs, len(codes) - 1)]
+signal.signal(signal.SIGTERM, lambda *_: (print("saved on notice", flush=True), sys.exit(75)))
+print(f"run {runs} will exit {code}", flush=True)
+deadline = time.time() + float(sys.argv[2] if len(sys.argv) > 2 else 0.2)
+while time.time() < deadline:
+    time.sleep(0.02)
+print("final-weights-sha256: standin", flush=True)
+sys.exit(code)
+"""
+
+
+@pytest.fixture()
+def workdir(tmp_path: Path) -> Path:
+    (tmp_path / "standin.py").write_text(textwrap.dedent(STANDIN))
+    return tmp_path
+
+
+def make_spec(workdir: Path, **fields: Any) -> JobSpec:
+    doc: dict[str, Any] = {"name": "t", "command": "python standin.py 0", "provider": "local",
+                           "restart_backoff": 0}
+    doc.update(fields)
+    return parse_spec(doc, base_dir=workdir)
+
+
+def run_to_end(spec: JobSpec) -> dict[str, Any]:
+    store = Store()
+    job = submit(store, spec)
+    Controller(store, job.id).run()
+    return job_summary(store, store.job(job.id))
+
+
+def runs(workdir: Path) -> int:
+    return int((workdir / "runs").read_text())
+
+
+@pytest.fixture(name="make_spec")
+def _make_spec_fixture():
+    return make_spec
+
+
+@pytest.fixture(name="run_to_end")
+def _run_to_end_fixture():
+    return run_to_end
+
+
+@pytest.fixture(name="runs")
+def _runs_fixture():
+    return runs
