@@ -137,6 +137,8 @@ def test_parse_hours_and_sparkline():
     assert parse_hours("2d", "x") == 48 and parse_hours("1.5", "x") == 1.5
     with pytest.raises(ConfigError):
         parse_hours("-3h", "x")
-    line = sparkline([1, 1, 2, 3, 5, 8], width=6)
-    assert line[0] == "▁" and line[-1] == "█" and len(line) == 6
-    assert len(sparkline(list(range(1000)), width=40)) == 40
+    # a step function on a shared time axis: the price holds until the next change
+    points = [(10, 1.0), (40, 3.0), (50, 2.0)]
+    assert sparkline(points, 0, 60, 1.0, 3.0, width=6) == "▁▁▁█▅▅"
+    assert sparkline(points, 0, 60, 1.0, 3.0, width=12)[0] == " "  # before the first point
+    assert len(sparkline([(0, 1.0)], 0, 100, 0.0, 2.0, width=40)) == 40

@@ -233,19 +233,24 @@ def _iso(ts: int) -> str:
 _BARS = "▁▂▃▄▅▆▇█"
 
 
-def sparkline(values: list[float], width: int = 60) -> str:
-    """Values bucketed into ``width`` columns (bucket means), drawn with block characters."""
-    if not values:
-        return ""
-    buckets = [
-        values[i * len(values) // width : (i + 1) * len(values) // width]
-        or [values[min(i * len(values) // width, len(values) - 1)]]
-        for i in range(min(width, len(values)))
-    ]
-    means = [sum(b) / len(b) for b in buckets]
-    lo, hi = min(means), max(means)
-    span = hi - lo or 1.0
-    return "".join(_BARS[min(int((m - lo) / span * len(_BARS)), len(_BARS) - 1)] for m in means)
+def sparkline(
+    points: list[tuple[int, float]], start: int, end: int, lo: float, hi: float, width: int = 48
+) -> str:
+    """A step chart on a shared time axis: each column shows the price in force at its end
+    (prices hold until the next change, as AWS records them); blank before the first point."""
+    span_t = max(end - start, 1)
+    span_v = hi - lo or 1.0
+    out, j, current = [], 0, None
+    for i in range(width):
+        t = start + (i + 1) * span_t / width
+        while j < len(points) and points[j][0] <= t:
+            current = points[j][1]
+            j += 1
+        if current is None:
+            out.append(" ")
+        else:
+            out.append(_BARS[min(int((current - lo) / span_v * len(_BARS)), len(_BARS) - 1)])
+    return "".join(out)
 
 
 def prices_history(
@@ -286,11 +291,15 @@ def prices_history(
     first, last = _iso(points[0].ts), _iso(points[-1].ts)
     typer.echo(f"{instance_type} {market} $/h, {first} .. {last} ({len(points):,} points)")
     width = max(len(k) for k in series)
+    lo = min(p.usd_per_hour for p in points)
+    hi = max(p.usd_per_hour for p in points)
+    typer.echo(f"{'':<{width}}  {first:<24}{last:>24}   (one scale: {lo:.4g} .. {hi:.4g})")
     for name, pts in sorted(series.items()):
         values = [v for _, v in pts]
+        chart = sparkline(pts, points[0].ts, points[-1].ts, lo, hi)
         typer.echo(
-            f"{name:<{width}}  {sparkline(values, 48):<48}  min {min(values):.4g}  "
-            f"max {max(values):.4g}  last {values[-1]:.4g}"
+            f"{name:<{width}}  {chart}  min {min(values):.4g}  max {max(values):.4g}  "
+            f"last {values[-1]:.4g}"
         )
     if png is not None:
         _png(series, png, f"{instance_type} {market} price")
