@@ -1,0 +1,165 @@
+"""Policy costs and simulator speed on the real single-node V100 traces.
+
+Prints, measured in this run:
+1. cost of ``spotwise`` relative to the omniscient optimum on every single-node V100 trace (one
+   zone each, paper setting C = 48 h, R = 60 h, d = 0.2 h, $0.918 / $3.06), with Uniform
+   Progress's ratio next to it and the share of UP's gap to the optimum that spotwise closes
+   (targets: <= 1.10 on average, >= 25 % closed, zero misses);
+2. simulation speed in ticks/second per policy, and the wall time of 100 starts x all policies on
+   one trace against the one-minute target;
+3. with ``--multizone``: spotwise over several zones of the 2023 traces against the multi-zone
+   optimum and single-zone Uniform Progress;
+4. with ``--reference``: the spec's reference table (greedy / UP / optimal / spotwise, $ and
+   on-demand compute hours; 300 starts per 2022 trace, 100 per 2023 trace: takes ~15 min).
+
+    .venv/bin/python benchmarks/bench_policies.py [--starts 100] [--multizone] [--reference]
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import time
+from pathlib import Path
+
+import numpy as np
+
+from spotwise.market.policies import Problem
+from spotwise.market.policies.optimal import optimal_costs
+from spotwise.market.simulate import Markets, run_ticks, simulate, start_ticks
+from spotwise.market.traces import load_trace
+
+SHARED = Path(__file__).resolve().parents[1] / "../shared/data/traces/availability/1-node"
+PAPER = Problem(compute_h=48, deadline_h=60, changeover_h=0.2)
+REFERENCE = {  # the spec's table: group -> (starts, greedy $, UP $, optimal $, OD compute h x3)
+    "aws-10-26-2022": (300, 108.90, 102.91, 92.80, (29.4, 25.3, 21.3)),
+    "aws-02-15-2023-first30d": (100, 97.33, 88.58, 80.59, (24.2, 18.9, 15.9)),
+}
+PAPER_OD_H = (30.8, 25.1, 20.7)
+
+
+def v100_single_node() -> list[str]:
+    return sorted(glob.glob(str(SHARED / "*" / "*_v100_1.json")))
+
+
+def costs_vs_optimum(starts: int) -> None:
+    print(f"== spotwise vs optimum, single zone, {starts} starts per trace ==")
+    print(
+        f"{'trace':44s} {'opt $':>8s} {'UP/opt':>7s} {'sw/opt':>7s} {'closed':>7s} {'misses':>6s}"
+    )
+    sw_ratio, up_ratio, closed, misses = [], [], [], 0
+    for f in v100_single_node():
+        m = Markets.from_traces([load_trace(f)])
+        ticks = run_ticks(PAPER, m.gap_s)
+        offs = start_ticks(m.n_ticks, ticks, starts)
+        opt = float(optimal_costs(PAPER, m.available, 0.918, m.gap_s, offs, ticks).mean())
+        up = simulate("uniform-progress", PAPER, m, offs)
+        sw = simulate("spotwise", PAPER, m, offs)
+        misses += sw.misses + up.misses
+        sw_ratio.append(sw.mean_cost_usd / opt)
+        up_ratio.append(up.mean_cost_usd / opt)
+        gap = up.mean_cost_usd - opt
+        closed.append((up.mean_cost_usd - sw.mean_cost_usd) / gap if gap > 1e-9 else 1.0)
+        name = "/".join(Path(f).parts[-2:])
+        print(
+            f"{name:44s} {opt:8.2f} {up_ratio[-1]:7.3f} {sw_ratio[-1]:7.3f} "
+            f"{closed[-1]:7.1%} {sw.misses:6d}"
+        )
+    print(
+        f"{'MEAN':44s} {'':8s} {np.mean(up_ratio):7.3f} {np.mean(sw_ratio):7.3f} "
+        f"{np.mean(closed):7.1%} {misses:6d}"
+    )
+    ok = np.mean(sw_ratio) <= 1.10 and np.mean(closed) >= 0.25 and misses == 0
+    print(f"targets (<= 1.10, >= 25 % closed, 0 misses): {'met' if ok else 'NOT met'}\n")
+
+
+def speed(starts: int) -> None:
+    f = SHARED / "aws-02-15-2023-first30d" / "us-east-2a_v100_1.json"
+    m = Markets.from_traces([load_trace(f)])
+    ticks = run_ticks(PAPER, m.gap_s)
+    offs = start_ticks(m.n_ticks, ticks, starts)
+    print(f"== speed: {starts} starts x {ticks} ticks on {f.name} ==")
+    total = 0.0
+    base = None
+    for name in ("on-demand", "greedy", "uniform-progress", "spotwise", "optimal"):
+        t0 = time.perf_counter()
+        s = simulate(name, PAPER, m, offs)
+        dt = time.perf_counter() - t0
+        total += dt
+        ticks_run = sum(
+            int(np.ceil((r.finish_h or PAPER.deadline_h) * 3600 / m.gap_s)) for r in s.runs
+        )
+        rate = ticks_run / dt
+        base = base or rate
+        print(f"{name:18s} {dt:7.2f} s  {rate:12,.0f} ticks/s  ({rate / base:.3f} x on-demand)")
+    t0 = time.perf_counter()
+    optimal_costs(PAPER, m.available, 0.918, m.gap_s, offs, ticks)
+    batch = time.perf_counter() - t0
+    print(
+        f"{'optimal (batched)':18s} {batch:7.2f} s  cost only, {batch / len(offs) * 1e3:.0f} ms/run"
+    )
+    print(f"all policies, {starts} starts: {total:.1f} s = {total / 60:.2f} x the 60 s target\n")
+
+
+def multizone(starts: int) -> None:
+    files = sorted(glob.glob(str(SHARED / "aws-02-15-2023-first30d" / "*.json")))
+    for chosen in ([0, 1, 4, 5], list(range(len(files)))):
+        m = Markets.from_traces([load_trace(files[i]) for i in chosen])
+        ticks = run_ticks(PAPER, m.gap_s)
+        offs = start_ticks(m.n_ticks, ticks, starts)
+        opt = float(optimal_costs(PAPER, m.available, 0.918, m.gap_s, offs, ticks, batch=4).mean())
+        home = Markets(m.gap_s, m.available[:1], m.zone_names[:1])
+        opt1 = float(optimal_costs(PAPER, home.available, 0.918, m.gap_s, offs, ticks).mean())
+        up = simulate("uniform-progress", PAPER, m, offs)
+        sw = simulate("spotwise", PAPER, m, offs)
+        print(f"== {len(chosen)} zones ({', '.join(m.zone_names)}), {len(offs)} starts ==")
+        print(f"optimum all zones ${opt:.2f}; optimum first zone only ${opt1:.2f}")
+        print(f"UP (first zone) ${up.mean_cost_usd:.2f} = {up.mean_cost_usd / opt:.3f} x opt")
+        print(
+            f"spotwise        ${sw.mean_cost_usd:.2f} = {sw.mean_cost_usd / opt:.3f} x opt, "
+            f"{sw.mean_cost_usd / opt1:.3f} x single-zone opt, misses {sw.misses}\n"
+        )
+
+
+def reference() -> None:
+    print("== paper setting: the spec's reference table ==")
+    names = ("greedy", "uniform-progress", "optimal", "spotwise")
+    for group, (starts, *ref_cost, ref_od) in REFERENCE.items():
+        cost = {n: [] for n in names}
+        od = {n: [] for n in names}
+        for f in sorted(glob.glob(str(SHARED / group / "*.json"))):
+            m = Markets.from_traces([load_trace(f)])
+            offs = start_ticks(m.n_ticks, run_ticks(PAPER, m.gap_s), starts)
+            for n in names:
+                s = simulate(n, PAPER, m, offs)
+                assert s.misses == 0, (n, f)
+                cost[n].append(s.mean_cost_usd)
+                od[n].append(s.mean_ondemand_compute_h)
+        print(f"{group} ({starts} starts/trace)")
+        for i, n in enumerate(names):
+            ref = f"ref ${ref_cost[i]:.2f} / {ref_od[i]:.1f} h" if i < 3 else ""
+            paper = f"paper OD {PAPER_OD_H[i]:.1f} h" if i < 3 else ""
+            print(
+                f"  {n:18s} ${np.mean(cost[n]):7.2f}  OD compute {np.mean(od[n]):5.1f} h   "
+                f"{ref}  {paper}"
+            )
+    print(f"  on-demand only: ${(48 + 0.2) * 3.06:.2f}\n")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--starts", type=int, default=100)
+    parser.add_argument("--multizone", action="store_true")
+    parser.add_argument("--multizone-starts", type=int, default=12)
+    parser.add_argument("--reference", action="store_true")
+    args = parser.parse_args()
+    costs_vs_optimum(args.starts)
+    speed(args.starts)
+    if args.multizone:
+        multizone(args.multizone_starts)
+    if args.reference:
+        reference()
+
+
+if __name__ == "__main__":
+    main()
