@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import textwrap
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -54,16 +55,7 @@ def runs(workdir: Path) -> int:
     return int((workdir / "runs").read_text())
 
 
-@pytest.fixture(name="make_spec")
-def _make_spec_fixture():
-    return make_spec
-
-
-@pytest.fixture(name="run_to_end")
-def _run_to_end_fixture():
-    return run_to_end
-
-
-@pytest.fixture(name="runs")
-def _runs_fixture():
-    return runs
+@pytest.fixture()
+def kit() -> SimpleNamespace:
+    """``kit.spec(workdir, **fields)``, ``kit.run(spec)``, ``kit.runs(workdir)``."""
+    return SimpleNamespace(spec=make_spec, run=run_to_end, runs=runs)
