@@ -1,0 +1,66 @@
+"""The job commands as a user runs them (a real ``spotwise`` process per command)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+SPOTWISE = [sys.executable, "-c", "from spotwise.cli.main import main; main()"]
+
+
+def _cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*SPOTWISE, *args], capture_output=True, text=True, timeout=120,
+                          cwd=cwd)
+
+
+def test_launch_status_jobs_logs_cancel(workdir: Path):
+    job_file = workdir / "job.yaml"
+    job_file.write_text("name: cli\ncommand: python standin.py 75,0\nprovider: local\n")
+    launched = _cli("launch", str(job_file))
+    assert launched.returncode == 0, launched.stderr
+    assert "SUCCEEDED" in launched.stdout and "1 preempted" in launched.stdout
+
+    [row] = json.loads(_cli("jobs", "--json").stdout)
+    status = json.loads(_cli("status", row["id"][:6], "--json").stdout)
+    assert status["id"] == row["id"] and status["state"] == "SUCCEEDED"
+    assert status["command"] == "python standin.py 75,0"
+    first, second = status["attempts"]
+    assert first["reason"] == "preempted" and second["reason"] == "succeeded"
+    for a in status["attempts"]:
+        assert {"start", "end", "reason", "market", "zone", "cost_usd"} <= set(a)
+        assert a["end"] >= a["start"]
+    assert status["cost_usd"] == 0.0
+
+    logs = _cli("logs", row["id"]).stdout
+    assert logs.count("final-weights-sha256: standin") == 2
+    assert "attempt 2 on local" in logs
+    assert "already SUCCEEDED" in _cli("cancel", row["id"]).stdout
+    table = _cli("jobs").stdout
+    assert row["id"][:6] in table and "SUCCEE" in table
+
+
+def test_detach_then_cancel(workdir: Path):
+    job_file = workdir / "job.yaml"
+    job_file.write_text("name: bg\ncommand: python standin.py 0 120\n")
+    detached = _cli("launch", "--detach", str(job_file))
+    assert detached.returncode == 0, detached.stderr
+    job_id = detached.stdout.strip()
+    cancelled = _cli("cancel", job_id)
+    assert cancelled.returncode == 0 and "CANCELLED" in cancelled.stdout
+    status = json.loads(_cli("status", job_id, "--json").stdout)
+    assert status["state"] == "CANCELLED"
+    assert all(a["end"] is not None for a in status["attempts"])
+
+
+def test_bad_job_file_is_one_clear_error(tmp_path: Path):
+    job_file = tmp_path / "job.yaml"
+    job_file.write_text("command: train\nmarket: cheapest\n")
+    out = _cli("launch", str(job_file))
+    assert out.returncode == 2
+    assert out.stderr.startswith("error:")
+    assert "market" in out.stderr and "spot, on-demand, auto" in out.stderr
+    assert "Traceback" not in out.stderr
+    missing = _cli("status", "nope")
+    assert missing.returncode == 2 and "spotwise jobs" in missing.stderr
