@@ -211,7 +211,8 @@ class Controller:
                 self.store.discard_attempt(self.job_id, attempt.n, exc.message)
                 blocked = dict(job.blocked)
                 blocked[attempt.zone] = self.clock() + self.spec.zone_cooldown_s
-                self.store.update_job(self.job_id, blocked=blocked, state=JobState.RECOVERING)
+                self.store.update_job(self.job_id, blocked=blocked, state=JobState.RECOVERING,
+                                      message=f"{exc.message}; trying elsewhere")
                 return
             except TransientProviderError:
                 raise  # the attempt stays open without a handle: find() settles it next time
