@@ -177,9 +177,10 @@ def bench_stall(state: dict[str, torch.Tensor], reps: int) -> dict[str, float]:
     ours()  # buffers are sized once, on the first save; the baseline's are preallocated too
     plain_copy()
     times: dict[str, list[float]] = {"copy into reused buffers": [], "spotwise async stall": []}
-    for _ in range(max(reps, 5)):
-        times["copy into reused buffers"].append(timed(plain_copy))
-        times["spotwise async stall"].append(timed(ours))
+    for rep in range(max(2 * reps, 7)):  # cheap: more samples against a noisy machine
+        pair = [("copy into reused buffers", plain_copy), ("spotwise async stall", ours)]
+        for name, fn in pair if rep % 2 == 0 else pair[::-1]:
+            times[name].append(timed(fn))
     return {name: statistics.median(t) for name, t in times.items()}
 
 
@@ -197,7 +198,7 @@ def bench_loads(state: dict[str, torch.Tensor], root: Path, reps: int) -> dict[s
         assert len(loaded.tensors) == len(state)
 
     times: dict[str, list[float]] = {"raw read": [], "spotwise load (verified)": []}
-    for rep in range(reps):
+    for rep in range(2 * reps):
         order = ["raw read", "spotwise load (verified)"]
         for name in order if rep % 2 == 0 else order[::-1]:
             for f in [raw_file, *files]:

@@ -222,3 +222,39 @@ def test_auto_notices_use_the_environment_watcher(tmp_path: Path) -> None:
     run = Run(tmp_path, model=torch.nn.Linear(2, 1), steps=2, every=None)  # notices="auto"
     assert run._notices is not None and callable(run._notices.current)
     assert list(run) == [0, 1]  # closes the watcher and finishes normally
+
+
+def test_grad_scaler_and_two_models_resume_exactly(tmp_path: Path) -> None:
+    def train(name: str, stop_after: int | None = None) -> tuple[list[float], dict]:
+        torch.manual_seed(0)
+        student, teacher = torch.nn.Linear(4, 2), torch.nn.Linear(4, 2)
+        opt = torch.optim.SGD(student.parameters(), lr=0.1, momentum=0.9)
+        scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10, growth_interval=3)
+        losses = []
+        with Run(
+            tmp_path / name,
+            model={"student": student, "teacher": teacher},
+            optimizer=opt,
+            scaler=scaler,
+            steps=12,
+            every=4,
+            notices=None,
+        ) as run:
+            for step in run:
+                x = torch.randn(8, 4)
+                loss = ((student(x) - teacher(x).detach()) ** 2).mean()
+                opt.zero_grad()
+                scaler.scale(loss).backward()
+                scaler.step(opt)
+                scaler.update()
+                losses.append(loss.item())
+                if step + 1 == stop_after:
+                    break
+        return losses, {"scale": scaler.get_scale(), **student.state_dict()}
+
+    reference_losses, reference = train("ref")
+    train("run", stop_after=6)
+    resumed_losses, resumed = train("run")
+    assert resumed_losses == reference_losses[4:]  # resumed from step 4
+    assert resumed["scale"] == reference["scale"] > 2.0**10  # the scaler grew and was restored
+    assert all(torch.equal(resumed[k], reference[k]) for k in ("weight", "bias"))

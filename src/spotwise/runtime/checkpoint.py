@@ -29,7 +29,7 @@ import shutil
 import time
 import uuid
 import warnings
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,6 +51,7 @@ TMP_PREFIX = ".tmp-step-"
 TRASH_PREFIX = ".trash-step-"
 _STEP_DIR = re.compile(r"^step-(\d{8,})$")
 _CHUNK = 64 << 20  # I/O and checksum granularity: large enough for full disk speed
+_IOV = 512  # pieces per writev (the limit is IOV_MAX, 1024 on Linux)
 _MAX_HEADER = 100 << 20  # a safetensors header larger than this is treated as corrupt
 # Failpoint for crash tests: seconds to sleep after the tensor file is written and before the
 # manifest, so that a test can SIGKILL the process while a save is half done.
@@ -137,16 +138,26 @@ def spec_of(name: str, tensor: torch.Tensor) -> TensorSpec:
 
 
 def byte_view(tensor: torch.Tensor) -> memoryview:
-    """The raw bytes of a contiguous CPU tensor, without copying."""
-    flat = tensor.detach().reshape(-1)
-    if flat.numel() == 0:
+    """The raw bytes of a contiguous, detached CPU tensor, without copying."""
+    if tensor.numel() == 0:
         return memoryview(b"")
-    return memoryview(flat.view(torch.uint8).numpy()).cast("B")  # type: ignore[arg-type]
+    try:
+        array = tensor.numpy()  # the cheap path, for every dtype NumPy knows
+    except TypeError:  # bfloat16, float8...: reinterpret the bytes
+        array = tensor.view(-1).view(torch.uint8).numpy()
+    return memoryview(array).cast("B")  # type: ignore[arg-type]
+
+
+def _host(tensor: torch.Tensor) -> torch.Tensor:
+    tensor = tensor.detach()
+    if tensor.device.type != "cpu":
+        tensor = tensor.cpu()
+    return tensor if tensor.is_contiguous() else tensor.contiguous()
 
 
 def pack_tensors(tensors: Mapping[str, torch.Tensor]) -> TensorBlob:
     """Zero-copy payload of live CPU tensors (device tensors are copied to the host first)."""
-    cpu = {n: t.detach().to("cpu").contiguous() for n, t in tensors.items()}
+    cpu = {n: _host(t) for n, t in tensors.items()}
     layout = TensorLayout.plan(spec_of(n, t) for n, t in cpu.items())
     return TensorBlob(layout, tuple(byte_view(cpu[s.name]) for s in layout.specs))
 
@@ -182,47 +193,56 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-class _RunningCrc:
-    """CRC32C of a byte stream fed piece by piece. Large pieces are checksummed on a helper
-    thread (crc32c releases the GIL) while the caller writes them, so the checksum costs no
-    extra time; small pieces are done inline, where a thread hand-off would cost more."""
+def _batches(chunks: Sequence[memoryview | bytes]) -> Iterator[list[memoryview]]:
+    """Group the chunks into runs of at most ``_CHUNK`` bytes and ``_IOV`` pieces (one writev
+    each), splitting chunks larger than ``_CHUNK``."""
+    batch: list[memoryview] = []
+    size = 0
+    for chunk in chunks:
+        view = memoryview(chunk).cast("B")
+        for start in range(0, len(view), _CHUNK):
+            piece = view[start : start + _CHUNK]
+            if batch and (size + len(piece) > _CHUNK or len(batch) >= _IOV):
+                yield batch
+                batch, size = [], 0
+            batch.append(piece)
+            size += len(piece)
+    if batch:
+        yield batch
 
-    _THREADED = 4 << 20
 
-    def __init__(self, pool: ThreadPoolExecutor) -> None:
-        self.value = 0
-        self._pool = pool
-        self._pending: Future[None] | None = None
+def _crc_of(pieces: list[memoryview], crc: int) -> int:
+    for piece in pieces:
+        crc = crc32c.crc32c(piece, crc)
+    return crc
 
-    def _update(self, piece: memoryview) -> None:
-        self.value = crc32c.crc32c(piece, self.value)
 
-    def feed(self, piece: memoryview) -> None:
-        if len(piece) >= self._THREADED:
-            self._pending = self._pool.submit(self._update, piece)  # FIFO: one worker
-            return
-        self.result()
-        self._update(piece)
-
-    def result(self) -> int:
-        if self._pending is not None:
-            self._pending.result()
-            self._pending = None
-        return self.value
+def _writev_all(fd: int, pieces: list[memoryview]) -> None:
+    written = os.writev(fd, pieces)
+    if written == sum(len(p) for p in pieces):
+        return
+    for piece in pieces:  # a short write: finish piece by piece
+        skip = min(written, len(piece))
+        written -= skip
+        rest = piece[skip:]
+        while len(rest):
+            rest = rest[os.write(fd, rest) :]
 
 
 def _write_all(fd: int, chunks: Sequence[memoryview | bytes]) -> int:
-    """Write every chunk (handling short writes) and return the CRC32C of all bytes."""
+    """Write every chunk and return the CRC32C of all bytes. The checksum of each batch runs on
+    a helper thread (crc32c releases the GIL) while the batch is written, so it costs no time."""
+    crc = 0
     with ThreadPoolExecutor(max_workers=1) as pool:
-        crc = _RunningCrc(pool)
-        for chunk in chunks:
-            view = memoryview(chunk).cast("B")
-            for start in range(0, len(view), _CHUNK):
-                piece = view[start : start + _CHUNK]
-                crc.feed(piece)
-                while len(piece):
-                    piece = piece[os.write(fd, piece) :]
-        return crc.result()
+        pending: Future[int] | None = None
+        for batch in _batches(chunks):
+            if pending is not None:
+                crc = pending.result()
+            pending = pool.submit(_crc_of, batch, crc)
+            _writev_all(fd, batch)
+        if pending is not None:
+            crc = pending.result()
+    return crc
 
 
 def _write_file(path: Path, chunks: Sequence[memoryview | bytes]) -> tuple[int, int]:

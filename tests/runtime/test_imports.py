@@ -1,0 +1,18 @@
+"""The training process stays lean: importing the runtime pulls in no cloud SDK."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+HEAVY = ("boto3", "botocore", "cryptography", "matplotlib", "pynvml", "sklearn", "moto")
+
+
+def test_runtime_imports_no_cloud_sdk() -> None:
+    code = (
+        "import sys, spotwise.runtime, spotwise.runtime.run;"
+        f"print(sorted(m for m in {HEAVY!r} if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
