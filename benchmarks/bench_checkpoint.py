@@ -14,9 +14,11 @@ all, sized like a real model's parameters plus optimizer moments). For each, med
   the tensors) vs a raw ``readinto`` of the same file; the page cache of the file is dropped
   (posix_fadvise DONTNEED after fsync) before every read, for both.
 
-    python benchmarks/bench_checkpoint.py --size-gb 1 [--reps 3] [--dir /path/on/the/disk]
+    python benchmarks/bench_checkpoint.py --size-gb 1 [--reps 5] [--dir /path/on/the/disk]
 
-Besides the table it prints the ratio lines ``ratio-save-vs-raw: X`` and so on.
+Besides the table (median times) it prints the ratio lines ``ratio-save-vs-raw: X`` and so on:
+each is the median over repetitions of the ratio of two measurements taken back to back
+(throughput ratios for save and load, time ratios for the stall).
 """
 
 from __future__ import annotations
@@ -43,6 +45,14 @@ from spotwise.runtime.snapshot import SnapshotBuffer
 from spotwise.runtime.state import StateEncoder
 
 MiB = 1 << 20
+Samples = dict[str, list[float]]  # seconds per repetition, aligned across contenders
+
+
+def paired_ratio(samples: Samples, numerator: str, denominator: str) -> float:
+    """Median over repetitions of numerator/denominator measured back to back: pairs share the
+    machine's state at that moment, which cancels much of a shared machine's noise."""
+    pairs = zip(samples[numerator], samples[denominator], strict=True)
+    return statistics.median(a / b for a, b in pairs)
 
 
 def large_state(size_gb: float) -> dict[str, torch.Tensor]:
@@ -138,7 +148,7 @@ def timed(fn: Callable[[], object]) -> float:
     return time.perf_counter() - started
 
 
-def bench_saves(state: dict[str, torch.Tensor], root: Path, reps: int) -> dict[str, float]:
+def bench_saves(state: dict[str, torch.Tensor], root: Path, reps: int) -> Samples:
     contenders = {
         "raw write+fsync": raw_write,
         "spotwise save": ours_write,
@@ -156,10 +166,10 @@ def bench_saves(state: dict[str, torch.Tensor], root: Path, reps: int) -> dict[s
             else:
                 target.unlink()
             fsync_path(root)
-    return {name: statistics.median(t) for name, t in times.items()}
+    return times
 
 
-def bench_stall(state: dict[str, torch.Tensor], reps: int) -> dict[str, float]:
+def bench_stall(state: dict[str, torch.Tensor], reps: int) -> Samples:
     dests = [torch.empty_like(t) for t in state.values()]
     sources = list(state.values())
 
@@ -181,10 +191,10 @@ def bench_stall(state: dict[str, torch.Tensor], reps: int) -> dict[str, float]:
         pair = [("copy into reused buffers", plain_copy), ("spotwise async stall", ours)]
         for name, fn in pair if rep % 2 == 0 else pair[::-1]:
             times[name].append(timed(fn))
-    return {name: statistics.median(t) for name, t in times.items()}
+    return times
 
 
-def bench_loads(state: dict[str, torch.Tensor], root: Path, reps: int) -> dict[str, float]:
+def bench_loads(state: dict[str, torch.Tensor], root: Path, reps: int) -> Samples:
     ckpt = root / "load-src"
     write_checkpoint(ckpt, 1, state)
     step_dir = ckpt / "step-00000001"
@@ -207,13 +217,13 @@ def bench_loads(state: dict[str, torch.Tensor], root: Path, reps: int) -> dict[s
             times[name].append(timed(fn))
     shutil.rmtree(ckpt)
     raw_file.unlink()
-    return {name: statistics.median(t) for name, t in times.items()}
+    return times
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--size-gb", type=float, default=1.0, help="size of the large state")
-    parser.add_argument("--reps", type=int, default=3, help="repetitions (medians are reported)")
+    parser.add_argument("--reps", type=int, default=5, help="repetitions (medians are reported)")
     parser.add_argument("--dir", default=None, help="where to write (default: system temp dir)")
     args = parser.parse_args()
     torch.manual_seed(0)
@@ -229,28 +239,22 @@ def main() -> None:
             stall = bench_stall(state, args.reps)
             loads = bench_loads(state, root, args.reps)
             print(f"{'measure':40s} {'median s':>10s} {'GiB/s':>8s}")
-            for name, seconds in {**saves, **stall, **loads}.items():
+            for name, samples in {**saves, **stall, **loads}.items():
+                seconds = statistics.median(samples)
                 print(f"{name:40s} {seconds:10.4f} {size / seconds / (1 << 30):8.2f}")
-            ratios[f"ratio-save-vs-raw{suffix}"] = saves["raw write+fsync"] / saves["spotwise save"]
-            if label == "large":
-                ratios["ratio-save-vs-torch-save"] = (
-                    saves["torch.save+fsync"] / saves["spotwise save"]
-                )
-                ratios["ratio-save-vs-safetensors"] = (
-                    saves["safetensors save_file+fsync"] / saves["spotwise save"]
-                )
-            else:
-                ratios["ratio-save-vs-torch-save-small"] = (
-                    saves["torch.save+fsync"] / saves["spotwise save"]
-                )
-                ratios["ratio-save-vs-safetensors-small"] = (
-                    saves["safetensors save_file+fsync"] / saves["spotwise save"]
-                )
-            ratios[f"ratio-stall-vs-copy{suffix}"] = (
-                stall["spotwise async stall"] / stall["copy into reused buffers"]
+            ours = "spotwise save"
+            ratios[f"ratio-save-vs-raw{suffix}"] = paired_ratio(saves, "raw write+fsync", ours)
+            ratios[f"ratio-save-vs-torch-save{suffix}"] = paired_ratio(
+                saves, "torch.save+fsync", ours
             )
-            ratios[f"ratio-load-vs-raw{suffix}"] = (
-                loads["raw read"] / loads["spotwise load (verified)"]
+            ratios[f"ratio-save-vs-safetensors{suffix}"] = paired_ratio(
+                saves, "safetensors save_file+fsync", ours
+            )
+            ratios[f"ratio-stall-vs-copy{suffix}"] = paired_ratio(
+                stall, "spotwise async stall", "copy into reused buffers"
+            )
+            ratios[f"ratio-load-vs-raw{suffix}"] = paired_ratio(
+                loads, "raw read", "spotwise load (verified)"
             )
             del state
     finally:

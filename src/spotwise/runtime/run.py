@@ -326,7 +326,9 @@ class Run:
         raise SystemExit(EXIT_INTERRUPTED)
 
     # --- saving ---------------------------------------------------------------------------------
-    def _state(self) -> tuple[dict[str, torch.Tensor], bytes]:
+    def _state(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+        """The live tensors and a detached JSON-able document of everything else (serialized
+        on the saving thread, outside the stall)."""
         encoder = StateEncoder()
         sampler = None
         if self._batches is not None:
@@ -347,7 +349,7 @@ class Run:
             "extras": encoder.encode(self.extras, "extras"),
             "rng": encoder.encode(capture_rng(), "rng"),
         }
-        return encoder.tensors, json.dumps(doc).encode()
+        return encoder.tensors, doc
 
     def _save(self, *, block: bool, reason: str) -> None:
         self._wait_writer()
@@ -377,13 +379,14 @@ class Run:
         self,
         step: int,
         blob: TensorBlob,
-        state: bytes,
+        state: dict[str, Any],
         metrics: dict[str, float],
         reason: str,
         stall_s: float,
     ) -> None:
         started = time.perf_counter()
-        info = write_checkpoint(self.run_dir, step, blob, state, metrics=metrics)
+        text = json.dumps(state).encode()
+        info = write_checkpoint(self.run_dir, step, blob, text, metrics=metrics)
         self._committed_step = step
         deleted = retain(self.run_dir, self.retention)
         took = time.perf_counter() - started

@@ -50,10 +50,11 @@ class SnapshotBuffer:
         """Copy ``tensors`` into the buffer and return a blob that refers to it."""
         self._prepare(tensors)
         assert self._layout is not None and self._flat is not None
-        sources = [tensors[name].detach() for name in self._order]
+        sources = [tensors[name] for name in self._order]
         on_device = any(t.device.type != "cpu" for t in sources)
         if sources:
-            torch._foreach_copy_(self._dests, sources, non_blocking=on_device)
+            with torch.no_grad():
+                torch._foreach_copy_(self._dests, sources, non_blocking=on_device)
         if on_device:
             torch.cuda.synchronize()
         return TensorBlob(self._layout, (byte_view(self._flat),))

@@ -29,18 +29,23 @@ class StateEncoder:
 
     def _name(self, path: str) -> str:
         name, n = path or "tensor", 1
+        if name not in self.tensors:
+            return name
         while name in self.tensors:
             n += 1
             name = f"{path}#{n}"
         return name
 
     def encode(self, value: Any, path: str) -> Any:
+        """A JSON-able copy of ``value`` made of new containers and immutable leaves, so it can
+        be serialized later (on the saving thread) while training mutates the originals.
+        Tensors are collected as they are (not copied, not detached)."""
+        if isinstance(value, torch.Tensor):  # first: by far the most common value
+            name = self._name(path)
+            self.tensors[name] = value
+            return {_TENSOR: name}
         if value is None or isinstance(value, (bool, int, float, str)):
             return value
-        if isinstance(value, torch.Tensor):
-            name = self._name(path)
-            self.tensors[name] = value.detach()
-            return {_TENSOR: name}
         if isinstance(value, np.ndarray):
             name = self._name(path)
             self.tensors[name] = torch.from_numpy(np.ascontiguousarray(value))
