@@ -7,10 +7,11 @@ times, in the same run and against the same server:
 * ``S3Storage.put_file`` / ``get_file`` (which also records and verifies a CRC32C),
 * the same through ``EncryptedStorage`` (AES-256-GCM chunked frames).
 
-Each measurement is repeated (``--repeats``, order rotated) and the median is used. Prints
-``ratio-upload-vs-boto3``, ``ratio-download-vs-boto3`` (throughput of ours / boto3's; >= 1.0 means
-we are at least as fast) and ``ratio-encrypted-vs-plain`` (encrypted save time / plain save time;
-<= 1.3 is the target), then a table.
+Each ratio is the median over ``--repeats`` of back-to-back pairs (order alternating), which keeps
+load from other processes out of the ratios as far as possible. Prints ``ratio-upload-vs-boto3``,
+``ratio-download-vs-boto3`` (boto3's time / ours, i.e. our throughput relative to boto3's; >= 1.0
+means we are at least as fast) and ``ratio-encrypted-vs-plain`` (encrypted save time / plain save
+time; <= 1.3 is the target), then a table of all runs.
 
     .venv/bin/python benchmarks/bench_storage.py --size-gb 1
 """
@@ -135,32 +136,40 @@ def main() -> None:
                 "spotwise get_file": lambda: ours.get_file("model.safetensors", dest),
                 "spotwise get_file encrypted": lambda: crypted.get_file("model.safetensors", dest),
             }
-            uploads = list(cases)[:3]
-            downloads = list(cases)[3:]
+            # Paired measurements: each ratio compares two runs made back to back (their order
+            # alternating), so load from other processes cancels out of the ratio as far as it can.
+            pairs = {
+                "ratio-upload-vs-boto3": ("boto3 upload_file", "spotwise put_file"),
+                "ratio-download-vs-boto3": ("boto3 download_file", "spotwise get_file"),
+                "ratio-encrypted-vs-plain": ("spotwise put_file encrypted", "spotwise put_file"),
+                "ratio-encrypted-vs-plain-download": (
+                    "spotwise get_file encrypted",
+                    "spotwise get_file",
+                ),
+            }
             times: dict[str, list[float]] = {name: [] for name in cases}
+            ratios: dict[str, list[float]] = {name: [] for name in pairs}
             for rep in range(args.repeats):
-                shift = rep % 3  # rotate the order so no case always runs first or last
-                for name in uploads[shift:] + uploads[:shift]:
-                    times[name].append(timed(cases[name]))
-                for name in downloads[shift:] + downloads[:shift]:
-                    times[name].append(timed(cases[name]))
-                    if name == "spotwise get_file encrypted":
-                        assert dest.stat().st_size == size
+                for label, (a, b) in pairs.items():
+                    order = (a, b) if rep % 2 == 0 else (b, a)
+                    took = {name: timed(cases[name]) for name in order}
+                    for name, seconds in took.items():
+                        times[name].append(seconds)
+                    ratios[label].append(took[a] / took[b])
+                    print(f"  run {rep + 1}: {label} {took[a]:.2f}s / {took[b]:.2f}s",
+                          file=sys.stderr, flush=True)  # fmt: skip
+                assert dest.stat().st_size == size
             med = {name: statistics.median(values) for name, values in times.items()}
     finally:
         proc.terminate()
         proc.wait(timeout=30)
 
-    up = med["boto3 upload_file"] / med["spotwise put_file"]
-    down = med["boto3 download_file"] / med["spotwise get_file"]
-    enc = med["spotwise put_file encrypted"] / med["spotwise put_file"]
-    enc_down = med["spotwise get_file encrypted"] / med["spotwise get_file"]
-    print(f"size: {size / MiB:.0f} MiB, part {args.part_mib} MiB x {args.concurrency} parallel, "
-          f"{args.repeats} repeats (median), moto server {url}")  # fmt: skip
-    print(f"ratio-upload-vs-boto3: {up:.2f}")
-    print(f"ratio-download-vs-boto3: {down:.2f}")
-    print(f"ratio-encrypted-vs-plain: {enc:.2f}")
-    print(f"ratio-encrypted-vs-plain-download: {enc_down:.2f}")
+    print(
+        f"size: {size / MiB:.0f} MiB, part {args.part_mib} MiB x {args.concurrency} parallel, "
+        f"{args.repeats} repeats (median of paired ratios), moto server in its own process"
+    )
+    for label, values in ratios.items():
+        print(f"{label}: {statistics.median(values):.2f}")
     print()
     print(f"| {'case':<28} | {'median s':>9} | {'MiB/s':>8} | {'runs (s)':<24} |")
     print(f"|{'-' * 30}|{'-' * 11}|{'-' * 10}|{'-' * 26}|")
