@@ -9,7 +9,12 @@ import pytest
 
 from spotwise.errors import UnknownBackendError
 from spotwise.market.policies import POLICIES, Decision, Market, Observation, Problem, make_policy
-from spotwise.market.policies.spotwise import SpotwisePolicy, planning_problem, transition_estimate
+from spotwise.market.policies.spotwise import (
+    SpotwisePolicy,
+    hazard_estimate,
+    planning_problem,
+    run_age,
+)
 from spotwise.market.simulate import Markets, simulate_run
 from spotwise.market.traces import Trace
 
@@ -115,13 +120,24 @@ def test_single_zone_baselines_use_the_first_zone_only() -> None:
     assert fresh("uniform-progress", 2).decide(o) == Decision.idle()
 
 
-def test_transition_estimate_learns_from_counts() -> None:
-    # up 100 ticks / down 100 ticks, alternating in blocks of 10: 10 up->down, 9 down->up
+def test_hazard_estimate_learns_from_counts() -> None:
+    # blocks of 10 up / 10 down: one age bucket = a plain two-state chain
     seq = np.tile(np.r_[np.ones(10, bool), np.zeros(10, bool)], 10)
-    ud, du = transition_estimate(seq, 600.0, prior_weight_h=0.0)
-    assert ud == pytest.approx(10 / 100) and du == pytest.approx(9 / 99)
+    (down,), (up,) = hazard_estimate(seq, 600.0, ages=1, prior_weight_h=0.0)
+    assert up == pytest.approx(10 / 100) and down == pytest.approx(9 / 99)
+    # two buckets: a run never ends at age 1 here; older runs end 1 time in 9
+    down2, up2 = hazard_estimate(seq, 600.0, ages=2, prior_weight_h=0.0)
+    assert up2 == pytest.approx((0.0 + 1e-4, 10 / 90))
+    assert down2[0] == pytest.approx(1e-4) and down2[1] == pytest.approx(9 / 89)
     # no data: the prior (2 h mean up and down at 600 s ticks)
-    assert transition_estimate(np.zeros(0, bool), 600.0) == pytest.approx((1 / 12, 1 / 12))
+    (down0,), (up0,) = hazard_estimate(np.zeros(0, bool), 600.0, ages=1)
+    assert (down0, up0) == pytest.approx((1 / 12, 1 / 12))
+
+
+def test_run_age_counts_the_latest_run() -> None:
+    assert run_age([True, False, False, False], 2) == 2
+    assert run_age([True, False, False, False], 5) == 3
+    assert run_age([False, True], 3) == 1
 
 
 def test_planning_problem_coarsens_only_large_lattices() -> None:

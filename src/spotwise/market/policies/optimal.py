@@ -21,6 +21,7 @@ import numpy as np
 from spotwise.errors import ConfigError
 from spotwise.market.policies.base import BasePolicy, Decision, Market, Observation, Problem
 
+_HUGE = 1e30  # stands for +inf (a missed deadline) inside expectations
 _MAX_CELLS = 400_000  # waste lattice size per state above which we refuse (a slow, huge DP)
 
 
@@ -147,7 +148,9 @@ def solve(
             out[0] = np.concatenate([ex_idle[None], ex[:, 0]]).argmin(axis=0)
             out[1:] = np.where(ex <= best, codes, out[0]).reshape(markets * phases, b, cells)
         if transition is not None:  # expected value over the next tick's availability
-            now[:, :, :cells] = np.matmul(transition, now[:, :, :cells])
+            # +inf as a huge finite number, so that a zero probability times it stays 0
+            mixed = np.matmul(transition, np.minimum(now[:, :, :cells], _HUGE))
+            now[:, :, :cells] = np.where(mixed >= _HUGE * 1e-12, np.inf, mixed)
         later, now = now, later
     return later[0, :, 0] * problem.nodes, decisions, lat
 

@@ -2,12 +2,13 @@
 
 Uniform Progress follows a fixed line; the optimum knows the future. This policy sits between:
 
-1. **Learn** each zone's availability online as a two-state Markov chain (probability per tick
-   that spot goes away, and that it comes back), from the trace *before* the run and what the run
+1. **Learn** each zone's availability online as a semi-Markov chain: the probability per tick
+   that spot goes away (or comes back) given how long the current up (down) run has lasted, in
+   ``ages`` buckets (default: first tick, older), from the trace *before* the run and what the run
    has seen so far, with a weak prior (2 h up / 2 h down). Nothing after "now" is ever read.
 2. **Plan** by solving the exact DP of the optimal policy (same model, same lattice) in
-   expectation under that chain: the batch axis becomes the joint availability state of the
-   ``max_zones`` best zones. The plan knows the changeover cost, the deadline and the prices, so
+   expectation under that chain: the batch axis becomes the joint (availability, age) state of
+   the ``max_zones`` best zones. The plan knows the changeover cost, the deadline and the prices, so
    it decides when idling is worth the slack, when to buy on-demand, when to come back to spot and
    when to hop to another zone instead of waiting. It re-plans every ``replan_h`` hours with the
    updated statistics.
@@ -29,23 +30,52 @@ from spotwise.market.policies.base import BasePolicy, Decision, Market, Observat
 from spotwise.market.policies.optimal import Lattice, decode, solve, state_index, waste_cell
 
 
-def transition_estimate(
+def hazard_estimate(
     seq: np.ndarray,
     gap_s: float,
+    ages: int = 2,
     prior_up_h: float = 2.0,
     prior_down_h: float = 2.0,
     prior_weight_h: float = 12.0,
-) -> tuple[float, float]:
-    """(P(up -> down), P(down -> up)) per tick from a boolean availability sequence."""
+) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """Per-tick probability that spot goes away (up) / comes back (down), by the age of the
+    current run: ((down age 1 .. ages), (up age 1 .. ages)), the last age meaning "or older".
+
+    Ages make it a semi-Markov model: real up-runs are often short at first and long once they
+    have lasted (a fresh start is riskier than a run that has held), which one rate cannot say.
+    """
     seq = np.asarray(seq, dtype=bool)
-    prev, nxt = seq[:-1], seq[1:]
-    n_up, n_down = float(np.sum(prev)), float(np.sum(~prev))
-    ud, du = float(np.sum(prev & ~nxt)), float(np.sum(~prev & nxt))
-    pseudo = prior_weight_h * 3600.0 / gap_s / 2.0  # pseudo-ticks in each state
-    p_ud = (ud + pseudo * gap_s / (prior_up_h * 3600.0)) / (n_up + pseudo)
-    p_du = (du + pseudo * gap_s / (prior_down_h * 3600.0)) / (n_down + pseudo)
-    eps = 1e-4
-    return min(max(p_ud, eps), 1 - eps), min(max(p_du, eps), 1 - eps)
+    n = seq.size
+    pseudo = prior_weight_h * 3600.0 / gap_s / 2.0 / ages  # pseudo-ticks per (state, age)
+    rates = (gap_s / (prior_down_h * 3600.0), gap_s / (prior_up_h * 3600.0))
+    out: list[tuple[float, ...]] = []
+    if n >= 2:
+        idx = np.arange(n)
+        change = np.r_[True, seq[1:] != seq[:-1]]
+        age = np.minimum(idx - np.maximum.accumulate(np.where(change, idx, 0)) + 1, ages)[:-1]
+        state, ended = seq[:-1], change[1:]
+    for s in (False, True):
+        row = []
+        for a in range(1, ages + 1):
+            if n >= 2:
+                here = (state == s) & (age == a)
+                count, ends = float(here.sum()), float((here & ended).sum())
+            else:
+                count = ends = 0.0
+            h = (ends + pseudo * rates[s]) / (count + pseudo)
+            row.append(min(max(h, 1e-4), 1 - 1e-4))
+        out.append(tuple(row))
+    return out[0], out[1]
+
+
+def run_age(seq: list[bool], ages: int) -> int:
+    """How many ticks (capped at ``ages``) the latest value of ``seq`` has lasted."""
+    age = 0
+    for x in reversed(seq):
+        if x != seq[-1] or age >= ages:
+            break
+        age += 1
+    return max(age, 1)
 
 
 def planning_problem(problem: Problem, gap_s: float, max_cells: int) -> Problem:
@@ -69,9 +99,12 @@ def planning_problem(problem: Problem, gap_s: float, max_cells: int) -> Problem:
     return dataclasses.replace(problem, changeover_h=(whole + part) / 3600.0)
 
 
-def _quantize(chain: tuple[float, float]) -> tuple[float, float]:
+def _quantize(hazards: tuple[tuple[float, ...], ...]) -> tuple[tuple[float, ...], ...]:
     """Round probabilities to a 25 % log grid, so that similar estimates share a cached plan."""
-    return tuple(_STEP ** round(math.log(p) / math.log(_STEP)) for p in chain)  # type: ignore[return-value]
+    return tuple(
+        tuple(min(_STEP ** round(math.log(p) / math.log(_STEP)), 1 - 1e-4) for p in row)
+        for row in hazards
+    )
 
 
 _STEP = 1.25
@@ -81,22 +114,33 @@ _STEP = 1.25
 def plan_table(
     problem: Problem,
     gap_s: float,
-    chains: tuple[tuple[float, float], ...],
+    hazards: tuple[tuple[tuple[float, ...], ...], ...],
     prices: tuple[float, ...],
     first_tick: int,
     horizon: int,
 ) -> tuple[np.ndarray | None, Lattice]:
-    """Decisions of the expected-cost DP for independent per-zone chains (P(up->down),
-    P(down->up)) per tick, for boundaries first_tick .. first_tick + horizon - 1."""
-    n = len(chains)
-    combos = 1 << n
-    bits = (np.arange(combos)[:, None] >> np.arange(n)[None, :]) & 1  # combos x n
-    transition = np.ones((combos, combos))
-    for i, (ud, du) in enumerate(chains):
-        step = np.array([[1 - du, du], [ud, 1 - ud]])  # [from][to], 0 = down, 1 = up
-        transition *= step[bits[:, i][:, None], bits[:, i][None, :]]
+    """Decisions of the expected-cost DP for independent per-zone semi-Markov availability
+    (``hazard_estimate`` per zone), for boundaries first_tick .. first_tick + horizon - 1.
+
+    The batch axis is the joint (state, age) of the zones, first zone most significant.
+    """
+    n = len(hazards)
+    ages = len(hazards[0][0])
+    width = 2 * ages  # per zone: down ages 1..A, then up ages 1..A
+    transition: np.ndarray = np.ones((1, 1))
+    for down, up in hazards:
+        step = np.zeros((width, width))
+        for s, row in enumerate((down, up)):
+            for a, h in enumerate(row):
+                i = s * ages + a
+                step[i, s * ages + min(a + 1, ages - 1)] += 1 - h
+                step[i, (1 - s) * ages] += h
+        transition = np.kron(transition, step)
+    combos = width**n
+    digits = (np.arange(combos)[:, None] // width ** np.arange(n - 1, -1, -1)[None, :]) % width
+    bits = digits >= ages  # combos x n: spot up in zone i
     ticks = math.ceil(problem.deadline_s / gap_s - 1e-9)
-    available = np.broadcast_to(bits.astype(bool)[:, :, None], (combos, n, ticks))
+    available = np.broadcast_to(bits[:, :, None], (combos, n, ticks))
     price = np.broadcast_to(np.array(prices)[None, :, None], (combos, n, ticks))
     _, table, lattice = solve(
         problem,
@@ -121,8 +165,10 @@ class SpotwisePolicy(BasePolicy):
         replan_h: float = 24.0,
         window_h: float = 24.0 * 14,
         max_cells: int = 800,
+        ages: int = 2,
     ):
         super().__init__()
+        self.ages = ages
         self.max_zones = max_zones
         self.replan_h = replan_h
         self.window_h = window_h
@@ -139,9 +185,10 @@ class SpotwisePolicy(BasePolicy):
 
     # -- learning and planning -------------------------------------------------------------
     def _replan(self, obs: Observation) -> None:
-        estimates = [transition_estimate(np.array(seq), obs.gap_s) for seq in self._past]
-        stationary = [du / (ud + du) for ud, du in estimates]
-        order = sorted(range(self.zones), key=lambda z: (-stationary[z], estimates[z][0]))
+        estimates = [hazard_estimate(np.array(seq), obs.gap_s, self.ages) for seq in self._past]
+        # rank zones by long-run availability under the old-age rates
+        stationary = [d[-1] / (u[-1] + d[-1]) for d, u in estimates]
+        order = sorted(range(self.zones), key=lambda z: (-stationary[z], estimates[z][1][-1]))
         chosen = order[: self.max_zones]
         if obs.market is Market.SPOT and obs.zone is not None and obs.zone not in chosen:
             chosen = [obs.zone, *chosen[: self.max_zones - 1]]
@@ -171,7 +218,10 @@ class SpotwisePolicy(BasePolicy):
             m = 0
         else:
             m = 1 + self._zones.index(obs.zone) if obs.zone in self._zones else -1
-        combo = sum(int(obs.available[z]) << i for i, z in enumerate(self._zones))
+        combo = 0
+        for z in self._zones:
+            up = bool(obs.available[z])
+            combo = combo * 2 * self.ages + up * self.ages + run_age(self._past[z], self.ages) - 1
         code = int(self._table[obs.tick - self._plan_tick, state_index(lat, m, obs), combo, cell])
         return decode(code, self._zones)
 
