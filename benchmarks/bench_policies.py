@@ -1,10 +1,10 @@
 """Policy costs and simulator speed on the real single-node V100 traces.
 
 Prints, measured in this run:
-1. cost of ``spotwise`` relative to the omniscient optimum on every single-node V100 trace (one
-   zone each, paper setting C = 48 h, R = 60 h, d = 0.2 h, $0.918 / $3.06), with Uniform
-   Progress's ratio next to it and the share of UP's gap to the optimum that spotwise closes
-   (targets: <= 1.10 on average, >= 25 % closed, zero misses);
+1. cost of ``spotwise`` relative to the omniscient optimum on every single-node V100 trace
+   (13: 1- and 8-GPU nodes; one zone each, paper setting C = 48 h, R = 60 h, d = 0.2 h,
+   $0.918 / $3.06), with Uniform Progress's ratio next to it and the share of UP's gap to the
+   optimum that spotwise closes (targets: <= 1.10 on average, >= 25 % closed, zero misses);
 2. simulation speed in ticks/second per policy, and the wall time of 100 starts x all policies on
    one trace against the one-minute target;
 3. with ``--multizone``: spotwise over several zones of the 2023 traces against the multi-zone
@@ -39,7 +39,8 @@ PAPER_OD_H = (30.8, 25.1, 20.7)
 
 
 def v100_single_node() -> list[str]:
-    return sorted(glob.glob(str(SHARED / "*" / "*_v100_1.json")))
+    """Every V100 trace of availability/1-node: p3.2xlarge (_1) and p3.16xlarge (_8) nodes."""
+    return sorted(glob.glob(str(SHARED / "*" / "*_v100_*.json")))
 
 
 def costs_vs_optimum(starts: int) -> None:
