@@ -21,7 +21,7 @@ from spotwise.control.store import JobState, Store
 
 ROOT = Path(__file__).resolve().parents[2]
 TRAIN = ROOT / "examples" / "digits" / "train.py"
-ARGS = ["--steps", "120", "--save-every", "10", "--step-sleep", "0.04"]
+ARGS = ["--steps", "200", "--save-every", "10", "--step-sleep", "0.04"]
 HASH = re.compile(r"final-weights-sha256: ([0-9a-f]{64})")
 
 pytestmark = pytest.mark.slurm
@@ -63,7 +63,7 @@ def test_requeued_twice_finishes_with_the_uninterrupted_hash(slurm, tmp_path: Pa
 
         for restarts in (0, 1):  # requeue once in the first run and once after a resume
             _wait(lambda r=restarts: text().count("resumed from step") == r
-                  and re.search(r"step \d+/120", text().split("resumed from step")[-1]))
+                  and re.search(r"step \d+/200", text().split("resumed from step")[-1]))
             slurm_id = store.attempts(job.id)[-1].handle["slurm_job_id"]
             subprocess.run(["scontrol", "requeue", slurm_id], check=True, timeout=30)
             _wait(lambda r=restarts: len(store.attempts(job.id)) == r + 2)

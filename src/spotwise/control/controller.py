@@ -121,7 +121,7 @@ class Controller:
         job = store.job(self.job_id)
         self.spec = JobSpec.model_validate(job.spec)
         self.provider = provider_for(job)
-        self._terminate_sent: set[int] = set()
+        self._terminate_sent: dict[int, float] = {}  # attempt -> when we asked it to stop
 
     # --- the loop --------------------------------------------------------------------------
     def run(self) -> JobState:
@@ -266,8 +266,8 @@ class Controller:
                                           running_at=status.running_at or now)
                 self._set(JobState.RUNNING, f"attempt {attempt.n} running")
             self._check_budget(job, attempt, now)
-        if job.stop_reason and attempt.n not in self._terminate_sent:
-            self._terminate_sent.add(attempt.n)
+        if job.stop_reason and now - self._terminate_sent.get(attempt.n, -1e18) > 10.0:
+            self._terminate_sent[attempt.n] = now  # repeated, in case one was missed
             self.provider.terminate(attempt.handle)
         if status.phase in (Phase.EXITED, Phase.LOST):
             self._end_attempt(job, attempt, status, classify(status, job.stop_reason), now=now)

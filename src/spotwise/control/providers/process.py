@@ -130,7 +130,9 @@ class ProcessMachines:
 
     def terminate(self, handle: Handle) -> None:
         d = Path(handle["dir"])
-        machine = _read_json(d / "machine.json") or {}
+        # machine.json may not be written yet right after launch: the handle knows the pid too
+        machine = _read_json(d / "machine.json") or {"pid": handle.get("pid"),
+                                                     "start_ticks": handle.get("start_ticks")}
         if lock_held(d / "lock"):
             _signal_if_same(machine.get("pid"), machine.get("start_ticks"), signal.SIGTERM)
         else:
