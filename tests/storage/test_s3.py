@@ -180,3 +180,15 @@ def test_classify_network_errors() -> None:
     assert classify(ConnectionResetError()) is Failure.RETRY
     assert classify(NoCredentialsError()) is Failure.PERMISSION
     assert classify(ValueError("bug")) is Failure.FATAL
+
+
+def test_abort_incomplete_uploads_left_by_a_killed_process(
+    make_s3, s3_client: Any, bucket: str
+) -> None:
+    store = make_s3()
+    s3_client.create_multipart_upload(Bucket=bucket, Key="run/step-00000100/tensors.safetensors")
+    s3_client.create_multipart_upload(Bucket=bucket, Key="elsewhere/x")  # not under our prefix
+    # (moto reports every upload as initiated in 2010, so the age filter lets both through)
+    assert store.abort_incomplete_uploads(older_than_s=3600) == 1
+    left = s3_client.list_multipart_uploads(Bucket=bucket).get("Uploads", [])
+    assert [u["Key"] for u in left] == ["elsewhere/x"]

@@ -53,3 +53,15 @@ def test_remote_run_dir_and_mirror_are_exclusive(tmp_path: Path) -> None:
     mirror = TieredMirror(MemoryStorage())
     with pytest.raises(ConfigError, match="either a remote run_dir or mirror="):
         Run("memory://x", model=nn.Linear(1, 1), mirror=mirror, local_dir=tmp_path, notices=None)
+
+
+def test_missing_bucket_fails_at_start_with_a_hint(aws_env: str, tmp_path: Path) -> None:
+    from spotwise.errors import StorageNotFoundError
+
+    with pytest.raises(StorageNotFoundError, match="does not exist") as err:
+        Run("s3://no-such-bucket-e2e/run", model=nn.Linear(1, 1), local_dir=tmp_path / "a",
+            notices=None)  # fmt: skip
+    assert "aws s3 mb" in str(err.value)
+    # the staging directory was released: a corrected run can use it right away
+    run = Run("memory://fixed", model=nn.Linear(1, 1), local_dir=tmp_path / "a", notices=None)
+    run.close()
