@@ -14,6 +14,7 @@ from spotwise.errors import ConfigError
 from spotwise.runtime import Run
 from spotwise.runtime.tiered import TieredMirror, scan_remote
 from spotwise.storage.memory import MemoryStorage
+from spotwise.storage.s3 import S3Storage
 
 
 def _train(run_dir: str, local: Path, steps: int, stop_after: int | None = None) -> str:
@@ -65,3 +66,58 @@ def test_missing_bucket_fails_at_start_with_a_hint(aws_env: str, tmp_path: Path)
     # the staging directory was released: a corrected run can use it right away
     run = Run("memory://fixed", model=nn.Linear(1, 1), local_dir=tmp_path / "a", notices=None)
     run.close()
+
+
+class _TerminateAt:
+    """A NoticeSource that reports a terminate notice from the n-th step boundary on."""
+
+    def __init__(self, at_call: int) -> None:
+        from spotwise.notices.base import Notice, NoticeKind
+
+        self.at_call, self.calls, self.acknowledged = at_call, 0, False
+        self.notice = Notice("fake", NoticeKind.TERMINATE, 1.0, None, "terminate")
+
+    def current(self):
+        self.calls += 1
+        return self.notice if self.calls >= self.at_call else None
+
+    def acknowledge(self, notice) -> None:
+        self.acknowledged = True
+
+    def close(self) -> None:
+        return None
+
+
+def test_notice_with_the_store_down_still_exits_75_with_a_local_checkpoint(
+    aws_env: str, bucket: str, proxy, monkeypatch, tmp_path: Path
+) -> None:
+    """The emergency save commits locally; the failed upload is logged, not raised, so the
+    process still says "interrupted, state saved" and nothing partial is visible remotely."""
+    from spotwise.runtime.checkpoint import list_checkpoints
+
+    from .fault_proxy import Fault
+
+    proxy.add(Fault("status", method="PUT", status=503, code="SlowDown", times=10_000))
+    monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.url)
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "2")
+    notices = _TerminateAt(3)
+    torch.manual_seed(0)
+    model = nn.Linear(2, 1)
+    run = Run(f"s3://{bucket}/run", model=model, steps=10, every=None, notices=notices,
+              local_dir=tmp_path / "vm")  # fmt: skip
+    with pytest.raises(SystemExit) as exited:
+        for _ in run:
+            pass
+    assert exited.value.code == 75 and notices.acknowledged
+    assert [c.step for c in list_checkpoints(tmp_path / "vm") if c.valid] == [3]
+    store = S3Storage(bucket, "run", endpoint_url=aws_env)
+    assert not any(c.valid for c in scan_remote(store))
+
+
+def test_aws_max_attempts_is_honoured(monkeypatch) -> None:
+    from spotwise.storage.s3 import RetryPolicy
+
+    assert RetryPolicy.from_env({"AWS_MAX_ATTEMPTS": "3"}).max_attempts == 3
+    assert RetryPolicy.from_env({}).max_attempts == RetryPolicy().max_attempts
+    with pytest.raises(ConfigError, match="AWS_MAX_ATTEMPTS"):
+        RetryPolicy.from_env({"AWS_MAX_ATTEMPTS": "zero"})

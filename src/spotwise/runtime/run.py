@@ -305,7 +305,10 @@ class Run:
         if self._committed_step != self.step:
             self._save(block=True, reason="notice")
         if self.mirror is not None:
-            self.mirror.flush()
+            try:
+                self.mirror.flush()
+            except SaveError as exc:  # the local commit stands; the remote keeps an older one
+                log.error("%s; exiting with the newest checkpoint on local disk only", exc)
         assert self._notices is not None
         self._notices.acknowledge(notice)
         self.events.emit(

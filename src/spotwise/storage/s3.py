@@ -17,7 +17,7 @@ import random
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from enum import Enum
@@ -56,6 +56,23 @@ class RetryPolicy:
     max_attempts: int = 8
     base_delay_s: float = 0.2
     max_delay_s: float = 10.0
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> RetryPolicy:
+        """Defaults, with ``AWS_MAX_ATTEMPTS`` honoured as the AWS SDKs do."""
+        value = (os.environ if env is None else env).get("AWS_MAX_ATTEMPTS")
+        if not value:
+            return cls()
+        try:
+            attempts = int(value)
+        except ValueError:
+            attempts = 0
+        if attempts < 1:
+            raise ConfigError(
+                f"AWS_MAX_ATTEMPTS={value!r} is not a positive integer",
+                hint="unset it or use e.g. AWS_MAX_ATTEMPTS=8",
+            )
+        return cls(max_attempts=attempts)
 
     def delay_s(self, attempt: int, rand: float) -> float:
         """Seconds to wait after failed attempt number ``attempt`` (1-based); ``rand`` in [0, 1)."""
@@ -197,7 +214,7 @@ class S3Storage:
             validate_key(self.prefix)
         self.uri = f"s3://{bucket}/{self.prefix}" if self.prefix else f"s3://{bucket}"
         self.transfer = transfer or TransferSettings()
-        self.retry = retry or RetryPolicy()
+        self.retry = retry or RetryPolicy.from_env()
         self.counters = _Counters()
         self._sleep = sleep
         self._rand = random.Random()
