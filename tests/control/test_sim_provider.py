@@ -65,3 +65,31 @@ def test_machine_taken_away_when_the_notice_is_ignored(workdir: Path, kit):
     assert [(a["zone"], a["reason"]) for a in summary["attempts"]] == [("zb", "lost"),
                                                                        ("zc", "succeeded")]
     assert "machine taken away: SIGKILL" in Path(summary["log"]).read_text()
+
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.e2e
+def test_aws_style_notice_through_the_imds_emulator(workdir: Path, kit):
+    """The runtime in the real digits example sees the notice on (emulated) IMDS, saves, and
+    exits 75 before the machine is taken away; the job resumes and finishes."""
+    traces = workdir / "traces"
+    traces.mkdir()
+    _trace(traces, "zb", [1] * 10 + [0] * (N - 10))  # 10 s of spot, then gone
+    _trace(traces, "zc", [1])
+    train = ROOT / "examples" / "digits" / "train.py"
+    spec = kit.spec(workdir, market="spot",
+                    command=["python", str(train), "--run-dir", "$SPOTWISE_CHECKPOINT_DIR",
+                             "--steps", "300", "--save-every", "50", "--step-sleep", "0.02"],
+                    provider={"name": "sim", "trace": str(traces), "zones": ["zb", "zc"],
+                              "time_compression": 10, "notice_s": 4, "boot_s": 0,
+                              "notice": "aws", "spot_usd_per_hour": 1.0,
+                              "ondemand_usd_per_hour": 3.0})
+    summary = kit.run(spec)
+    assert summary["state"] == "SUCCEEDED"
+    assert [(a["zone"], a["reason"], a["exit_code"]) for a in summary["attempts"]] == [
+        ("zb", "preempted", 75), ("zc", "succeeded", 0)]
+    log = Path(summary["log"]).read_text()
+    assert "interruption notice: AWS spot/instance-action" in log
+    assert "resumed from step" in log and "final-weights-sha256" in log

@@ -64,6 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lost-at", type=float, default=None)
     parser.add_argument("--grace-s", type=float, default=30.0)
     parser.add_argument("--banner", default="")
+    parser.add_argument("--notice-via", choices=["sigterm", "aws"], default="sigterm")
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
@@ -88,15 +89,31 @@ def main(argv: list[str] | None = None) -> int:
             return finish("lost", None)
         time.sleep(0.02)
 
+    env, imds = dict(os.environ), None
+    if args.notice_via == "aws":  # the notice arrives as on EC2: IMDS spot/instance-action
+        from spotwise.emulators import AwsImdsEmulator
+
+        imds = AwsImdsEmulator(port=0, lead_s=max(0.0, (args.lost_at or 0) - (args.notice_at or 0)))
+        env.update(AWS_EC2_METADATA_SERVICE_ENDPOINT=imds.start(), SPOTWISE_PLATFORM="aws")
+    try:
+        return _supervise(args, command, env, imds, state, machine_file, stop_at, finish)
+    finally:
+        if imds is not None:
+            imds.stop()
+
+
+def _supervise(args: argparse.Namespace, command: list[str], env: dict[str, str], imds: Any,
+               state: dict[str, Any], machine_file: Path, stop_at: list[float],
+               finish: Any) -> int:
     with open(args.log, "ab", buffering=0) as log:
         if args.banner:
             log.write(f"[spotwise] {args.banner}\n".encode())
         try:
-            child = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
+            child = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env,
                                      stdin=subprocess.DEVNULL, start_new_session=True)
         except OSError as exc:
             log.write(f"[spotwise] cannot start {command[:1]}: {exc}\n".encode())
-            return finish("exited", 127)
+            return int(finish("exited", 127))
         state.update(child_pid=child.pid, child_start_ticks=proc_start_ticks(child.pid),
                      running_at=time.time())
         write_json_atomic(machine_file, state)
@@ -114,20 +131,24 @@ def main(argv: list[str] | None = None) -> int:
                 notice_at, lost_at = now, min(lost_at or float("inf"), now + args.grace_s)
             if notice_at is not None and now >= notice_at and not noticed:
                 noticed = True
-                log.write(b"[spotwise] interruption notice: SIGTERM\n")
-                child.send_signal(signal.SIGTERM)
+                if imds is not None and not stop_at:
+                    log.write(b"[spotwise] interruption notice: AWS spot/instance-action\n")
+                    imds.trigger_notice()
+                else:
+                    log.write(b"[spotwise] interruption notice: SIGTERM\n")
+                    child.send_signal(signal.SIGTERM)
             if lost_at is not None and now >= lost_at:
                 log.write(b"[spotwise] machine taken away: SIGKILL\n")
                 _kill_group(child.pid, signal.SIGKILL)
                 child.wait()
-                return finish("lost" if outcome == "exited" else outcome, None)
+                return int(finish("lost" if outcome == "exited" else outcome, None))
         _kill_group(child.pid, signal.SIGKILL)  # leave nothing behind on the "machine"
         if code in (0, 75):
-            return finish("exited", code)
+            return int(finish("exited", code))
         # Died of the notice itself (e.g. before its handler was installed): the platform's
         # doing, not the command's, so it is a lost machine and not a user error.
-        return finish(outcome if outcome == "terminated" else "lost" if noticed else "exited",
-                      code)
+        return int(finish(outcome if outcome == "terminated" else "lost" if noticed
+                          else "exited", code))
 
 
 if __name__ == "__main__":

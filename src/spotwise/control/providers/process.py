@@ -59,7 +59,8 @@ class ProcessMachines:
     """Start, observe and stop machine processes (see ``machine.py``)."""
 
     def launch(self, req: LaunchRequest, *, boot_s: float = 0.0, notice_at: float | None = None,
-               lost_at: float | None = None, banner: str = "") -> Handle:
+               lost_at: float | None = None, banner: str = "",
+               notice_via: str = "sigterm") -> Handle:
         req.attempt_dir.mkdir(parents=True, exist_ok=True)
         for stale in ("exit.json", "machine.json"):
             (req.attempt_dir / stale).unlink(missing_ok=True)
@@ -73,7 +74,7 @@ class ProcessMachines:
         cmd = [sys.executable, "-m", "spotwise.control.providers.machine",
                "--dir", str(req.attempt_dir), "--log", str(req.log_path),
                "--lock-fd", str(fd), "--grace-s", str(req.grace_s), "--boot-s", str(boot_s),
-               "--banner", banner]
+               "--banner", banner, "--notice-via", notice_via]
         if notice_at is not None:
             cmd += ["--notice-at", repr(notice_at)]
         if lost_at is not None:

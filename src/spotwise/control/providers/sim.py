@@ -4,9 +4,11 @@ Time is compressed: one wall second is ``time_compression`` seconds of trace tim
 the job's creation (so a restarted controller sees the same market). A spot attempt in a zone
 runs until the trace's next unavailable tick in that zone; ``notice_s`` wall seconds before, the
 machine gets the platform's notice (SIGTERM, with ``SPOTWISE_GRACE_S`` set to the notice), and at
-that instant the machine is taken away (SIGKILL). Launching spot where the trace says no capacity
-fails with :class:`~spotwise.errors.CapacityError`, as a cloud's launch does. Attempts are billed
-in simulated hours at the market catalog's prices for ``instance_type``.
+that instant the machine is taken away (SIGKILL). With ``notice: aws`` the notice comes instead as
+EC2 gives it: ``spot/instance-action`` on a loopback IMDS emulator the job is pointed at.
+Launching spot where the trace says no capacity fails with
+:class:`~spotwise.errors.CapacityError`, as a cloud's launch does. Attempts are billed in
+simulated hours at the market catalog's prices for ``instance_type``.
 """
 
 from __future__ import annotations
@@ -31,7 +33,8 @@ from spotwise.control.providers.process import ProcessMachines
 from spotwise.errors import CapacityError, ConfigError
 
 _OPTIONS = {"trace", "zones", "time_compression", "start_hour", "notice_s", "boot_s",
-            "spot_usd_per_hour", "ondemand_usd_per_hour"}
+            "spot_usd_per_hour", "ondemand_usd_per_hour", "notice"}
+NOTICES = ("sigterm", "aws")
 
 
 @dataclass(frozen=True)
@@ -107,6 +110,12 @@ class SimProvider:
             start_h = float(options.get("start_hour", 0.0))
         except (TypeError, ValueError) as exc:
             raise ConfigError(f"provider.sim: {exc}", hint="numbers expected") from None
+        self.notice = str(options.get("notice", "sigterm"))
+        if self.notice not in NOTICES:
+            raise ConfigError(f"provider.sim.notice: {self.notice!r} is not one of "
+                              f"{', '.join(NOTICES)}",
+                              hint="sigterm: SIGTERM then SIGKILL after notice_s; aws: the AWS "
+                              "IMDS spot/instance-action notice from a loopback emulator")
         if compression <= 0 or self.notice_s < 0 or self.boot_s < 0:
             raise ConfigError("provider.sim: time_compression must be > 0, notice_s and boot_s "
                               ">= 0")
@@ -150,7 +159,7 @@ class SimProvider:
         if lost_at is not None:
             banner += f" (spot lasts {lost_at - now:.1f}s wall)"
         return self._machines.launch(req, boot_s=self.boot_s, notice_at=notice_at,
-                                     lost_at=lost_at, banner=banner)
+                                     lost_at=lost_at, banner=banner, notice_via=self.notice)
 
     def find(self, req: LaunchRequest) -> Handle | None:
         return self._machines.find(req)
