@@ -17,6 +17,17 @@ from spotwise.control.store import JobState, Store
 from spotwise.errors import BudgetError, ProviderUnavailableError
 
 
+def _run_until_running(store: Store, job_id: str) -> threading.Thread:
+    """A controller in a thread (with its own connection), once its job is RUNNING."""
+    thread = threading.Thread(target=lambda: Controller(Store(), job_id).run())
+    thread.start()
+    deadline = time.time() + 60
+    while store.job(job_id).state is not JobState.RUNNING:
+        assert time.time() < deadline, "job never reached RUNNING"
+        time.sleep(0.05)
+    return thread
+
+
 def test_exit_75_relaunches_until_done_and_is_not_an_error(workdir: Path, kit):
     summary = kit.run(kit.spec(workdir, command="python standin.py 75,75,75,0",
                                    max_restarts=0))
@@ -73,11 +84,7 @@ def test_budget_stops_the_attempt_so_it_saves(workdir: Path, kit):
 def test_cancel_stops_the_attempt_and_leaves_no_process(workdir: Path, kit):
     store = Store()
     job = submit(store, kit.spec(workdir, command="python standin.py 0 60"))
-    thread = threading.Thread(target=lambda: Controller(Store(), job.id).run())
-    thread.start()
-    deadline = time.time() + 60
-    while store.job(job.id).state is not JobState.RUNNING and time.time() < deadline:
-        time.sleep(0.05)
+    thread = _run_until_running(store, job.id)
     Store().request_cancel(job.id)
     thread.join(60)
     summary = job_summary(store, store.job(job.id))
@@ -158,11 +165,7 @@ def test_one_controller_per_job(workdir: Path, kit):
 def test_lost_machine_is_recovered(workdir: Path, kit):
     store = Store()
     job = submit(store, kit.spec(workdir, command="python standin.py 0 2"))
-    thread = threading.Thread(target=lambda: Controller(Store(), job.id).run())
-    thread.start()
-    deadline = time.time() + 60
-    while store.job(job.id).state is not JobState.RUNNING and time.time() < deadline:
-        time.sleep(0.05)
+    thread = _run_until_running(store, job.id)
     handle = store.attempts(job.id)[0].handle
     assert handle is not None
     os.kill(handle["pid"], signal.SIGKILL)  # the machine vanishes without a word

@@ -76,14 +76,14 @@ def test_aws_style_notice_through_the_imds_emulator(workdir: Path, kit):
     exits 75 before the machine is taken away; the job resumes and finishes."""
     traces = workdir / "traces"
     traces.mkdir()
-    _trace(traces, "zb", [1] * 10 + [0] * (N - 10))  # 10 s of spot, then gone
+    _trace(traces, "zb", [1] * 18 + [0] * (N - 18))  # 18 s of spot, then gone
     _trace(traces, "zc", [1])
     train = ROOT / "examples" / "digits" / "train.py"
     spec = kit.spec(workdir, market="spot",
                     command=["python", str(train), "--run-dir", "$SPOTWISE_CHECKPOINT_DIR",
                              "--steps", "300", "--save-every", "50", "--step-sleep", "0.02"],
                     provider={"name": "sim", "trace": str(traces), "zones": ["zb", "zc"],
-                              "time_compression": 10, "notice_s": 4, "boot_s": 0,
+                              "time_compression": 10, "notice_s": 10, "boot_s": 0,
                               "notice": "aws", "spot_usd_per_hour": 1.0,
                               "ondemand_usd_per_hour": 3.0})
     summary = kit.run(spec)

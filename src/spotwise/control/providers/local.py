@@ -9,18 +9,17 @@ from __future__ import annotations
 from typing import Any
 
 from spotwise.control.providers.base import (
-    AttemptStatus,
     Features,
     Handle,
     LaunchRequest,
     Placement,
     Pricing,
 )
-from spotwise.control.providers.process import ProcessMachines
+from spotwise.control.providers.process import ProcessBacked, ProcessMachines
 from spotwise.errors import ConfigError
 
 
-class LocalProvider:
+class LocalProvider(ProcessBacked):
     name = "local"
 
     def __init__(self, options: dict[str, Any], *, epoch: float, instance_type: str | None):
@@ -40,12 +39,3 @@ class LocalProvider:
 
     def launch(self, req: LaunchRequest) -> Handle:
         return self._machines.launch(req, banner=f"attempt {req.n} on local")
-
-    def find(self, req: LaunchRequest) -> Handle | None:
-        return self._machines.find(req)
-
-    def status(self, handle: Handle) -> AttemptStatus:
-        return self._machines.status(handle)
-
-    def terminate(self, handle: Handle) -> None:
-        self._machines.terminate(handle)

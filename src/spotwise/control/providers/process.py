@@ -139,3 +139,18 @@ class ProcessMachines:
         else:
             _signal_if_same(machine.get("child_pid"), machine.get("child_start_ticks"),
                             signal.SIGKILL, group=True)
+
+
+class ProcessBacked:
+    """``find`` / ``status`` / ``terminate`` of providers whose attempts are machine processes."""
+
+    _machines: ProcessMachines
+
+    def find(self, req: LaunchRequest) -> Handle | None:
+        return self._machines.find(req)
+
+    def status(self, handle: Handle) -> AttemptStatus:
+        return self._machines.status(handle)
+
+    def terminate(self, handle: Handle) -> None:
+        self._machines.terminate(handle)

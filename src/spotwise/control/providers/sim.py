@@ -22,14 +22,13 @@ import numpy as np
 
 from spotwise.control.pricing import catalog_usd_per_hour
 from spotwise.control.providers.base import (
-    AttemptStatus,
     Features,
     Handle,
     LaunchRequest,
     Placement,
     Pricing,
 )
-from spotwise.control.providers.process import ProcessMachines
+from spotwise.control.providers.process import ProcessBacked, ProcessMachines
 from spotwise.errors import CapacityError, ConfigError
 
 _OPTIONS = {"trace", "zones", "time_compression", "start_hour", "notice_s", "boot_s",
@@ -95,7 +94,7 @@ def _load_zones(trace: str, zones: list[str] | None) -> tuple[tuple[str, ...], n
     return tuple(chosen), avail, gaps.pop()
 
 
-class SimProvider:
+class SimProvider(ProcessBacked):
     name = "sim"
 
     def __init__(self, options: dict[str, Any], *, epoch: float, instance_type: str | None):
@@ -160,12 +159,3 @@ class SimProvider:
             banner += f" (spot lasts {lost_at - now:.1f}s wall)"
         return self._machines.launch(req, boot_s=self.boot_s, notice_at=notice_at,
                                      lost_at=lost_at, banner=banner, notice_via=self.notice)
-
-    def find(self, req: LaunchRequest) -> Handle | None:
-        return self._machines.find(req)
-
-    def status(self, handle: Handle) -> AttemptStatus:
-        return self._machines.status(handle)
-
-    def terminate(self, handle: Handle) -> None:
-        self._machines.terminate(handle)
