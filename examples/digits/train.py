@@ -34,7 +34,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from spotwise.runtime import Run
+from spotwise import Run
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

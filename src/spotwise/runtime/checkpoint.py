@@ -10,8 +10,9 @@ Layout of one checkpoint (``run_dir/step-00001200/``):
 - ``manifest.json``: written last; each file's size and CRC32C, the format version, the step, the
   wall time and user metrics. A directory without a valid manifest does not exist for loading.
 
-A checkpoint is built in a hidden sibling (``.tmp-step-...``), every file is fsynced, the manifest
-is written and fsynced, the directory is renamed into place and the parent directory fsynced. A
+A checkpoint is built in a hidden sibling (``.tmp-step-...``): the tensors and state are written,
+the manifest is written last, every file and the directory are fsynced, then the directory is
+renamed into place (the commit) and the parent directory fsynced. A
 crash at any instant therefore leaves either the complete new checkpoint or none of it, and never
 touches older ones. Nothing here pickles or unpickles; loading never executes code from a file.
 
@@ -245,15 +246,15 @@ def _write_all(fd: int, chunks: Sequence[memoryview | bytes]) -> int:
     return crc
 
 
-def _write_file(path: Path, chunks: Sequence[memoryview | bytes]) -> tuple[int, int]:
+def _write_file(
+    path: Path, chunks: Sequence[memoryview | bytes], opened: list[int]
+) -> dict[str, Any]:
+    """Write one file (not yet fsynced: its descriptor goes to ``opened``) and return its
+    manifest entry."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-    try:
-        crc = _write_all(fd, chunks)
-        os.fsync(fd)
-        size = os.fstat(fd).st_size
-    finally:
-        os.close(fd)
-    return size, crc
+    opened.append(fd)
+    crc = _write_all(fd, chunks)
+    return {"size": os.fstat(fd).st_size, "crc32c": f"{crc:08x}"}
 
 
 def _save_error(exc: OSError, step: int, run_dir: Path) -> SaveError:
@@ -307,14 +308,16 @@ def write_checkpoint(
     final = run_dir / step_dir_name(step)
     tmp = run_dir / f"{TMP_PREFIX}{step:08d}-{uuid.uuid4().hex[:8]}"
     wall = time.time() if wall_time is None else wall_time
+    opened: list[int] = []
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
         tmp.mkdir()
-        files: dict[str, dict[str, Any]] = {}
-        size, crc = _write_file(tmp / TENSORS_FILE, (blob.layout.header, *blob.chunks))
-        files[TENSORS_FILE] = {"size": size, "crc32c": f"{crc:08x}"}
-        size, crc = _write_file(tmp / STATE_FILE, (state_bytes,))
-        files[STATE_FILE] = {"size": size, "crc32c": f"{crc:08x}"}
+        files: dict[str, dict[str, Any]] = {
+            TENSORS_FILE: _write_file(
+                tmp / TENSORS_FILE, (blob.layout.header, *blob.chunks), opened
+            ),
+            STATE_FILE: _write_file(tmp / STATE_FILE, (state_bytes,), opened),
+        }
         delay = float(os.environ.get(_WRITE_DELAY_ENV, "0") or 0)
         if delay > 0:
             time.sleep(delay)
@@ -326,18 +329,35 @@ def write_checkpoint(
             "metrics": dict(metrics or {}),
             "files": files,
         }
-        _write_file(tmp / MANIFEST, (json.dumps(manifest, indent=1).encode(),))
+        _write_file(tmp / MANIFEST, (json.dumps(manifest, indent=1).encode(),), opened)
+        # The rename below is the commit, so the files may be fsynced together (one journal
+        # commit on ext4/xfs instead of one per file) as long as all of them are durable
+        # before the directory becomes visible.
+        while opened:
+            os.fsync(opened[0])
+            os.close(opened.pop(0))
         _fsync_dir(tmp)
         _commit(tmp, final)
         _fsync_dir(run_dir)
     except OSError as exc:
+        _close_all(opened)
         _remove_tree(tmp)
         raise _save_error(exc, step, run_dir) from exc
     except BaseException:
+        _close_all(opened)
         _remove_tree(tmp)
         raise
     total = sum(f["size"] for f in files.values()) + _file_size(final / MANIFEST)
     return CheckpointInfo(step, final, wall, total, True, None, dict(metrics or {}))
+
+
+def _close_all(fds: list[int]) -> None:
+    for fd in fds:
+        try:
+            os.close(fd)
+        except OSError as exc:
+            log.warning("could not close a checkpoint file: %s", exc)
+    fds.clear()
 
 
 def _file_size(path: Path) -> int:
