@@ -27,8 +27,7 @@ import numpy as np
 from spotwise.errors import TraceError
 
 _FORMAT_HINT = (
-    'use JSON {"metadata": {"gap_seconds": G}, "data": [n0, n1, ...]} '
-    "or a CSV of time_s,count rows"
+    'use JSON {"metadata": {"gap_seconds": G}, "data": [n0, n1, ...]} or a CSV of time_s,count rows'
 )
 
 
