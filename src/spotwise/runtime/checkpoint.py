@@ -330,13 +330,13 @@ def write_checkpoint(
             "files": files,
         }
         _write_file(tmp / MANIFEST, (json.dumps(manifest, indent=1).encode(),), opened)
-        # The rename below is the commit, so the files may be fsynced together (one journal
-        # commit on ext4/xfs instead of one per file) as long as all of them are durable
-        # before the directory becomes visible.
-        while opened:
-            os.fsync(opened[0])
-            os.close(opened.pop(0))
-        _fsync_dir(tmp)
+        # The rename below is the commit, so the files and their directory may be fsynced
+        # concurrently (the file system groups them into one journal commit instead of one per
+        # file), as long as all of them are durable before the directory becomes visible.
+        opened.append(os.open(tmp, os.O_RDONLY | os.O_DIRECTORY))
+        with ThreadPoolExecutor(max_workers=len(opened)) as pool:
+            list(pool.map(os.fsync, opened))
+        _close_all(opened)
         _commit(tmp, final)
         _fsync_dir(run_dir)
     except OSError as exc:
