@@ -168,3 +168,16 @@ def test_memory_stays_bounded_for_large_files(tmp_path: Path) -> None:
         tracemalloc.stop()
     assert peak < 8 * CHUNK, f"peak {peak / CHUNK:.1f} MiB"
     assert (tmp_path / "dec").read_bytes() == src.read_bytes()
+
+
+@pytest.mark.parametrize("size", [0, CHUNK, 5 * CHUNK + 7])
+def test_parallel_file_encryption_matches_the_stream_format(tmp_path: Path, size: int) -> None:
+    cipher = crypt._Cipher(KEY)
+    src = tmp_path / "src"
+    src.write_bytes(os.urandom(size))
+    cipher.encrypt_file("k", src, tmp_path / "enc", workers=3)
+    stored = (tmp_path / "enc").read_bytes()
+    assert crypt.plaintext_size(len(stored)) == size
+    import io
+
+    assert b"".join(cipher.decrypt("k", io.BytesIO(stored), len(stored))) == src.read_bytes()

@@ -28,6 +28,7 @@ import struct
 import tempfile
 import uuid
 from collections.abc import Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import IO, Any
 
@@ -127,12 +128,16 @@ class _Cipher:
         self._kek = aead.AESGCM(kek)
         self.key_id = key_id(kek)
 
-    def encrypt(self, name: str, source: IO[bytes], size: int, out: IO[bytes]) -> None:
+    def _start(self, name: str) -> tuple[bytes, Any]:
+        """A fresh data key: the object's header (with the key wrapped) and its cipher."""
         data_key = os.urandom(32)
         wrap_nonce = os.urandom(_NONCE)
         wrapped = self._kek.encrypt(wrap_nonce, data_key, self._wrap_aad(name))
-        out.write(SCHEME_LINE + self.key_id + wrap_nonce + wrapped)
-        aead = self._aesgcm(data_key)
+        return SCHEME_LINE + self.key_id + wrap_nonce + wrapped, self._aesgcm(data_key)
+
+    def encrypt(self, name: str, source: IO[bytes], size: int, out: IO[bytes]) -> None:
+        header, aead = self._start(name)
+        out.write(header)
         count = _chunk_count(size)
         for index in range(count):
             chunk = source.read(CHUNK)
@@ -140,6 +145,28 @@ class _Cipher:
             out.write(aead.encrypt(_nonce(index), chunk, _chunk_aad(index, final)))
         if source.read(1):
             raise IntegrityError(f"{name}: the source grew while it was being encrypted")
+
+    def encrypt_file(self, name: str, source: Path, dest: Path, workers: int = 4) -> None:
+        """Like ``encrypt`` for files, with chunks encrypted in parallel: every frame has a fixed
+        offset in the output, so workers read with pread and write with pwrite. Memory stays
+        at about two chunks per worker."""
+        header, aead = self._start(name)
+        with open(source, "rb") as src, open(dest, "wb") as out:
+            size = os.fstat(src.fileno()).st_size
+            count = _chunk_count(size)
+            _pwrite_all(out.fileno(), header, 0)
+
+            def one(index: int) -> None:
+                final = index == count - 1
+                plain = os.pread(src.fileno(), CHUNK, index * CHUNK)
+                if len(plain) != (size - index * CHUNK if final else CHUNK):
+                    raise IntegrityError(f"{name}: the source changed while it was encrypted")
+                frame = aead.encrypt(_nonce(index), plain, _chunk_aad(index, final))
+                _pwrite_all(out.fileno(), frame, HEADER_LEN + index * (CHUNK + TAG))
+
+            with ThreadPoolExecutor(workers, thread_name_prefix="spotwise-crypt") as pool:
+                for _ in pool.map(one, range(count)):
+                    pass  # re-raises the first failure
 
     def decrypt(self, name: str, source: IO[bytes], stored_size: int) -> Iterator[bytes]:
         header = source.read(HEADER_LEN)
@@ -189,6 +216,13 @@ class _Cipher:
         return SCHEME_LINE + name.encode()
 
 
+def _pwrite_all(fd: int, data: bytes, offset: int) -> None:
+    view = memoryview(data)
+    while view:
+        written = os.pwrite(fd, view, offset)
+        view, offset = view[written:], offset + written
+
+
 # --- the wrapper -------------------------------------------------------------------------------
 class EncryptedStorage:
     """Any ``Storage`` with AES-256-GCM at rest; implements the ``Storage`` protocol itself.
@@ -227,8 +261,7 @@ class EncryptedStorage:
         validate_key(key)
         spool = self._spool(key)
         try:
-            with open(source, "rb") as src, open(spool, "wb") as out:
-                self._cipher.encrypt(key, src, os.fstat(src.fileno()).st_size, out)
+            self._cipher.encrypt_file(key, Path(source), spool)
             self.inner.put_file(key, spool)
         finally:
             spool.unlink(missing_ok=True)
