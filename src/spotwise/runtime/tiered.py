@@ -120,11 +120,6 @@ class RemoteCheckpoint:
             metrics={k: float(v) for k, v in metrics.items() if isinstance(v, (int, float))},
         )
 
-    def as_dict(self, uri: str) -> dict[str, Any]:
-        out = self.info().as_dict()
-        out["path"] = f"{uri.rstrip('/')}/{self.name}"
-        return out
-
 
 def scan_remote(
     storage: Storage, cache: dict[str, RemoteCheckpoint] | None = None
@@ -190,11 +185,6 @@ def _looks_encrypted(raw: bytes | None) -> bool:
     from spotwise.storage.crypt import looks_encrypted
 
     return raw is not None and looks_encrypted(raw)
-
-
-def newest_valid(checkpoints: Sequence[RemoteCheckpoint]) -> RemoteCheckpoint | None:
-    valid = [c for c in checkpoints if c.valid]
-    return valid[-1] if valid else None
 
 
 # --- moving checkpoints between tiers ----------------------------------------------------------
