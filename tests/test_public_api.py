@@ -6,6 +6,10 @@ import sys
 import spotwise
 
 
+def test_all_lists_exactly_the_lazy_exports():
+    assert set(spotwise.__all__) == {"__version__", *spotwise._EXPORTS}
+
+
 def test_every_public_name_resolves():
     for name in spotwise.__all__:
         assert getattr(spotwise, name) is not None, name

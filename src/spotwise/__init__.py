@@ -33,7 +33,22 @@ _EXPORTS = {
     "SpotwiseError": "spotwise.errors",
 }
 
-__all__ = ["__version__", *sorted(_EXPORTS)]
+__all__ = [
+    "EXIT_INTERRUPTED",
+    "JobRequest",
+    "Notice",
+    "NoticeKind",
+    "Placement",
+    "Run",
+    "SpotwiseError",
+    "Storage",
+    "__version__",
+    "advise_from_catalog",
+    "load_catalog",
+    "load_interruption_model",
+    "open_storage",
+    "watch_from_environment",
+]
 
 if TYPE_CHECKING:
     from spotwise.errors import SpotwiseError
