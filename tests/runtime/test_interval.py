@@ -80,3 +80,26 @@ def test_save_due_table() -> None:
     assert due(Schedule(auto=True), save_cost_s=None, steps_since_save=1)
     assert not due(Schedule(auto=True), seconds_since_save=20.0)
     assert due(Schedule(auto=True), seconds_since_save=30.0)
+
+
+@pytest.mark.parametrize(
+    ("remaining_s", "step_s", "save_s", "margin_s", "expected"),
+    [
+        (None, 0.1, 1.0, 30.0, True),  # no deadline: act at once
+        (3600.0, None, 1.0, 30.0, True),  # nothing measured yet: act at once
+        (3600.0, 0.1, None, 30.0, True),
+        (3600.0, 0.1, 1.0, 30.0, False),  # GCP GPU maintenance: train on
+        (120.0, 0.1, 1.0, 30.0, False),  # AWS two minutes, a cheap save: train on
+        (32.2, 0.1, 1.0, 30.0, True),  # inside margin + two steps + two saves
+        (32.3, 0.1, 1.0, 30.0, False),
+        (100.0, 0.5, 40.0, 30.0, True),  # a slow save eats the notice
+        (3600.0, 0.1, 1.0, math.inf, True),  # the default margin: act at once
+    ],
+)
+def test_notice_exit_due(remaining_s, step_s, save_s, margin_s, expected):
+    from spotwise.runtime.interval import DEFAULT_NOTICE_MARGIN_S, notice_exit_due
+
+    assert math.isinf(DEFAULT_NOTICE_MARGIN_S)
+    assert (
+        notice_exit_due(remaining_s, step_s=step_s, save_s=save_s, margin_s=margin_s) is expected
+    )

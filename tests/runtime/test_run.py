@@ -258,3 +258,24 @@ def test_grad_scaler_and_two_models_resume_exactly(tmp_path: Path) -> None:
     assert resumed_losses == reference_losses[4:]  # resumed from step 4
     assert resumed["scale"] == reference["scale"] > 2.0**10  # the scaler grew and was restored
     assert all(torch.equal(resumed[k], reference[k]) for k in ("weight", "bias"))
+
+
+def test_terminate_notice_with_time_to_spare_trains_on_then_exits_near_the_deadline(
+    tmp_path: Path, trainer: Any, scripted_notices: Any
+) -> None:
+    import dataclasses
+    import time as _time
+
+    source_cls, make_notice = scripted_notices
+    base = make_notice(NoticeKind.TERMINATE)
+    far = dataclasses.replace(base, deadline_monotonic=_time.monotonic() + 3600.0)  # GPU host
+    near = dataclasses.replace(base, received_monotonic=2.0, deadline_monotonic=_time.monotonic())
+    source = source_cls(at_call={**{n: far for n in range(3, 9)}, 9: near})
+    with pytest.raises(SystemExit) as exit_info:
+        trainer(tmp_path, STEPS, notices=source, every=2, keep_last=10, notice_margin_s=30.0)
+    assert exit_info.value.code == 75
+    saved = [e["step"] for e in read_events(tmp_path / "events.jsonl", "checkpoint")]
+    # the schedule's first save measures the cost; an early save when the far notice first
+    # appears, training and the schedule go on, then the emergency save near the deadline
+    assert saved == [2, 3, 4, 6, 8, 9]
+    assert source.acknowledged == [near]

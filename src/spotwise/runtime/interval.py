@@ -26,6 +26,11 @@ from spotwise.errors import ConfigError
 DEFAULT_MTBI_S = 3600.0
 MTBI_ENV = "SPOTWISE_MTBI_S"
 MIN_AUTO_INTERVAL_S = 1.0  # never save more often than this in auto mode
+# By default a terminate notice is acted on at the next step boundary, whatever its deadline:
+# the surest choice when a notice's deadline may be wrong. A finite margin trains on until the
+# deadline is that close (plus the save estimate), which pays for long notices.
+DEFAULT_NOTICE_MARGIN_S = math.inf
+NOTICE_MARGIN_ENV = "SPOTWISE_NOTICE_MARGIN_S"
 
 _UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0}
 
@@ -107,3 +112,26 @@ def save_due(
             return True
         return seconds_since_save >= auto_interval_s(save_cost_s, write_s or 0.0, mtbi_s)
     return False
+
+
+def notice_exit_due(
+    remaining_s: float | None,
+    *,
+    step_s: float | None,
+    save_s: float | None,
+    margin_s: float = DEFAULT_NOTICE_MARGIN_S,
+) -> bool:
+    """Whether a terminate notice must be acted on (emergency save, exit 75) at this boundary.
+
+    The platforms' notices run from 30 s (GCP, Azure, Kubernetes) to 2 min (AWS) and up to 1 h
+    (GCP GPU host maintenance). Acting when ``deadline - now <= save estimate + margin`` (the
+    interruption-signals spec) keeps the work of a long notice instead of giving it up at once.
+    The estimate counts two steps and two saves, since the check happens only at step boundaries
+    and a save measured earlier may run slower now; the margin covers an upload to a remote tier
+    and the process exit. Without a deadline, or without measurements, act at once. The default
+    margin is infinite (act at once); ``SPOTWISE_NOTICE_MARGIN_S=60`` or ``Run(notice_margin_s=)``
+    opts in to training on.
+    """
+    if remaining_s is None or step_s is None or save_s is None:
+        return True
+    return remaining_s <= margin_s + 2.0 * (step_s + save_s)

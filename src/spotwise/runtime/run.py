@@ -46,7 +46,15 @@ from spotwise.runtime.checkpoint import (
     retain,
     write_checkpoint,
 )
-from spotwise.runtime.interval import DEFAULT_MTBI_S, MTBI_ENV, parse_every, save_due
+from spotwise.runtime.interval import (
+    DEFAULT_MTBI_S,
+    DEFAULT_NOTICE_MARGIN_S,
+    MTBI_ENV,
+    NOTICE_MARGIN_ENV,
+    notice_exit_due,
+    parse_every,
+    save_due,
+)
 from spotwise.runtime.sampler import ResumableBatchSampler, derive_seed, make_resumable
 from spotwise.runtime.snapshot import SnapshotBuffer
 from spotwise.runtime.state import (
@@ -110,6 +118,7 @@ class Run:
         local_dir: str | os.PathLike[str] | None = None,  # staging dir for an s3:// run_dir
         async_save: bool = True,
         mtbi_s: float | None = None,
+        notice_margin_s: float | None = None,
     ) -> None:
         remote_uri = os.fspath(run_dir) if is_remote(run_dir) else None
         self.run_dir = _local_run_dir(staging_dir(remote_uri, local_dir) if remote_uri else run_dir)
@@ -128,6 +137,11 @@ class Run:
         except ValueError as exc:
             raise ConfigError(f"invalid retention settings: {exc}") from exc
         self.mtbi_s = float(mtbi_s or os.environ.get(MTBI_ENV) or DEFAULT_MTBI_S)
+        self.notice_margin_s = float(
+            notice_margin_s
+            if notice_margin_s is not None
+            else os.environ.get(NOTICE_MARGIN_ENV) or DEFAULT_NOTICE_MARGIN_S
+        )
         self.async_save = async_save
         if remote_uri is not None:  # two tiers: commit locally, upload in the background
             if mirror is not None:
@@ -159,6 +173,8 @@ class Run:
         self._last_save_time = time.monotonic()
         self.save_cost_s: float | None = None  # smoothed blocking cost of a save
         self.write_s: float | None = None  # smoothed duration of a background write
+        self.step_s: float | None = None  # smoothed time from one step boundary to the next
+        self._last_boundary: float | None = None
         self._handled: set[tuple[Any, ...]] = set()
         self._closed = False
         self._notices: NoticeSource | None = None
@@ -263,6 +279,10 @@ class Run:
                 self.batch_in_epoch = 0
 
     def _step_boundary(self) -> None:
+        now = time.monotonic()
+        if self._last_boundary is not None:
+            self.step_s = _smooth(self.step_s, now - self._last_boundary)
+        self._last_boundary = now
         self.step += 1
         if self.loader is not None:
             self.batch_in_epoch += 1
@@ -285,8 +305,9 @@ class Run:
             self._save(block=not self.async_save, reason="interval")
 
     def _on_notice(self, notice: Notice) -> None:
-        if notice.is_terminate:
+        if notice.is_terminate and self._must_exit(notice):
             self._emergency_exit(notice)
+        # advisory, or a terminate notice with time to spare: one early save, keep training
         key = (notice.source, notice.kind, notice.received_monotonic, notice.action)
         if key in self._handled:
             return
@@ -295,6 +316,17 @@ class Run:
         self._wait_writer()
         if self._committed_step != self.step:
             self._save(block=False, reason="advisory")
+
+    def _must_exit(self, notice: Notice) -> bool:
+        remaining = (
+            None
+            if notice.deadline_monotonic is None
+            else notice.deadline_monotonic - time.monotonic()
+        )
+        save_s = None if self.save_cost_s is None else self.save_cost_s + (self.write_s or 0.0)
+        return notice_exit_due(
+            remaining, step_s=self.step_s, save_s=save_s, margin_s=self.notice_margin_s
+        )
 
     def _emergency_exit(self, notice: Notice) -> None:
         """Save synchronously, acknowledge, and leave with exit code 75."""
