@@ -63,3 +63,5 @@ def test_readme_main_job_survives_preemptions_with_identical_weights(tmp_path: P
     out, _ = baseline.communicate(timeout=300)
     assert baseline.returncode == 0
     assert got[0] == HASH.findall(out)[-1]
+    # launch itself ends by showing the job's last output line: the hash
+    assert f"last output line: final-weights-sha256: {got[0]}" in launched.stdout

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -83,7 +84,21 @@ def _run_controller(job_id: str, quiet: bool) -> str:
         f"{summary['preemptions']} preempted, cost ${summary['cost_usd']:.2f} vs "
         f"${summary['ondemand_cost_usd']:.2f} on-demand (saved ${summary['savings_usd']:.2f})",
         highlight=False)
+    last = _last_output_line(store.job(job_id).log_path)
+    if last:
+        console.print(f"last output line: {last}", highlight=False, markup=False, soft_wrap=True)
     return state
+
+
+def _last_output_line(path: Path, tail_bytes: int = 4096) -> str:
+    """The job's final line of output (e.g. the digits example's final-weights-sha256)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - tail_bytes))
+            lines = f.read().decode(errors="replace").splitlines()
+    except FileNotFoundError:
+        return ""
+    return next((line.strip() for line in reversed(lines) if line.strip()), "")
 
 
 def _spawn_controller(job_id: str) -> None:
