@@ -98,8 +98,10 @@ class Watcher:
     def _poll_local(self, detector: Detector) -> Notice | None:
         try:
             return detector.poll()
-        except Exception:
-            self._log(f"bug-{detector.name}", "spotwise: %s detector failed", detector.name)
+        except Exception as exc:  # a detector bug must never stop training: say what broke
+            self._log(
+                f"bug-{detector.name}", "spotwise: %s detector failed: %r", detector.name, exc
+            )
             return None
 
     def _discover(self, discover: Callable[[], list[Detector]]) -> None:
@@ -130,8 +132,10 @@ class Watcher:
         while not self._stop.is_set():
             try:
                 notice = detector.poll()
-            except Exception:
-                self._log(f"bug-{detector.name}", "spotwise: %s detector failed", detector.name)
+            except Exception as exc:  # a detector bug must never stop training: say what broke
+                self._log(
+                    f"bug-{detector.name}", "spotwise: %s detector failed: %r", detector.name, exc
+                )
                 notice = None
             self._store(key, notice)
             self._stop.wait(detector.poll_interval_s)
