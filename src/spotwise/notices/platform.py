@@ -110,8 +110,8 @@ def discover(
     def probe(spec: CloudPlatform) -> None:
         try:
             answered[spec.name] = spec.probe(spec.default_base, timeout_s)
-        except Exception:
-            log.exception("spotwise: probing %s failed", spec.name)
+        except Exception as exc:  # a probe bug must not stop start-up: that cloud is off
+            log.exception("spotwise: probing %s failed (%r); treating it as absent", spec.name, exc)
             answered[spec.name] = False
 
     threads = [

@@ -78,8 +78,8 @@ class Watcher:
         for detector in [*self._local, *self._remote]:
             try:
                 detector.close()
-            except Exception:
-                log.exception("spotwise: closing the %s detector failed", detector.name)
+            except Exception as exc:  # closing the others matters more than this one
+                log.exception("spotwise: closing the %s detector failed: %r", detector.name, exc)
         for thread in self._threads:
             thread.join(timeout=0.2)  # long-polls are daemon threads; do not wait for them
 
@@ -107,8 +107,10 @@ class Watcher:
     def _discover(self, discover: Callable[[], list[Detector]]) -> None:
         try:
             found = discover()
-        except Exception:
-            log.exception("spotwise: platform detection failed; only signals are watched")
+        except Exception as exc:  # detection must not stop training: fall back to signals
+            log.exception(
+                "spotwise: platform detection failed (%r); only signals are watched", exc
+            )
             found = []
         for detector in found:
             if self._stop.is_set():
