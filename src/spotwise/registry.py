@@ -45,14 +45,19 @@ class Registry(Generic[T]):
         """Add a backend at run time (plugins); the built-in ones live in the table."""
         self._entries[name] = Entry(target, extra)
 
-    def load(self, name: str) -> Any:
-        entry = self._entries.get(name)
-        if entry is None:
+    def check(self, name: str) -> None:
+        """Refuse an unknown name (with did-you-mean) without importing anything, so input
+        validation can run before any work is recorded."""
+        if name not in self._entries:
             close = difflib.get_close_matches(name, self.names(), n=3)
             hint = f"did you mean {', '.join(close)}?" if close else None
             raise UnknownBackendError(
                 f"unknown {self.kind} {name!r}; known: {', '.join(self.names())}", hint=hint
             )
+
+    def load(self, name: str) -> Any:
+        self.check(name)
+        entry = self._entries[name]
         module_name, _, attr = entry.target.partition(":")
         try:
             module = importlib.import_module(module_name)

@@ -7,6 +7,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+from spotwise.control.store import Store
+
 SPOTWISE = [sys.executable, "-c", "from spotwise.cli.main import main; main()"]
 
 
@@ -64,3 +68,29 @@ def test_bad_job_file_is_one_clear_error(tmp_path: Path):
     assert "Traceback" not in out.stderr
     missing = _cli("status", "nope")
     assert missing.returncode == 2 and "spotwise jobs" in missing.stderr
+
+
+@pytest.mark.parametrize(
+    ("lines", "needles"),
+    [
+        (["deadline: 2020-01-01T00:00:00Z"], ["deadline: 2020-01-01T00:00:00Z is in the past",
+                                              "(now: 20"]),
+        (["policy: uniform-progres"], ["policy: unknown policy 'uniform-progres'",
+                                       "did you mean uniform-progress?"]),
+        (["policy: greedyy", "provider: {name: sim, time_compression: 600}"],
+         ["policy: unknown policy 'greedyy'", "did you mean greedy?"]),
+        (["workdir: nowhere"], ["workdir: ", "nowhere does not exist"]),
+    ],
+    ids=["past-deadline", "policy-local", "policy-sim", "workdir"],
+)
+def test_launch_refuses_bad_input_before_recording_a_job(workdir: Path, lines, needles):
+    job_file = workdir / "job.yaml"
+    job_file.write_text("\n".join(["command: python standin.py 0", *lines]) + "\n")
+    out = _cli("launch", str(job_file))
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert out.stderr.startswith("error:") and "Traceback" not in out.stderr
+    for needle in needles:
+        assert needle in out.stderr
+    assert "deadline_s" not in out.stderr and "PosixPath" not in out.stderr
+    assert Store().jobs() == []  # nothing was recorded
+    assert not (workdir / "runs").exists()  # and nothing ran

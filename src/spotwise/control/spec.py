@@ -1,21 +1,25 @@
 """JobSpec: the job file (YAML) a user hands to ``spotwise launch``, validated at the boundary.
 
-Every mistake becomes one :class:`~spotwise.errors.ConfigError` that names the field, what was
-given and what is allowed, so a user fixes the file in one go instead of reading a traceback.
+Every mistake becomes one :class:`~spotwise.errors.ConfigError` that names the key as the user
+wrote it, what was given and what is allowed, so a user fixes the file in one go instead of
+reading a traceback. Everything that can be checked before a job exists (names, deadlines, the
+working directory) is checked here, so a bad file never leaves a job behind in the store.
 """
 
 from __future__ import annotations
 
 import re
 import shlex
-from datetime import datetime, timezone
+import time
+from collections.abc import Callable
+from datetime import date, datetime, timezone
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from spotwise.errors import ConfigError
+from spotwise.errors import ConfigError, UnknownBackendError
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|sec|m|min|h|hr|d)?\s*$", re.IGNORECASE)
 _UNIT_S = {"ms": 0.001, "s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600, "hr": 3600, "d": 86400}
@@ -37,6 +41,55 @@ def parse_duration_s(value: Any) -> float:
     if seconds < 0:
         raise ValueError("a duration must be >= 0")
     return seconds
+
+
+def _utc(seconds: float) -> str:
+    return datetime.fromtimestamp(seconds, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_deadline_s(value: Any, now_s: float) -> float:
+    """Seconds from ``now_s`` to a deadline written as a duration from launch (``90s``, ``2h``,
+    ``1d``, a number of seconds) or as an ISO-8601 timestamp, YAML-native or quoted.
+
+    A timestamp without a zone means UTC, as YAML defines it for its own timestamps, so the
+    file means the same on every machine. A deadline that has already passed is refused: the
+    job would otherwise run on-demand without saying why.
+    """
+    if isinstance(value, datetime):
+        when = value
+    elif isinstance(value, date) or (isinstance(value, str) and _is_date(value)):
+        day = value.isoformat() if isinstance(value, date) else value.strip()
+        raise ValueError(f"{day} is a date without a time of day; write e.g. {day}T18:00:00Z")
+    elif isinstance(value, str) and not _DURATION.match(value):
+        try:
+            when = datetime.fromisoformat(value.strip())
+        except ValueError:
+            raise ValueError(
+                f"{value!r} is neither a duration (90s, 15m, 2h, 1d) nor an ISO-8601 timestamp "
+                "(2030-01-31T18:00:00Z)"
+            ) from None
+    else:
+        seconds = parse_duration_s(value)
+        if seconds <= 0:
+            raise ValueError("a deadline of 0 leaves no time; give e.g. 2h or a future timestamp")
+        return seconds
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=timezone.utc)
+    remaining = when.timestamp() - now_s
+    if remaining <= 0:
+        raise ValueError(
+            f"{_utc(when.timestamp())} is in the past (now: {_utc(now_s)}); give a later time "
+            "or a duration from launch such as 2h"
+        )
+    return remaining
+
+
+def _is_date(text: str) -> bool:
+    try:
+        date.fromisoformat(text.strip())
+    except ValueError:
+        return False
+    return True
 
 
 class Resources(BaseModel):
@@ -98,6 +151,18 @@ class JobSpec(BaseModel):
     def _duration(cls, v: Any) -> float | None:
         return None if v is None else parse_duration_s(v)
 
+    @field_validator("policy")
+    @classmethod
+    def _policy(cls, v: str) -> str:
+        """The name must be in the policy registry: a typo found later leaves a job stuck."""
+        from spotwise.market.policies import POLICIES
+
+        try:
+            POLICIES.check(v)
+        except UnknownBackendError as exc:
+            raise ValueError(f"{exc.message}; {exc.hint}" if exc.hint else exc.message) from None
+        return v
+
     @field_validator("env", mode="before")
     @classmethod
     def _env(cls, v: Any) -> dict[str, str]:
@@ -137,52 +202,89 @@ def _allowed(loc: tuple[Any, ...]) -> str:
         return " (allowed: " + ", ".join(MARKETS) + ")"
     if field == "provider" and "name" in loc:
         return " (allowed: " + ", ".join(PROVIDERS) + ")"
-    if loc and loc[-1] in {"deadline_s", "expected_runtime_s", "restart_backoff_s"}:
-        return " (a duration such as 90s, 15m, 2h)"
     return ""
 
 
-def _normalize(doc: dict[str, Any], base_dir: Path) -> dict[str, Any]:
-    doc = {_ALIASES.get(k, k): v for k, v in doc.items()}
-    deadline = doc.get("deadline_s")
-    if isinstance(deadline, datetime):  # YAML timestamps: an absolute deadline
-        when = deadline if deadline.tzinfo else deadline.replace(tzinfo=timezone.utc)
-        doc["deadline_s"] = max(0.0, when.timestamp() - datetime.now(timezone.utc).timestamp())
-    workdir = Path(str(doc.get("workdir", "."))).expanduser()
-    doc["workdir"] = str((base_dir / workdir).resolve())
+def _normalize(
+    raw: dict[str, Any], base_dir: Path, now_s: float, keys: dict[str, str], problems: list[str]
+) -> dict[str, Any]:
+    """Aliases to field names, the deadline to seconds, paths resolved and checked.
+
+    ``keys`` learns which key the user wrote for each field (for error messages); what cannot
+    be right whatever the model says (a past deadline, a missing workdir) goes to ``problems``.
+    """
+    doc: dict[str, Any] = {}
+    for key, value in raw.items():
+        field = _ALIASES.get(key, key)
+        if field in doc:
+            problems.append(f"{keys[field]}, {key}: the same field twice; keep one")
+        keys[field] = str(key)
+        doc[field] = value
+    if doc.get("deadline_s") is not None:
+        try:
+            doc["deadline_s"] = parse_deadline_s(doc["deadline_s"], now_s)
+        except ValueError as exc:
+            given = doc.pop("deadline_s")
+            shown = given.isoformat() if isinstance(given, date) else repr(given)
+            problems.append(f"{keys['deadline_s']}: {exc} (given: {shown})")
+    given = doc.get("workdir", ".")
+    workdir = (base_dir / Path(str(given)).expanduser()).resolve()
+    if not workdir.is_dir():
+        what = "is not a directory" if workdir.exists() else "does not exist"
+        problems.append(f"{keys.get('workdir', 'workdir')}: {workdir} {what} (given: {given!r}; "
+                        "a relative workdir starts at the job file's folder)")
+    doc["workdir"] = str(workdir)
     if doc.get("checkpoint_dir") is not None:
         ckpt = Path(str(doc["checkpoint_dir"])).expanduser()
-        doc["checkpoint_dir"] = str((Path(doc["workdir"]) / ckpt).resolve())
+        doc["checkpoint_dir"] = str((workdir / ckpt).resolve())
     return doc
 
 
-def parse_spec(doc: Any, *, base_dir: Path | None = None, source: str = "job spec") -> JobSpec:
-    """Validate a parsed document; relative paths are resolved against ``base_dir``."""
+def parse_spec(
+    doc: Any,
+    *,
+    base_dir: Path | None = None,
+    source: str = "job spec",
+    clock: Callable[[], float] = time.time,
+) -> JobSpec:
+    """Validate a parsed document; relative paths are resolved against ``base_dir``.
+
+    ``clock`` is the wall time an absolute deadline is measured from (injected for tests).
+    """
     if not isinstance(doc, dict):
         raise ConfigError(f"{source}: expected a mapping of fields at the top level",
                           hint="see examples/digits/job.yaml")
+    keys: dict[str, str] = {}
+    lines: list[str] = []
+    normalized = _normalize(doc, base_dir or Path.cwd(), clock(), keys, lines)
+    spec: JobSpec | None = None
     try:
-        return JobSpec.model_validate(_normalize(doc, base_dir or Path.cwd()))
+        spec = JobSpec.model_validate(normalized)
     except ValidationError as exc:
-        lines = []
-        for err in exc.errors():
-            loc = tuple(err["loc"])
-            field = ".".join(str(p) for p in loc) or "(top level)"
-            given = err.get("input")
-            detail = err["msg"].removeprefix("Value error, ")
-            if err["type"] == "extra_forbidden":
-                detail = "unknown field"
-            elif err["type"] == "missing":
-                detail = "required field is missing"
-            shown = "" if err["type"] == "missing" else f" (given: {given!r})"
-            lines.append(f"{field}: {detail}{_allowed(loc)}{shown}")
+        lines += [_error_line(err, keys) for err in exc.errors()]
+    if spec is None or lines:
         raise ConfigError(
             f"{source} is invalid:\n  " + "\n  ".join(lines),
             hint="fix the named field(s); see docs/control.md for every field",
-        ) from None
+        )
+    return spec
 
 
-def load_spec(path: str | Path) -> JobSpec:
+def _error_line(err: Any, keys: dict[str, str]) -> str:
+    """One pydantic error as ``key: what is wrong (allowed) (given)``, in the user's key."""
+    loc = tuple(err["loc"])
+    written = (keys.get(str(loc[0]), str(loc[0])), *map(str, loc[1:])) if loc else ()
+    field = ".".join(written) or "(top level)"
+    detail = err["msg"].removeprefix("Value error, ")
+    if err["type"] == "extra_forbidden":
+        detail = "unknown field"
+    elif err["type"] == "missing":
+        detail = "required field is missing"
+    shown = "" if err["type"] == "missing" else f" (given: {err.get('input')!r})"
+    return f"{field}: {detail}{_allowed(loc)}{shown}"
+
+
+def load_spec(path: str | Path, *, clock: Callable[[], float] = time.time) -> JobSpec:
     """Read and validate a job YAML file."""
     p = Path(path)
     try:
@@ -196,4 +298,4 @@ def load_spec(path: str | Path) -> JobSpec:
     except yaml.YAMLError as exc:
         raise ConfigError(f"{p} is not valid YAML: {exc}", hint="check indentation and quoting") \
             from None
-    return parse_spec(doc, base_dir=p.resolve().parent, source=str(p))
+    return parse_spec(doc, base_dir=p.resolve().parent, source=str(p), clock=clock)
