@@ -99,7 +99,7 @@ def test_prices_ingest_show_history_chart(tmp_path):
         src.write_text("".join(itertools.islice(f, 1500)) + "garbage,row\n")
     db = str(tmp_path / "p.db")
     result = run("prices", "ingest", str(src), "--db", db)
-    assert result.exit_code == 0, result.output
+    assert result.exit_code == 3, result.output  # a row was rejected; the good ones stored
     assert "1,499 rows read, 1,499 new or changed" in result.output
     assert "line 1501: expected 6 fields" in result.output
     again = run("prices", "ingest", str(src), "--db", db)
@@ -142,3 +142,36 @@ def test_parse_hours_and_sparkline():
     assert sparkline(points, 0, 60, 1.0, 3.0, width=6) == "▁▁▁█▅▅"
     assert sparkline(points, 0, 60, 1.0, 3.0, width=12)[0] == " "  # before the first point
     assert len(sparkline([(0, 1.0)], 0, 100, 0.0, 2.0, width=40)) == 40
+
+
+SPOTWISE_HEADER = "cloud,region,zone,instance_type,market,usd_per_hour,timestamp"
+
+
+def test_ingest_exit_status_says_whether_rows_were_rejected(tmp_path):
+    env = {**os.environ, "SPOTWISE_HOME": str(tmp_path), "SPOTWISE_PLATFORM": "none"}
+    db = str(tmp_path / "p.db")
+    clean, mixed = tmp_path / "clean.csv", tmp_path / "mixed.csv"
+    clean.write_text(f"{SPOTWISE_HEADER}\naws,us-east-1,,p3.2xlarge,on-demand,3.06,2026-01-01\n")
+    # a Latin-1 file (Excel's "CSV" on Windows) with one row whose instance type is empty
+    mixed.write_bytes(
+        f"{SPOTWISE_HEADER}\r\n"
+        "azure,brazilsouth,,Standard_NC6s_v3,spot,0.9,2026-01-01\r\n"
+        "azure,brazilsouth,,,spot,0.8,2026-01-01\r\n"
+        "azure,São Paulo,,Standard_NC6s_v3,on-demand,3.1,2026-01-01\r\n".encode("latin-1")
+    )
+    code = "from spotwise.cli.main import main; main()"
+    ok = subprocess.run([sys.executable, "-c", code, "prices", "ingest", str(clean), "--db", db],
+                        capture_output=True, text=True, env=env, timeout=120)  # fmt: skip
+    assert ok.returncode == 0, ok.stderr
+    bad = subprocess.run([sys.executable, "-c", code, "prices", "ingest", str(mixed), "--db", db],
+                         capture_output=True, text=True, env=env, timeout=120)  # fmt: skip
+    assert bad.returncode == 3, bad.stdout + bad.stderr
+    assert "Traceback" not in bad.stderr
+    assert "mixed.csv is not valid UTF-8; reading it as Latin-1" in bad.stderr
+    assert "line 3: empty instance_type" in bad.stdout
+    assert "1 row(s) rejected; the other rows were stored (exit status 3)" in bad.stderr
+    rows = json.loads(run("prices", "show", "--db", db, "--json").output)
+    assert sum(r["rows"] for r in rows) == 3  # the clean row and the two good Latin-1 rows
+    latest = json.loads(run("prices", "show", "--type", "Standard_NC6s_v3", "--db", db,
+                            "--json").output)  # fmt: skip
+    assert {r["region"] for r in latest} == {"brazilsouth", "São Paulo"}

@@ -189,3 +189,74 @@ def test_newer_history_overrides_the_catalog(store, tmp_path):
     assert stale.price("aws", "us-east-1", "p3.16xlarge", "spot", zone="use1-az1") == (
         catalog.price("aws", "us-east-1", "p3.16xlarge", "spot", zone="use1-az1")
     )
+
+
+SPOTWISE_HEADER = "cloud,region,zone,instance_type,market,usd_per_hour,timestamp"
+ROW = "aws,us-east-1,us-east-1a,p3.2xlarge,spot,0.9,2026-01-01T00:00:00Z"
+
+
+def test_utf8_with_a_byte_order_mark_from_excel(store, tmp_path, caplog):
+    src = tmp_path / "excel.csv"
+    src.write_bytes(f"{SPOTWISE_HEADER}\r\n{ROW}\r\n".encode("utf-8-sig"))
+    assert src.read_bytes()[:3] == b"\xef\xbb\xbf"
+    report = ingest(store, CsvSource(src), now=lambda: FIXED_NOW)
+    assert (report.records, report.errors) == (1, [])
+    assert store.history(instance_type="p3.2xlarge")[0].zone == "us-east-1a"
+    assert "Latin-1" not in caplog.text  # UTF-8, BOM or not, needs no warning
+
+
+def test_latin1_file_is_read_with_a_warning(store, tmp_path, caplog):
+    src = tmp_path / "latin.csv"
+    src.write_bytes(f"{SPOTWISE_HEADER}\naws,sa-east-1,São Paulo a,p3.2xlarge,spot,1.2,"
+                    "2026-01-01T00:00:00Z\n".encode("latin-1"))  # fmt: skip
+    with pytest.raises(UnicodeDecodeError):
+        src.read_text(encoding="utf-8")
+    report = ingest(store, CsvSource(src), now=lambda: FIXED_NOW)
+    assert (report.records, report.errors) == (1, [])
+    assert store.history(instance_type="p3.2xlarge")[0].zone == "São Paulo a"
+    assert "latin.csv is not valid UTF-8; reading it as Latin-1" in caplog.text
+
+
+def test_invalid_utf8_late_in_a_big_file_still_means_latin1(store, tmp_path):
+    src = tmp_path / "late.csv"
+    rows = [ROW.replace("0.9", f"0.{i + 1}").replace("01T00", f"01T{i % 24:02d}") for i in range(9)]
+    body = f"{SPOTWISE_HEADER}\n" + "\n".join(rows) + "\naws,us-east-1,Zoné,p3.2xlarge,spot,1,2026"
+    src.write_bytes(body.encode("latin-1") + b"-01-02\n")
+    report = ingest(store, CsvSource(src), now=lambda: FIXED_NOW)
+    assert report.records == 10 and report.errors == []
+    assert {r.zone for r in store.history(instance_type="p3.2xlarge")} == {"us-east-1a", "Zoné"}
+
+
+AWS_HISTORY = ("timestamp,region,availability_zone,instance_type,product_description,"
+               "spot_price_usd_per_hour")
+AWS_ZONE_IDS = ("availability_zone_id,instance_type,product_description,spot_price_usd_per_hour,"
+                "timestamp")
+SKYPILOT = "InstanceType,AcceleratorName,AcceleratorCount,Price,SpotPrice,Region,snapshot_utc"
+
+
+@pytest.mark.parametrize(
+    ("header", "good", "bad", "message"),
+    [
+        (SPOTWISE_HEADER, ROW, "aws,us-east-1,us-east-1a,,spot,0.9,2026-01-01",
+         "empty instance_type"),
+        (SPOTWISE_HEADER, ROW, "aws, ,us-east-1a,p3.2xlarge,spot,0.9,2026-01-01", "empty region"),
+        (SPOTWISE_HEADER, ROW, ",us-east-1,,,spot,0.9,2026-01-01", "empty cloud, instance_type"),
+        (AWS_HISTORY, "2026-01-01T00:00:00Z,us-east-1,us-east-1a,p3.2xlarge,Linux/UNIX,0.9",
+         "2026-01-01T00:00:00Z,us-east-1,,p3.2xlarge,Linux/UNIX,0.9", "empty availability_zone"),
+        (AWS_ZONE_IDS, "use1-az2,p3.2xlarge,Linux/UNIX,0.9,2026-01-01",
+         "use1-az2,,Linux/UNIX,0.9,2026-01-01", "empty instance_type"),
+        (SKYPILOT, "Standard_NC6s_v3,V100,1,3.06,0.9,eastus,2026-01-01",
+         ",V100,1,3.06,0.9,eastus,2026-01-01", "empty InstanceType"),
+    ],
+    ids=["spotwise-type", "spotwise-blank-region", "spotwise-two", "aws-zone", "aws-zone-id",
+         "skypilot-type"],
+)
+def test_rows_with_empty_key_fields_are_rejected_with_their_line(
+    store, tmp_path, header, good, bad, message
+):
+    src = tmp_path / "azure.csv"  # the name tells the SkyPilot-format case its cloud
+    src.write_text(f"{header}\n{good}\n{bad}\n")
+    report = ingest(store, CsvSource(src), now=lambda: FIXED_NOW)
+    assert [(e.line, e.message) for e in report.errors] == [(3, message)]
+    assert report.records >= 1 and report.records == store.count()  # the good row is stored
+    assert all(r.instance_type.strip() and r.region.strip() for r in store.history())

@@ -18,6 +18,8 @@ import typer
 
 from spotwise.errors import ConfigError, MarketError
 
+# `prices ingest` stored the good rows but rejected others (0: all stored; 2: nothing usable).
+EXIT_ROWS_REJECTED = 3
 _UNITS_H = {"s": 1 / 3600, "m": 1 / 60, "min": 1 / 60, "h": 1.0, "d": 24.0, "w": 168.0}
 
 
@@ -137,7 +139,11 @@ def prices_ingest(
     db: Path = _DB_OPTION,
     show_errors: int = typer.Option(10, "--show-errors", help="How many bad rows to list."),
 ) -> None:
-    """Store price history from CSV files and/or live cloud APIs (re-running adds nothing new)."""
+    """Store price history from CSV files and/or live cloud APIs (re-running adds nothing new).
+
+    Exits 0 when every row was stored, 3 when some rows were rejected (each listed with its
+    line; the good rows are stored all the same), 2 when nothing could be used.
+    """
     from rich.console import Console
     from rich.progress import Progress, SpinnerColumn, TextColumn
 
@@ -164,6 +170,7 @@ def prices_ingest(
     if not sources:
         raise ConfigError("nothing to ingest", hint="pass CSV paths, --aws or --azure")
     console = Console(stderr=True)
+    rejected = 0
     with _store(db, must_exist=False) as store:
         for source in sources:
             with Progress(
@@ -175,6 +182,7 @@ def prices_ingest(
                     bar.update(task, description=f"{name}: {n:,} rows")
 
                 report = ingest(store, source, progress=show)
+            rejected += len(report.errors)
             typer.echo(
                 f"{source.name}: {report.records:,} rows read, {report.stored:,} new or changed, "
                 f"{report.unchanged:,} already stored, {len(report.errors):,} rejected "
@@ -185,6 +193,10 @@ def prices_ingest(
             if len(report.errors) > show_errors:
                 typer.echo(f"  ... and {len(report.errors) - show_errors:,} more")
         typer.echo(f"{store.path}: {store.count():,} rows in total")
+    if rejected:
+        typer.echo(f"{rejected:,} row(s) rejected; the other rows were stored "
+                   f"(exit status {EXIT_ROWS_REJECTED})", err=True)
+        raise typer.Exit(EXIT_ROWS_REJECTED)
 
 
 def prices_show(

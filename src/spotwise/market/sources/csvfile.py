@@ -11,11 +11,18 @@ Formats read:
 * spotwise's own: ``cloud,region,zone,instance_type,market,usd_per_hour,timestamp``.
 
 Only Linux prices are kept from AWS dumps (other operating systems add licence fees).
+
+Files are read as UTF-8, with or without the byte-order mark that Excel's "CSV UTF-8" writes;
+a file that is not valid UTF-8 is read as Latin-1 (every byte is a character there, so nothing
+is lost) with a warning. A row whose key fields (instance type, region, ...) are empty would
+be stored under a key nobody can ask for, so it is rejected with its line number.
 """
 
 from __future__ import annotations
 
+import codecs
 import csv
+import logging
 import re
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -24,6 +31,8 @@ from pathlib import Path
 from spotwise.errors import IngestError
 from spotwise.market.catalog import GPU_MEMORY_GB, canonical_gpu, gcp_attached_type, gcp_vm_gpus
 from spotwise.market.sources import PriceRecord, RowError, aws_region_of_zone_id, parse_timestamp
+
+log = logging.getLogger(__name__)
 
 GCP_N1_GPUS = frozenset({"K80", "P4", "P100", "T4", "V100"})  # attached to N1 hosts
 LINUX = ("Linux/UNIX", "Linux/UNIX (Amazon VPC)")
@@ -34,6 +43,11 @@ _AWS_ZONE_IDS = {"availability_zone_id", "instance_type", "product_description",
                  "spot_price_usd_per_hour", "timestamp"}  # fmt: skip
 _SKYPILOT = {"InstanceType", "Price", "Region"}
 _SPOTWISE = {"cloud", "region", "zone", "instance_type", "market", "usd_per_hour", "timestamp"}
+# Columns that must not be empty, per format ("" zones are regional prices, so allowed there).
+_AWS_HISTORY_KEYS = ("region", "availability_zone", "instance_type")
+_AWS_ZONE_ID_KEYS = ("availability_zone_id", "instance_type")
+_SPOTWISE_KEYS = ("cloud", "region", "instance_type", "market")
+_SKYPILOT_KEYS = ("Region",)  # InstanceType: empty on GCP's GPU-only rows; see skypilot_row
 
 
 @dataclass(frozen=True)
@@ -78,6 +92,8 @@ def skypilot_row(row: Mapping[str, str], cloud: str) -> SkyRow | None:
             return None  # host-only price: see combine_gcp_rows
         gpu, count = vm
     else:
+        if not itype:
+            raise IngestError("empty InstanceType")
         if not acc:
             return None
         raw_count = float(row.get("AcceleratorCount") or 0)
@@ -126,6 +142,25 @@ def combine_gcp_rows(rows: list[dict[str, str]]) -> None:
         r["_gpus_priced"] = "1"
 
 
+def detect_encoding(path: Path, chunk_bytes: int = 1 << 20) -> str:
+    """``utf-8-sig`` (which also reads UTF-8 without a BOM) if the whole file decodes as UTF-8,
+    else ``latin-1``. Decided before parsing, so no row is read under the wrong encoding."""
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    with path.open("rb") as f:
+        try:
+            while chunk := f.read(chunk_bytes):
+                decoder.decode(chunk)
+            decoder.decode(b"", final=True)
+        except UnicodeDecodeError:
+            return "latin-1"
+    return "utf-8-sig"
+
+
+def empty_keys(row: Mapping[str, str | None], keys: tuple[str, ...]) -> list[str]:
+    """The key columns of ``row`` that are empty or blank."""
+    return [k for k in keys if not (row.get(k) or "").strip()]
+
+
 def infer_cloud(path: Path, header: list[str]) -> str | None:
     name = path.name.lower()
     for cloud in ("gcp", "azure", "lambda", "aws"):
@@ -147,13 +182,17 @@ class CsvSource:
 
     def fetch(self) -> Iterator[PriceRecord | RowError]:
         try:
-            handle = self.path.open(newline="", encoding="utf-8")
+            encoding = detect_encoding(self.path)
+            handle = self.path.open(newline="", encoding=encoding)
         except OSError as exc:
             raise IngestError(f"cannot read {self.path}: {exc.strerror}") from exc
+        if encoding == "latin-1":
+            log.warning("%s is not valid UTF-8; reading it as Latin-1 (save it as UTF-8 if "
+                        "names look wrong)", self.path.name)
         with handle:
             reader = csv.DictReader(handle)
             header = list(reader.fieldnames or [])
-            parse, cloud = self._parser(header)
+            parse, cloud, keys = self._parser(header)
             rows: Iterator[tuple[int, dict[str, str]]] = ((reader.line_num, r) for r in reader)
             if cloud == "gcp":  # GPU prices sit on other rows of the file: read it whole
                 listed = list(rows)
@@ -163,20 +202,25 @@ class CsvSource:
                 try:
                     if None in row or any(v is None for v in row.values()):
                         raise IngestError(f"expected {len(header)} fields")
+                    if empty := empty_keys(row, keys):
+                        raise IngestError(f"empty {', '.join(empty)}")
                     yield from parse(row, line)
                 except (IngestError, ValueError) as exc:
                     yield RowError(line, str(exc).splitlines()[0], self.path.name)
 
     def _parser(
         self, header: list[str]
-    ) -> tuple[Callable[[Mapping[str, str], int], Iterator[PriceRecord]], str | None]:
+    ) -> tuple[
+        Callable[[Mapping[str, str], int], Iterator[PriceRecord]], str | None, tuple[str, ...]
+    ]:
+        """The row parser for this header, the cloud it implies and its key columns."""
         cols = set(header)
         if cols >= _AWS_HISTORY:
-            return self._aws_history, "aws"
+            return self._aws_history, "aws", _AWS_HISTORY_KEYS
         if cols >= _AWS_ZONE_IDS:
-            return self._aws_zone_ids, "aws"
+            return self._aws_zone_ids, "aws", _AWS_ZONE_ID_KEYS
         if cols >= _SPOTWISE:
-            return self._spotwise, None
+            return self._spotwise, None, _SPOTWISE_KEYS
         if cols >= _SKYPILOT:
             cloud = self.cloud or infer_cloud(self.path, header)
             if cloud is None:
@@ -184,7 +228,7 @@ class CsvSource:
                     f"{self.path.name}: a SkyPilot-format file, but which cloud?",
                     hint="pass --cloud aws|gcp|azure|lambda",
                 )
-            return (lambda row, line: self._skypilot(row, cloud, line)), cloud
+            return (lambda row, line: self._skypilot(row, cloud, line)), cloud, _SKYPILOT_KEYS
         raise IngestError(
             f"{self.path.name}: unknown CSV format (header: {','.join(header[:8])})",
             hint="columns cloud,region,zone,instance_type,market,usd_per_hour,timestamp work",
