@@ -44,6 +44,11 @@ def register(app: typer.Typer) -> None:
         imdsv2_required: bool = typer.Option(
             False, "--imdsv2-required", help="Refuse token-less (IMDSv1) requests with 401."
         ),
+        instance_type: str = typer.Option("p3.2xlarge", help="meta-data/instance-type."),
+        region: str = typer.Option("us-east-1", help="meta-data/placement/region."),
+        zone: str = typer.Option(
+            None, help="meta-data/placement/availability-zone (default: the region + 'a')."
+        ),
         clock_skew: float = typer.Option(0.0, help="Seconds the emulated clock runs ahead."),
         fault: str = typer.Option(None, help=FAULT_HELP),
         fault_count: int = typer.Option(None, help="Requests the fault applies to (default all)."),
@@ -62,6 +67,9 @@ def register(app: typer.Typer) -> None:
             lead_s=lead,
             rebalance_after=rebalance_after,
             imdsv2_required=imdsv2_required,
+            instance_type=instance_type,
+            region=region,
+            zone=zone,
             clock_skew_s=clock_skew,
         )
         _serve(
@@ -78,6 +86,10 @@ def register(app: typer.Typer) -> None:
         event: str = typer.Option(
             "preempted", help="preempted, maintenance-terminate or maintenance-migrate."
         ),
+        zone: str = typer.Option("us-central1-a", help="instance/zone."),
+        machine_type: str = typer.Option("n1-standard-8", help="instance/machine-type."),
+        name: str = typer.Option("spotwise-vm", help="instance/name."),
+        project: str = typer.Option("spotwise-project", help="project/project-id."),
         fault: str = typer.Option(None, help=FAULT_HELP),
         fault_count: int = typer.Option(None, help="Requests the fault applies to (default all)."),
         fault_on: str = typer.Option("", help="Only requests whose path contains this."),
@@ -87,7 +99,15 @@ def register(app: typer.Typer) -> None:
         from spotwise.emulators.gcp import GcpMetadataEmulator
 
         emu = _build(
-            GcpMetadataEmulator, port=port, host=host, notice_after=notice_after, event=event
+            GcpMetadataEmulator,
+            port=port,
+            host=host,
+            notice_after=notice_after,
+            event=event,
+            zone=zone,
+            machine_type=machine_type,
+            name=name,
+            project=project,
         )
         _serve(emu, "GCE_METADATA_HOST", "host_port", fault, fault_count, fault_on, duration)
 
@@ -103,6 +123,9 @@ def register(app: typer.Typer) -> None:
         ),
         lead: float = typer.Option(30.0, help="Seconds from the event to its NotBefore."),
         vm_name: str = typer.Option("spotwise-vm", help="This VM's name."),
+        location: str = typer.Option("eastus", help="compute.location."),
+        vm_size: str = typer.Option("Standard_NC6s_v3", help="compute.vmSize."),
+        zone: str = typer.Option("1", help="compute.zone (availability zone number)."),
         other_vm: bool = typer.Option(
             False, "--other-vm", help="Schedule the event for another VM (must be ignored)."
         ),
@@ -124,6 +147,9 @@ def register(app: typer.Typer) -> None:
             lead_s=lead,
             vm_name=vm_name,
             resources=["another-vm"] if other_vm else None,
+            location=location,
+            vm_size=vm_size,
+            zone=zone,
             clock_skew_s=clock_skew,
         )
         _serve(

@@ -2,11 +2,15 @@
 interruption, for rehearsals and tests.
 
 Follows real IMDS where the AWS mock (AEMM) differs: the instance-action ``time`` is fixed when
-the notice appears (not recomputed per request) and any number of clients may ask.
+the notice appears (not recomputed per request) and any number of clients may ask. It also
+answers the identity paths the official SDKs read (instance type, placement, the instance
+identity document), so botocore finds its region here and the ``ec2-metadata`` package works:
+an emulator that a real client rejects rehearses nothing.
 """
 
 from __future__ import annotations
 
+import json
 import secrets
 import threading
 import time
@@ -55,12 +59,24 @@ class AwsImdsEmulator(LoopbackEmulator):
         rebalance_after: float | None = None,
         imdsv2_required: bool = False,
         instance_id: str = "i-0a1b2c3d4e5f67890",
+        instance_type: str = "p3.2xlarge",
+        region: str = "us-east-1",
+        zone: str | None = None,
+        ami_id: str = "ami-0abcdef1234567890",
         clock_skew_s: float = 0.0,
         hang_s: float = 60.0,
     ) -> None:
         if action not in ACTIONS:
             raise ValueError(f"unknown spot action {action!r}; use one of {ACTIONS}")
+        zone = zone or f"{region}a"
+        if not zone.startswith(region) or len(zone) <= len(region):
+            raise ValueError(f"zone {zone!r} is not a zone of region {region!r} (e.g. {region}a)")
         self.action = action
+        self.instance_type = instance_type
+        self.region = region
+        self.zone = zone
+        self.ami_id = ami_id
+        self.pending_time = _iso(time.time())
         self.lead_s = lead_s
         self.imdsv2_required = imdsv2_required
         self.instance_id = instance_id
@@ -133,18 +149,65 @@ class AwsImdsEmulator(LoopbackEmulator):
         return Response(200, token.encode(), {"Content-Type": "text/plain", TTL_HEADER: str(ttl)})
 
     def _value(self, path: str) -> bytes | None:
+        """A leaf (also with the trailing ``/`` botocore sends) or a directory listing."""
+        if path == "/":
+            return b"latest"
+        leaves = self._leaves()
+        key = path.removeprefix("/")
+        if key.rstrip("/") in leaves:
+            return leaves[key.rstrip("/")]
+        if not key.endswith("/"):
+            return None
+        children = {k[len(key):].partition("/") for k in leaves if k.startswith(key)}
+        listing = sorted(head + ("/" if sep else "") for head, sep, _ in children)
+        return "\n".join(listing).encode() if listing else None
+
+    def _leaves(self) -> dict[str, bytes]:
+        """Every path this instance answers now, as IMDS documents them (relative to ``/``)."""
         visible = self.notice_visible()
         with self._lock:
             action = self._action_body if visible else None
             rebalance = self._rebalance_body
-        meta = "/latest/meta-data/"
-        values: dict[str, bytes | None] = {
-            meta: b"events/\ninstance-id\ninstance-life-cycle\nspot/",
+        meta = "latest/meta-data/"
+        ip = "10.0.0.12"
+        domain = "ec2.internal" if self.region == "us-east-1" else f"{self.region}.compute.internal"
+        hostname = f"ip-{ip.replace('.', '-')}.{domain}".encode()
+        leaves = {
+            meta + "ami-id": self.ami_id.encode(),
+            meta + "hostname": hostname,
+            meta + "local-hostname": hostname,
+            meta + "local-ipv4": ip.encode(),
             meta + "instance-id": self.instance_id.encode(),
+            meta + "instance-type": self.instance_type.encode(),
             meta + "instance-life-cycle": b"spot",
-            meta + "spot/instance-action": action,
-            meta + "events/recommendations/rebalance": rebalance,
+            meta + "placement/availability-zone": self.zone.encode(),
+            meta + "placement/region": self.region.encode(),
+            "latest/dynamic/instance-identity/document": self._identity_document(ip),
         }
         if action is not None:
-            values[meta + "spot/termination-time"] = self._action_time.encode()
-        return values.get(path)
+            leaves[meta + "spot/instance-action"] = action
+            leaves[meta + "spot/termination-time"] = self._action_time.encode()
+        if rebalance is not None:
+            leaves[meta + "events/recommendations/rebalance"] = rebalance
+        return leaves
+
+    def _identity_document(self, ip: str) -> bytes:
+        """The JSON document of ``dynamic/instance-identity/document`` (unsigned here)."""
+        doc = {
+            "accountId": "123456789012",
+            "architecture": "x86_64",
+            "availabilityZone": self.zone,
+            "billingProducts": None,
+            "devpayProductCodes": None,
+            "marketplaceProductCodes": None,
+            "imageId": self.ami_id,
+            "instanceId": self.instance_id,
+            "instanceType": self.instance_type,
+            "kernelId": None,
+            "pendingTime": self.pending_time,
+            "privateIp": ip,
+            "ramdiskId": None,
+            "region": self.region,
+            "version": "2017-09-30",
+        }
+        return json.dumps(doc, indent=2).encode()

@@ -1,6 +1,12 @@
 """A loopback Azure Instance Metadata Service speaking Scheduled Events: one event (Preempt by
 default) for this VM or another, RFC 1123 ``NotBefore``, acknowledgement by ``StartRequests``,
-the ``Metadata: true`` header rule and the 5 requests/s limit."""
+the ``Metadata: true`` header rule and the 5 requests/s limit.
+
+It also serves the instance document, ``/metadata/instance?api-version=...``, with the
+``compute`` fields clients read to learn where they run (location, vmId, vmSize, zone,
+priority...) and ``network``; any node of it by path (``/metadata/instance/compute/vmSize``),
+leaves only with ``format=text`` as the real service requires.
+"""
 
 from __future__ import annotations
 
@@ -12,6 +18,7 @@ from email.utils import formatdate
 
 from spotwise.emulators._server import LoopbackEmulator, Request, Response, json_body
 
+INSTANCE = "/metadata/instance"
 EVENT_TYPES = ("Preempt", "Terminate", "Reboot", "Redeploy", "Freeze")
 DURATIONS = {"Preempt": -1, "Terminate": -1, "Reboot": -1, "Redeploy": -1, "Freeze": 9}
 
@@ -37,6 +44,10 @@ class AzureScheduledEventsEmulator(LoopbackEmulator):
         lead_s: float = 30.0,
         vm_name: str = "spotwise-vm",
         resources: list[str] | None = None,
+        location: str = "eastus",
+        vm_size: str = "Standard_NC6s_v3",
+        zone: str = "1",
+        vm_id: str = "02aab8a4-74ef-476e-8182-f6d2ba4166a6",
         rate_limit_per_s: int = 5,
         clock_skew_s: float = 0.0,
         hang_s: float = 60.0,
@@ -47,6 +58,7 @@ class AzureScheduledEventsEmulator(LoopbackEmulator):
         self.lead_s = lead_s
         self.vm_name = vm_name
         self.resources = resources if resources is not None else [vm_name]
+        self.instance = _instance_document(vm_name, location, vm_size, zone, vm_id)
         self.rate_limit_per_s = rate_limit_per_s
         self.incarnation = 1
         self.events: list[dict[str, object]] = []
@@ -89,8 +101,8 @@ class AzureScheduledEventsEmulator(LoopbackEmulator):
                 "newest-versions": ["2020-07-01"],
             }
             return Response(400, json_body(body), plain)
-        if request.path == "/metadata/instance/compute/name":
-            return Response(200, self.vm_name.encode(), {"Content-Type": "text/plain"})
+        if request.path == INSTANCE or request.path.startswith(INSTANCE + "/"):
+            return self._instance(request, plain)
         if request.path != "/metadata/scheduledevents":
             return Response(404, json_body({"error": "Not found"}), plain)
         if request.method == "POST":
@@ -98,6 +110,29 @@ class AzureScheduledEventsEmulator(LoopbackEmulator):
         with self._lock:
             doc = {"DocumentIncarnation": self.incarnation, "Events": list(self.events)}
         return Response(200, json_body(doc), plain)
+
+    def _instance(self, request: Request, plain: dict[str, str]) -> Response:
+        """A node of the instance document: JSON for objects and lists, text for leaves."""
+        node: object = self.instance
+        for part in request.path.removeprefix(INSTANCE).strip("/").split("/"):
+            if not part:
+                continue
+            if isinstance(node, dict) and part in node:
+                node = node[part]
+            elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+                node = node[int(part)]
+            else:
+                return Response(404, json_body({"error": "Not found"}), plain)
+        text = request.query.get("format") == "text"
+        if isinstance(node, (dict, list)):
+            if text:
+                return Response(400, json_body({"error": "Bad request. format=text is only "
+                                                "supported for leaf nodes"}), plain)
+            return Response(200, json_body(node), plain)
+        if not text:
+            return Response(400, json_body({"error": "Bad request. Leaf nodes require "
+                                            "format=text"}), plain)
+        return Response(200, str(node).encode(), {"Content-Type": "text/plain; charset=utf-8"})
 
     def _throttled(self) -> bool:
         if self.rate_limit_per_s <= 0:
@@ -126,3 +161,43 @@ class AzureScheduledEventsEmulator(LoopbackEmulator):
                 self.acknowledged.append(event_id)
             self.incarnation += 1
         return Response(200, b"", plain)
+
+
+def _instance_document(
+    vm_name: str, location: str, vm_size: str, zone: str, vm_id: str
+) -> dict[str, object]:
+    """The parts of IMDS's instance document that tell a VM where and what it is."""
+    subscription = "00000000-0000-0000-0000-000000000000"
+    group = "spotwise-rg"
+    return {
+        "compute": {
+            "azEnvironment": "AzurePublicCloud",
+            "evictionPolicy": "Deallocate",
+            "location": location,
+            "name": vm_name,
+            "osType": "Linux",
+            "priority": "Spot",
+            "provider": "Microsoft.Compute",
+            "resourceGroupName": group,
+            "resourceId": f"/subscriptions/{subscription}/resourceGroups/{group}/providers/"
+            f"Microsoft.Compute/virtualMachines/{vm_name}",
+            "subscriptionId": subscription,
+            "tags": "",
+            "vmId": vm_id,
+            "vmScaleSetName": "",
+            "vmSize": vm_size,
+            "zone": zone,
+        },
+        "network": {
+            "interface": [
+                {
+                    "ipv4": {
+                        "ipAddress": [{"privateIpAddress": "10.0.0.4", "publicIpAddress": ""}],
+                        "subnet": [{"address": "10.0.0.0", "prefix": "24"}],
+                    },
+                    "ipv6": {"ipAddress": []},
+                    "macAddress": "000D3A1B2C3D",
+                }
+            ]
+        },
+    }
