@@ -109,7 +109,7 @@ class GcpMetadataEmulator(LoopbackEmulator):
         text = {**base, "Content-Type": "application/text"}
         if request.header("X-Forwarded-For") is not None:
             return Response(403, b"Request denied: X-Forwarded-For header present.\n", base)
-        if request.path == "/":  # the root answers anyone: it is how clients detect a VM
+        if request.path == "/":  # how clients detect a VM; answered before the header rule
             return Response(200, b"computeMetadata/\n", text)
         if request.header("Metadata-Flavor") != "Google":
             body = b"Missing required header: Metadata-Flavor: Google\n"
