@@ -224,15 +224,15 @@ def _normalize(
         try:
             doc["deadline_s"] = parse_deadline_s(doc["deadline_s"], now_s)
         except ValueError as exc:
-            given = doc.pop("deadline_s")
-            shown = given.isoformat() if isinstance(given, date) else repr(given)
+            deadline = doc.pop("deadline_s")
+            shown = deadline.isoformat() if isinstance(deadline, date) else repr(deadline)
             problems.append(f"{keys['deadline_s']}: {exc} (given: {shown})")
-    given = doc.get("workdir", ".")
-    workdir = (base_dir / Path(str(given)).expanduser()).resolve()
+    written = doc.get("workdir", ".")
+    workdir = (base_dir / Path(str(written)).expanduser()).resolve()
     if not workdir.is_dir():
         what = "is not a directory" if workdir.exists() else "does not exist"
-        problems.append(f"{keys.get('workdir', 'workdir')}: {workdir} {what} (given: {given!r}; "
-                        "a relative workdir starts at the job file's folder)")
+        problems.append(f"{keys.get('workdir', 'workdir')}: {workdir} {what} (given: "
+                        f"{written!r}; a relative workdir starts at the job file's folder)")
     doc["workdir"] = str(workdir)
     if doc.get("checkpoint_dir") is not None:
         ckpt = Path(str(doc["checkpoint_dir"])).expanduser()
