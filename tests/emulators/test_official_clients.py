@@ -147,8 +147,9 @@ def test_botocore_without_a_token_is_refused_when_v2_is_required(imds_env) -> No
 def test_the_ec2_metadata_package_reads_identity_and_the_spot_notice() -> None:
     with AwsImdsEmulator(port=0, instance_type="g5.xlarge", region="us-west-2",
                          imdsv2_required=True) as emu:  # fmt: skip
-        # ec2-metadata has no endpoint setting; its documented ``pool_manager`` argument takes
-        # a urllib3 proxy that carries its requests for 169.254.169.254 to the emulator.
+        # ec2-metadata has no endpoint setting; its constructor takes the urllib3 pool it sends
+        # through (``pool_manager``, since 3.0): a proxy pool carries its requests for
+        # 169.254.169.254 to the emulator, unchanged.
         md = EC2Metadata(pool_manager=urllib3.ProxyManager(emu.url))
         assert md.instance_type == "g5.xlarge"
         assert md.availability_zone == "us-west-2a"
