@@ -8,6 +8,7 @@ working directory) is checked here, so a bad file never leaves a job behind in t
 
 from __future__ import annotations
 
+import difflib
 import re
 import shlex
 import time
@@ -205,6 +206,18 @@ def _allowed(loc: tuple[Any, ...]) -> str:
     return ""
 
 
+def _did_you_mean(loc: tuple[Any, ...]) -> str:
+    """``; did you mean max_restarts?`` for a misspelled key (top level or ``resources``)."""
+    if len(loc) == 1:
+        known = [*JobSpec.model_fields, *_ALIASES]
+    elif len(loc) == 2 and loc[0] == "resources":
+        known = list(Resources.model_fields)
+    else:
+        return ""
+    close = difflib.get_close_matches(str(loc[-1]), known, n=2)
+    return f"; did you mean {' or '.join(close)}?" if close else ""
+
+
 def _normalize(
     raw: dict[str, Any], base_dir: Path, now_s: float, keys: dict[str, str], problems: list[str]
 ) -> dict[str, Any]:
@@ -277,7 +290,7 @@ def _error_line(err: Any, keys: dict[str, str]) -> str:
     field = ".".join(written) or "(top level)"
     detail = err["msg"].removeprefix("Value error, ")
     if err["type"] == "extra_forbidden":
-        detail = "unknown field"
+        detail = "unknown field" + _did_you_mean(loc)
     elif err["type"] == "missing":
         detail = "required field is missing"
     shown = "" if err["type"] == "missing" else f" (given: {err.get('input')!r})"
