@@ -17,6 +17,7 @@ from spotwise.control.spec import JobSpec
 from spotwise.control.store import Attempt, Job, Store
 from spotwise.telemetry.events import EVENTS_FILE, read_events
 from spotwise.telemetry.ledger import Ledger, goodput
+from spotwise.telemetry.rightsizing import Rightsizing, rightsize
 
 
 @dataclass
@@ -32,6 +33,35 @@ class JobView:
 
     def runtime(self, kind: str) -> list[dict[str, Any]]:
         return [e for e in self.runtime_events if e.get("kind") == kind]
+
+    def rightsizing(self) -> Rightsizing:
+        """Advice for the rest of the job (for a rerun, once it has ended) from its GPU
+        samples, priced in the market it spent most time in."""
+        from spotwise.market.catalog import load_catalog
+
+        billed: dict[str, float] = {}
+        for a in self.attempts:
+            billed[a.market] = billed.get(a.market, 0.0) + a.billed_h(self.now)
+        market = (
+            max(billed, key=lambda m: billed[m])
+            if billed
+            else ("on-demand" if self.spec.market == "on-demand" else "spot")
+        )
+        scale = self.attempts[-1].time_scale if self.attempts else 1.0
+        useful_s = self.ledger.seconds["useful"]
+        if self.job.state.terminal:
+            work_s, work = useful_s, "for a rerun"
+        else:
+            work_s = max(0.0, (self.spec.expected_runtime_s or useful_s) - useful_s)
+            work = "of work left"
+        return rightsize(
+            self.runtime("gpu"),
+            instance_type=self.spec.resources.instance_type or "",
+            market=market,
+            remaining_h=work_s * scale / 3600.0,
+            types=load_catalog().find(),
+            work=work,
+        )
 
 
 def run_dir(job: Job, spec: JobSpec) -> Path | None:

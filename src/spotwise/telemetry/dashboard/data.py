@@ -138,4 +138,5 @@ def job_detail(view: JobView) -> dict[str, Any]:
             for e in view.events[-100:]
         ],
         "log_tail": log_tail(view.job.log_path),
+        "rightsizing": view.rightsizing().as_dict(),
     }
