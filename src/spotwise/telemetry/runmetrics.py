@@ -1,5 +1,6 @@
 """Telemetry inside the training process: a ``/metrics`` endpoint, GPU samples and the user's
-``run.log(...)`` values, recorded for the dashboard and the report.
+``run.log(...)`` values, recorded for the dashboard and the report, and (when configured) every
+event shipped to CloudWatch Logs.
 
 Off, it costs the loop nothing: no thread, no server; ``run.log`` then only appends an event at
 most once a second. The Prometheus figures are read from the ``Run`` when scraped (a custom
@@ -18,6 +19,7 @@ from typing import Any, Protocol
 from spotwise.errors import ConfigError
 from spotwise.registry import require
 from spotwise.telemetry import gpu
+from spotwise.telemetry.cloudwatch import CloudWatchSink
 from spotwise.telemetry.events import EventLog
 
 log = logging.getLogger(__name__)
@@ -76,6 +78,9 @@ class RunTelemetry:
         self._server: Any = None
         if port is not None:
             self._serve(int(port))
+        self.sink = CloudWatchSink.from_environment(default_stream=_stream_name(run))
+        if self.sink is not None:
+            run.events.subscribe(self.sink)
 
     def _serve(self, port: int) -> None:
         prometheus = require("prometheus_client", "metrics", "the training metrics endpoint")
@@ -114,6 +119,9 @@ class RunTelemetry:
             self.run.events.emit("metrics", step=step, **self.user_metrics)
 
     def close(self) -> None:
+        if self.sink is not None:
+            self.sink.close()
+            self.sink = None
         if self.sampler is not None:
             self.sampler.close()
             self.sampler = None
@@ -121,6 +129,12 @@ class RunTelemetry:
             self._server.shutdown()
             self._server.server_close()
             self._server = None
+
+
+def _stream_name(run: RunLike) -> str:
+    """``<job or run dir>/attempt-<n>/<pid>``: one stream per process, as the service wants."""
+    job = os.environ.get("SPOTWISE_JOB_ID") or run.events.path.parent.name
+    return f"{job}/attempt-{os.environ.get('SPOTWISE_ATTEMPT', '0')}/{os.getpid()}"
 
 
 class _RunCollector:
