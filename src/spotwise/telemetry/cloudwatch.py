@@ -13,6 +13,7 @@ to ship is logged, never raised: monitoring must not stop training.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -109,10 +110,8 @@ class CloudWatchSink:
             (self.client.create_log_group, {}),
             (self.client.create_log_stream, {"logStreamName": self.stream}),
         ):
-            try:
+            with contextlib.suppress(self._errors.ResourceAlreadyExistsException):
                 create(logGroupName=self.group, **kwargs)
-            except self._errors.ResourceAlreadyExistsException:
-                pass
 
     def __call__(self, record: dict[str, Any]) -> None:
         event = {
