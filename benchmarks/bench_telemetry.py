@@ -1,0 +1,254 @@
+#!/usr/bin/env python
+"""Telemetry costs, each against a baseline measured in the same run.
+
+1. Training overhead: the digits example's step throughput with the training metrics endpoint
+   (scraped every second, as Prometheus would) and GPU sampling on, against both off. The
+   throughput is steps over the time between the run's ``start`` and ``finished`` events (the
+   loop, not the interpreter start). Runs alternate on/off; the ratio is the median of the
+   ratios of back-to-back pairs. ``--fake-nvml`` samples the gcc-built fake NVML library of the
+   tests where the machine has no GPU; on a GPU machine the real driver is sampled.
+2. Dashboard: the job page of a job with ``--attempts`` attempts and ``--events`` runtime events
+   rendered in chromium (navigation until the timeline is drawn), against the jobs page of an
+   empty store.
+
+    python benchmarks/bench_telemetry.py [--steps 3000] [--pairs 3] [--fake-nvml]
+
+Prints ``name: value`` lines, among them ``ratio-metrics-overhead: X`` (>= 0.99 is the target)
+and ``ratio-dashboard-big-job-vs-empty: X``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SPOTWISE = [sys.executable, "-c", "from spotwise.cli.main import main; main()"]
+FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+
+
+def steps_per_s(run_dir: Path) -> float:
+    from spotwise.telemetry.events import read_events
+
+    events = read_events(run_dir / "events.jsonl")
+    start = next(e for e in events if e["kind"] == "start")
+    end = next(e for e in events if e["kind"] == "finished")
+    return (end["step"] - start["step"]) / (end["time"] - start["time"])
+
+
+def scrape_forever(run_dir: Path, stop: threading.Event) -> None:
+    from spotwise.telemetry.events import read_events
+
+    port = None
+    while not stop.is_set():
+        if port is None:
+            found = read_events(run_dir / "events.jsonl", "metrics-endpoint")
+            port = found[0]["port"] if found else None
+        else:
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2).read()
+            except OSError:
+                pass  # the run has ended
+        stop.wait(1.0 if port else 0.05)
+
+
+def train_once(tmp: Path, steps: int, on: bool, nvml_dir: Path | None) -> float:
+    run_dir = Path(tempfile.mkdtemp(dir=tmp))
+    env = {**os.environ, "SPOTWISE_PLATFORM": "none", "SPOTWISE_GPU_SAMPLE_S": "0"}
+    if on:
+        env.update(SPOTWISE_METRICS_PORT="0", SPOTWISE_GPU_SAMPLE_S="2")
+        if nvml_dir is not None:
+            env["LD_LIBRARY_PATH"] = str(nvml_dir)
+    stop = threading.Event()
+    scraper = threading.Thread(target=scrape_forever, args=(run_dir, stop), daemon=True)
+    if on:
+        scraper.start()
+    subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "examples/digits/train.py"),
+            "--run-dir",
+            str(run_dir),
+            "--steps",
+            str(steps),
+            "--save-every",
+            "200",
+        ],
+        env=env,
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
+    stop.set()
+    if on:
+        scraper.join()
+    return steps_per_s(run_dir)
+
+
+def overhead(tmp: Path, steps: int, pairs: int, nvml_dir: Path | None) -> None:
+    ratios, on_rates, off_rates = [], [], []
+    for i in range(pairs):
+        order = (True, False) if i % 2 == 0 else (False, True)
+        rates = {on: train_once(tmp, steps, on, nvml_dir) for on in order}
+        on_rates.append(rates[True])
+        off_rates.append(rates[False])
+        ratios.append(rates[True] / rates[False])
+    print(f"digits-steps-per-s-telemetry-off: {statistics.median(off_rates):.1f}")
+    print(f"digits-steps-per-s-telemetry-on: {statistics.median(on_rates):.1f}")
+    print(f"ratio-metrics-overhead: {statistics.median(ratios):.3f}")
+    # on a shared machine single runs vary by far more than the effect: show the spread
+    print(f"ratio-metrics-overhead-pairs: {min(ratios):.3f}..{max(ratios):.3f} ({pairs} pairs)")
+
+
+def big_store(home: Path, attempts: int, events: int) -> str:
+    """A store with one finished job of ``attempts`` attempts and ``events`` runtime events."""
+    os.environ["SPOTWISE_HOME"] = str(home)
+    from spotwise.control.store import JobState, Store
+    from spotwise.telemetry.events import EVENTS_FILE
+
+    store = Store(home)
+    t0 = time.time() - attempts * 60.0
+    spec = {
+        "name": "big",
+        "command": ["python", "train.py"],
+        "provider": {"name": "local"},
+        "deadline_s": attempts * 70.0,
+        "expected_runtime_s": attempts * 50.0,
+    }
+    job = store.create_job("big", spec, None, now=t0)
+    zones = ["us-east-1a", "us-east-1b", "us-east-2a", "us-west-2c"]
+    lines = []
+    per = max(1, events // attempts)
+    step = 0
+    for n in range(1, attempts + 1):
+        start = t0 + (n - 1) * 60.0
+        market = "on-demand" if n % 10 == 0 else "spot"
+        store.open_attempt(
+            job.id,
+            provider="sim",
+            market=market,
+            zone=zones[n % 4],
+            usd_per_hour=0.9 if market == "spot" else 3.06,
+            ondemand_usd_per_hour=3.06,
+            time_scale=1.0,
+            now=start,
+        )
+        store.update_attempt(
+            job.id,
+            n,
+            state="ended",
+            running_at=start + 2,
+            ended_at=start + 58,
+            reason="preempted" if n < attempts else "succeeded",
+            exit_code=75 if n < attempts else 0,
+        )
+        lines.append(f'{{"time":{start + 5},"kind":"start","step":{step},"restore_s":0.5}}')
+        for k in range(per - 2):
+            t = start + 5 + 50.0 * (k + 1) / per
+            step += 1
+            if k % 5 == 0:
+                lines.append(
+                    f'{{"time":{t},"kind":"checkpoint","step":{step},"write_s":0.01,'
+                    f'"stall_s":0.001,"bytes":110000,"reason":"interval"}}'
+                )
+            elif k % 5 == 1:
+                lines.append(
+                    f'{{"time":{t},"kind":"gpu","devices":[{{"index":0,'
+                    f'"util_pct":{60 + k % 30},"mem_used_bytes":8000000000,'
+                    f'"mem_total_bytes":16000000000}}]}}'
+                )
+            else:
+                lines.append(f'{{"time":{t},"kind":"metrics","step":{step},"loss":{1 / step}}}')
+        lines.append(f'{{"time":{start + 56},"kind":"interrupted","step":{step},"source":"sim"}}')
+    run_dir = job.dir / "checkpoint"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / EVENTS_FILE).write_text("\n".join(lines) + "\n")
+    store.update_job(job.id, state=JobState.SUCCEEDED, now=t0 + attempts * 60.0)
+    print(f"dashboard-big-job-events: {len(lines)}")
+    return job.id
+
+
+def render_ms(home: Path, path: str, selector: str, reps: int) -> float:
+    from playwright.sync_api import sync_playwright
+
+    env = {**os.environ, "SPOTWISE_HOME": str(home)}
+    server = subprocess.Popen(
+        [*SPOTWISE, "dashboard", "--port", "0"], env=env, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert server.stdout is not None
+        url = re.search(r"http://127\.0\.0\.1:\d+/", server.stdout.readline())
+        assert url is not None
+        times = []
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=FLAGS)
+            page = browser.new_page(viewport={"width": 1200, "height": 900})
+            for _ in range(reps + 1):  # the first load warms the server and the browser
+                started = time.perf_counter()
+                page.goto(url.group(0) + path.lstrip("/"))
+                page.wait_for_selector(selector)
+                times.append(time.perf_counter() - started)
+            browser.close()
+        return 1000 * statistics.median(times[1:])
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=3000)
+    parser.add_argument("--pairs", type=int, default=3)
+    parser.add_argument("--attempts", type=int, default=1000)
+    parser.add_argument("--events", type=int, default=100_000)
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--fake-nvml", action="store_true")
+    parser.add_argument("--skip-dashboard", action="store_true")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp_name:
+        tmp = Path(tmp_name)
+        nvml_dir = None
+        if args.fake_nvml:
+            nvml_dir = tmp / "nvml"
+            nvml_dir.mkdir()
+            subprocess.run(
+                [
+                    "gcc",
+                    "-shared",
+                    "-fPIC",
+                    "-O1",
+                    "-o",
+                    str(nvml_dir / "libnvidia-ml.so.1"),
+                    str(ROOT / "tests/telemetry/fake_nvml.c"),
+                ],
+                check=True,
+            )
+        overhead(tmp, args.steps, args.pairs, nvml_dir)
+        if args.skip_dashboard:
+            return
+        empty = render_ms(tmp / "empty", "/", "body[data-rendered]", args.reps)
+        job_id = big_store(tmp / "big", args.attempts, args.events)
+        big = render_ms(tmp / "big", f"/job/{job_id}", "#timeline rect.attempt", args.reps)
+        print(f"dashboard-empty-jobs-page-ms: {empty:.0f}")
+        print(f"dashboard-job-page-{args.attempts}-attempts-ms: {big:.0f}")
+        print(f"ratio-dashboard-big-job-vs-empty: {big / empty:.1f}")
+
+
+if __name__ == "__main__":
+    main()
