@@ -20,6 +20,7 @@ and ``ratio-dashboard-big-job-vs-empty: X``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import re
 import statistics
@@ -62,10 +63,8 @@ def scrape_forever(run_dir: Path, stop: threading.Event) -> None:
             found = read_events(run_dir / "events.jsonl", "metrics-endpoint")
             port = found[0]["port"] if found else None
         else:
-            try:
+            with contextlib.suppress(OSError):  # the run has ended
                 urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2).read()
-            except OSError:
-                pass  # the run has ended
         stop.wait(1.0 if port else 0.05)
 
 
