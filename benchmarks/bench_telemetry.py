@@ -34,15 +34,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 SPOTWISE = [sys.executable, "-c", "from spotwise.cli.main import main; main()"]
-FLAGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
+sys.path.insert(0, str(ROOT))  # the tests' chromium and fake NVML helpers
+from tests.telemetry.tools import build_fake_nvml, chromium  # noqa: E402
 
 
 def steps_per_s(run_dir: Path) -> float:
@@ -184,8 +177,6 @@ def big_store(home: Path, attempts: int, events: int) -> str:
 
 
 def render_ms(home: Path, path: str, selector: str, reps: int) -> float:
-    from playwright.sync_api import sync_playwright
-
     env = {**os.environ, "SPOTWISE_HOME": str(home)}
     server = subprocess.Popen(
         [*SPOTWISE, "dashboard", "--port", "0"], env=env, stdout=subprocess.PIPE, text=True
@@ -195,15 +186,13 @@ def render_ms(home: Path, path: str, selector: str, reps: int) -> float:
         url = re.search(r"http://127\.0\.0\.1:\d+/", server.stdout.readline())
         assert url is not None
         times = []
-        with sync_playwright() as p:
-            browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=FLAGS)
+        with chromium() as browser:
             page = browser.new_page(viewport={"width": 1200, "height": 900})
             for _ in range(reps + 1):  # the first load warms the server and the browser
                 started = time.perf_counter()
                 page.goto(url.group(0) + path.lstrip("/"))
                 page.wait_for_selector(selector)
                 times.append(time.perf_counter() - started)
-            browser.close()
         return 1000 * statistics.median(times[1:])
     finally:
         server.terminate()
@@ -222,22 +211,7 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
-        nvml_dir = None
-        if args.fake_nvml:
-            nvml_dir = tmp / "nvml"
-            nvml_dir.mkdir()
-            subprocess.run(
-                [
-                    "gcc",
-                    "-shared",
-                    "-fPIC",
-                    "-O1",
-                    "-o",
-                    str(nvml_dir / "libnvidia-ml.so.1"),
-                    str(ROOT / "tests/telemetry/fake_nvml.c"),
-                ],
-                check=True,
-            )
+        nvml_dir = build_fake_nvml(tmp / "nvml") if args.fake_nvml else None
         overhead(tmp, args.steps, args.pairs, nvml_dir)
         if args.skip_dashboard:
             return

@@ -15,17 +15,7 @@ from botocore.stub import Stubber
 from spotwise.telemetry.cloudwatch import MAX_BYTES, MAX_EVENTS, CloudWatchSink, batches
 from spotwise.telemetry.events import read_events
 
-TRAIN = """
-import sys, torch
-from spotwise import Run
-model = torch.nn.Linear(4, 1)
-opt = torch.optim.SGD(model.parameters(), lr=0.1)
-run = Run(sys.argv[1], model=model, optimizer=opt, steps=60, every=20, notices=None)
-for step in run:
-    loss = (model(torch.ones(2, 4)) ** 2).mean()
-    opt.zero_grad(); loss.backward(); opt.step()
-    run.log(loss=loss.item())
-"""
+from .tools import TRAIN
 
 
 def test_a_training_process_ships_its_events(aws_env: str, tmp_path: Path) -> None:
@@ -36,7 +26,7 @@ def test_a_training_process_ships_its_events(aws_env: str, tmp_path: Path) -> No
         "SPOTWISE_ATTEMPT": "2",
     }
     proc = subprocess.run(
-        [sys.executable, "-c", TRAIN, str(tmp_path / "run")],
+        [sys.executable, "-c", TRAIN, str(tmp_path / "run"), "60", "0"],
         env=env,
         capture_output=True,
         text=True,

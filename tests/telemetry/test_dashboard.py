@@ -15,8 +15,8 @@ import pytest
 
 from spotwise.control.store import Store
 
-from .browser import chromium, save_screenshot, watch
 from .conftest import SPOTWISE, cli, demo_job_yaml
+from .tools import chromium, save_screenshot, watch
 
 
 @pytest.fixture()

@@ -210,9 +210,17 @@ def test_demo_job_ledger_adds_up_to_its_wall_time_and_cost(demo_home) -> None:
     assert sum(led.seconds.values()) == pytest.approx(led.wall_s)
     assert led.cost_usd == pytest.approx(summary["cost_usd"], abs=1e-5)
     assert sum(led.usd.values()) == pytest.approx(summary["cost_usd"], abs=1e-5)
-    # 250 steps of at least 0.1 s each were kept; a preemption lost some and cost a changeover
-    assert led.seconds["useful"] >= 25.0
-    assert led.seconds["lost"] > 0 and led.seconds["changeover"] > 0
-    assert led.seconds["restore"] > 0
+    # 150 steps of at least 0.1 s each were kept, and changing machines took time
+    assert led.seconds["useful"] >= 15.0 and led.seconds["changeover"] > 0
     assert led.runtime_events > 0
+    first = view.attempts[0]
+    assert first.reason in ("preempted", "lost")
+    mine = [s for s in led.segments if s.attempt == first.n]
+    assert sum(s.seconds for s in mine) == pytest.approx(first.ended_at - first.started_at)
+    trained = any(
+        e["kind"] == "start" and first.started_at <= e["time"] <= first.ended_at
+        for e in view.runtime_events
+    )
+    if trained:  # under heavy load the first machine can go before the interpreter is up
+        assert {"useful", "lost"} & {s.kind for s in mine}
     assert 0 < led.cost_usd < led.ondemand_run_usd  # spot was cheaper than on-demand only

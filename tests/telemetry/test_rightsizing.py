@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,7 @@ from spotwise.market.catalog import load_catalog
 from spotwise.telemetry.events import EventLog
 from spotwise.telemetry.rightsizing import rightsize
 
-from .conftest import cli
+from .conftest import add_attempt, cli
 
 GB = 1_000_000_000
 TYPES = load_catalog().find(cloud="aws")
@@ -87,14 +88,15 @@ def test_advise_from_job_reads_the_jobs_gpu_samples(tmp_path: Path) -> None:
         "resources": {"instance_type": "g5.12xlarge"},
     }
     job = store.create_job("g", spec, None)
-    store.open_attempt(
+    add_attempt(
+        store,
         job.id,
-        provider="local",
+        start=time.time(),
         market="on-demand",
         zone="",
-        usd_per_hour=5.672,
-        ondemand_usd_per_hour=5.672,
-        time_scale=1.0,
+        usd=5.672,
+        ondemand=5.672,
+        scale=1.0,
     )
     store.update_job(job.id, state=JobState.RUNNING)
     events = EventLog(job.dir / "checkpoint" / "events.jsonl")  # where Run writes them

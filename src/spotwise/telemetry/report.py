@@ -105,29 +105,33 @@ def png_report(view: JobView, directory: Path) -> list[Path]:
         xs.append(t1)
         cost.append(cost[-1] + hours * (a["usd_per_hour"] if a else 0.0))
         ondemand.append(ondemand[-1] + hours * (a["ondemand_usd_per_hour"] if a else 0.0))
-    fig, ax = plt.subplots(figsize=(6, 3))
-    ax.plot(xs, cost, label="cost", color="#2563eb")
-    ax.plot(xs, ondemand, label="on-demand, same hours", color="#ea580c")
-    ax.set_xlabel("seconds since the job was created")
-    ax.set_ylabel("USD")
-    ax.legend()
-    save(fig, "cost.png")
 
-    m = d["metrics"]
-    if m["t"]:
+    def lines(
+        name: str,
+        xs: list[Any],
+        series: dict[str, list[Any]],
+        ylabel: str,
+        top: float | None = None,
+    ) -> None:
         fig, ax = plt.subplots(figsize=(6, 3))
-        for name, values in m["values"].items():
-            ax.plot(m["t"], values, label=name)
+        for label, values in series.items():
+            ax.plot(xs, values, label=label)
         ax.set_xlabel("seconds since the job was created")
+        ax.set_ylabel(ylabel)
+        if top is not None:
+            ax.set_ylim(0, top)
         ax.legend()
-        save(fig, "metrics.png")
-    g = d["gpu"]
-    if g["t"]:
-        fig, ax = plt.subplots(figsize=(6, 3))
-        for index, values in g["util_pct"].items():
-            ax.plot(g["t"], values, label=f"GPU {index}")
-        ax.set_ylim(0, 100)
-        ax.set_ylabel("utilisation %")
-        ax.legend()
-        save(fig, "gpu.png")
+        save(fig, name)
+
+    lines("cost.png", xs, {"cost": cost, "on-demand, same hours": ondemand}, "USD")
+    if d["metrics"]["t"]:
+        lines("metrics.png", d["metrics"]["t"], d["metrics"]["values"], "run.log values")
+    if d["gpu"]["t"]:
+        lines(
+            "gpu.png",
+            d["gpu"]["t"],
+            {f"GPU {i}": v for i, v in d["gpu"]["util_pct"].items()},
+            "utilisation %",
+            100,
+        )
     return written

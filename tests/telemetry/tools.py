@@ -1,15 +1,18 @@
-"""Debian's chromium driven by Playwright for Python (no browser download), for the page tests."""
+"""Test tools shared with the benchmark: Debian's chromium driven by Playwright for Python (no
+browser download), the gcc-built fake NVML library, a tiny training script."""
 
 from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+HERE = Path(__file__).resolve().parent
 CHROMIUM = "/usr/bin/chromium"
 FLAGS = [
     "--headless",
@@ -61,3 +64,36 @@ def save_screenshot(page: Any, tmp: Path, name: str) -> Path:
         Path(target).mkdir(parents=True, exist_ok=True)
         shutil.copy(path, Path(target) / name)
     return path
+
+
+def build_fake_nvml(out: Path) -> Path:
+    """``out/libnvidia-ml.so.1`` from fake_nvml.c: put ``out`` on LD_LIBRARY_PATH."""
+    out.mkdir(parents=True, exist_ok=True)
+    subprocess.run(
+        [
+            "gcc",
+            "-shared",
+            "-fPIC",
+            "-O1",
+            "-o",
+            str(out / "libnvidia-ml.so.1"),
+            str(HERE / "fake_nvml.c"),
+        ],
+        check=True,
+    )
+    return out
+
+
+# python -c TRAIN RUN_DIR STEPS SLEEP_S: a small real Run that logs its loss every step
+TRAIN = """
+import sys, time, torch
+from spotwise import Run
+model = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+run = Run(sys.argv[1], model=model, optimizer=opt, steps=int(sys.argv[2]), every=20, notices=None)
+for step in run:
+    loss = (model(torch.ones(2, 4)) ** 2).mean()
+    opt.zero_grad(); loss.backward(); opt.step()
+    run.log(loss=loss.item())
+    time.sleep(float(sys.argv[3]))
+"""
