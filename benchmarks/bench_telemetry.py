@@ -166,7 +166,7 @@ def big_store(home: Path, attempts: int, events: int) -> str:
                     f'"mem_total_bytes":16000000000}}]}}'
                 )
             else:
-                lines.append(f'{{"time":{t},"kind":"metrics","step":{step},"loss":{1 / step}}}')
+                lines.append(f'{{"time":{t},"kind":"metrics","step":{step},"values":{{"loss":{1 / step}}}}}')
         lines.append(f'{{"time":{start + 56},"kind":"interrupted","step":{step},"source":"sim"}}')
     run_dir = job.dir / "checkpoint"
     run_dir.mkdir(parents=True, exist_ok=True)

@@ -79,7 +79,7 @@ def test_training_process_metrics_and_gpu_samples(tmp_path: Path, fake_nvml_dir:
     logged = read_events(run_dir / "events.jsonl", "metrics")
     [start] = read_events(run_dir / "events.jsonl", "start")
     [end] = read_events(run_dir / "events.jsonl", "finished")
-    assert "loss" in logged[-1]
+    assert set(logged[-1]["values"]) == {"loss"}
     assert 1 <= len(logged) <= end["time"] - start["time"] + 1  # one a second at most
 
 
@@ -167,3 +167,20 @@ def test_controller_metrics_equal_status_and_the_ledger() -> None:
     # finished jobs have no slack; the running one has 600 - 50 s left, all 100 s still to do
     slack = by_job("spotwise_job_deadline_slack_seconds")
     assert done not in slack and slack[running] == pytest.approx(600 - 50 - 100, abs=5)
+
+
+def test_logged_names_never_clash_with_the_event_fields(tmp_path: Path) -> None:
+    import torch
+
+    from spotwise import Run
+
+    model = torch.nn.Linear(2, 1)
+    run = Run(tmp_path / "r", model=model, steps=2, notices=None, gpu_sample_s=0)
+    for _ in run:
+        run.log(kind=1.0, step=2.0, time=3.0)
+    [logged] = read_events(tmp_path / "r" / "events.jsonl", "metrics")
+    assert logged["kind"] == "metrics" and logged["values"] == {
+        "kind": 1.0,
+        "step": 2.0,
+        "time": 3.0,
+    }

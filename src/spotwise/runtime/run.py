@@ -196,6 +196,8 @@ class Run:
             self.telemetry = RunTelemetry(self, metrics_port=metrics_port,
                                           gpu_sample_s=gpu_sample_s)
         except BaseException:
+            if self._notices is not None:
+                self._notices.close()
             self._release_lock()
             raise
         self._last_save_step = self.step

@@ -33,7 +33,10 @@ class EventLog:
         """Append one event; failures are logged, never raised (events are not worth a crash)."""
         record = {"time": time.time(), "kind": kind, **fields}
         for listener in self._listeners:
-            listener(record)
+            try:
+                listener(record)
+            except Exception as exc:  # a metrics or shipping bug must not stop training
+                log.warning("event listener %r failed on %s: %s", listener, kind, exc)
         line = (json.dumps(record, default=str, separators=(",", ":")) + "\n").encode()
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)

@@ -116,7 +116,7 @@ class RunTelemetry:
         now = time.monotonic()
         if now - self._last_logged >= LOG_EVERY_S:
             self._last_logged = now
-            self.run.events.emit("metrics", step=step, **self.user_metrics)
+            self.run.events.emit("metrics", step=step, values=self.user_metrics)
 
     def close(self) -> None:
         if self.sink is not None:

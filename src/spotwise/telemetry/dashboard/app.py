@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import hmac
+import html
 import json
 import secrets
 from collections.abc import AsyncIterator, Callable
@@ -92,7 +93,7 @@ def create_app(
         try:
             doc = job_doc(job_id)
         except JobNotFoundError as exc:
-            return HTMLResponse(f"<p>{exc.message}</p>", status_code=404)
+            return HTMLResponse(f"<p>{html.escape(exc.message)}</p>", status_code=404)
         return html_page(request, kind="job", title=f"spotwise job {doc['row']['id']}", data=doc)
 
     async def api_jobs(request: Request) -> Response:

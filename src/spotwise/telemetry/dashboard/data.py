@@ -68,7 +68,7 @@ def job_detail(view: JobView) -> dict[str, Any]:
         return None if t is None else round(t - t0, 3)
 
     metrics = thin(view.runtime("metrics"))
-    names = sorted({k for e in metrics for k in e if k not in ("time", "kind", "step")})
+    names = sorted({k for e in metrics for k in e.get("values", {})})
     gpu = thin(view.runtime("gpu"))
     devices = sorted({d["index"] for e in gpu for d in e.get("devices", []) if "index" in d})
 
@@ -125,7 +125,7 @@ def job_detail(view: JobView) -> dict[str, Any]:
         "metrics": {
             "t": [rel(e["time"]) for e in metrics],
             "step": [e.get("step") for e in metrics],
-            "values": {n: [e.get(n) for e in metrics] for n in names},
+            "values": {n: [e.get("values", {}).get(n) for e in metrics] for n in names},
         },
         "gpu": {
             "t": [rel(e["time"]) for e in gpu],
