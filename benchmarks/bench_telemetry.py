@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import re
 import statistics
@@ -125,7 +126,7 @@ def big_store(home: Path, attempts: int, events: int) -> str:
     }
     job = store.create_job("big", spec, None, now=t0)
     zones = ["us-east-1a", "us-east-1b", "us-east-2a", "us-west-2c"]
-    lines = []
+    lines: list[dict] = []
     per = max(1, events // attempts)
     step = 0
     for n in range(1, attempts + 1):
@@ -150,27 +151,38 @@ def big_store(home: Path, attempts: int, events: int) -> str:
             reason="preempted" if n < attempts else "succeeded",
             exit_code=75 if n < attempts else 0,
         )
-        lines.append(f'{{"time":{start + 5},"kind":"start","step":{step},"restore_s":0.5}}')
+        lines.append({"time": start + 5, "kind": "start", "step": step, "restore_s": 0.5})
         for k in range(per - 2):
             t = start + 5 + 50.0 * (k + 1) / per
             step += 1
             if k % 5 == 0:
                 lines.append(
-                    f'{{"time":{t},"kind":"checkpoint","step":{step},"write_s":0.01,'
-                    f'"stall_s":0.001,"bytes":110000,"reason":"interval"}}'
+                    {
+                        "time": t,
+                        "kind": "checkpoint",
+                        "step": step,
+                        "write_s": 0.01,
+                        "stall_s": 0.001,
+                        "bytes": 110_000,
+                        "reason": "interval",
+                    }
                 )
             elif k % 5 == 1:
-                lines.append(
-                    f'{{"time":{t},"kind":"gpu","devices":[{{"index":0,'
-                    f'"util_pct":{60 + k % 30},"mem_used_bytes":8000000000,'
-                    f'"mem_total_bytes":16000000000}}]}}'
-                )
+                device = {
+                    "index": 0,
+                    "util_pct": 60 + k % 30,
+                    "mem_used_bytes": 8 * 10**9,
+                    "mem_total_bytes": 16 * 10**9,
+                }
+                lines.append({"time": t, "kind": "gpu", "devices": [device]})
             else:
-                lines.append(f'{{"time":{t},"kind":"metrics","step":{step},"values":{{"loss":{1 / step}}}}}')
-        lines.append(f'{{"time":{start + 56},"kind":"interrupted","step":{step},"source":"sim"}}')
+                lines.append(
+                    {"time": t, "kind": "metrics", "step": step, "values": {"loss": 1 / step}}
+                )
+        lines.append({"time": start + 56, "kind": "interrupted", "step": step, "source": "sim"})
     run_dir = job.dir / "checkpoint"
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / EVENTS_FILE).write_text("\n".join(lines) + "\n")
+    (run_dir / EVENTS_FILE).write_text("".join(json.dumps(e) + "\n" for e in lines))
     store.update_job(job.id, state=JobState.SUCCEEDED, now=t0 + attempts * 60.0)
     print(f"dashboard-big-job-events: {len(lines)}")
     return job.id
