@@ -2,11 +2,14 @@
 """Telemetry costs, each against a baseline measured in the same run.
 
 1. Training overhead: the digits example's step throughput with the training metrics endpoint
-   (scraped every second, as Prometheus would) and GPU sampling on, against both off. The
-   throughput is steps over the time between the run's ``start`` and ``finished`` events (the
-   loop, not the interpreter start). Runs alternate on/off; the ratio is the median of the
-   ratios of back-to-back pairs. ``--fake-nvml`` samples the gcc-built fake NVML library of the
-   tests where the machine has no GPU; on a GPU machine the real driver is sampled.
+   (scraped every second, as Prometheus would) and GPU sampling on, against both off. Two
+   throughputs per run: steps per second of CPU the training process used from its ``start``
+   event to its exit (every thread counted: the sampler's and the server's work is in it), and
+   steps per wall second between its ``start`` and ``finished`` events. ``ratio-metrics-overhead``
+   is the CPU one: on a shared machine the wall clock mostly measures the neighbours (single
+   runs there vary by 2x). Runs alternate on/off; ratios are medians of back-to-back pairs.
+   ``--fake-nvml`` samples the gcc-built fake NVML library of the tests where the machine has no
+   GPU; on a GPU machine the real driver is sampled.
 2. Dashboard: the job page of a job with ``--attempts`` attempts and ``--events`` runtime events
    rendered in chromium (navigation until the timeline is drawn), against the jobs page of an
    empty store.
@@ -62,7 +65,14 @@ def scrape_forever(run_dir: Path, stop: threading.Event) -> None:
         stop.wait(1.0 if port else 0.05)
 
 
-def train_once(tmp: Path, steps: int, on: bool, nvml_dir: Path | None) -> float:
+def _cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a live process, all its threads (from /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def train_once(tmp: Path, steps: int, on: bool, nvml_dir: Path | None) -> tuple[float, float]:
+    """Steps per wall second and per CPU second of the training loop, one run."""
     run_dir = Path(tempfile.mkdtemp(dir=tmp))
     env = {**os.environ, "SPOTWISE_PLATFORM": "none", "SPOTWISE_GPU_SAMPLE_S": "0"}
     if on:
@@ -73,40 +83,56 @@ def train_once(tmp: Path, steps: int, on: bool, nvml_dir: Path | None) -> float:
     scraper = threading.Thread(target=scrape_forever, args=(run_dir, stop), daemon=True)
     if on:
         scraper.start()
-    subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "examples/digits/train.py"),
-            "--run-dir",
-            str(run_dir),
-            "--steps",
-            str(steps),
-            "--save-every",
-            "200",
-        ],
-        env=env,
-        check=True,
-        stdout=subprocess.DEVNULL,
-    )
+    argv = [
+        sys.executable,
+        str(ROOT / "examples/digits/train.py"),
+        "--run-dir",
+        str(run_dir),
+        "--steps",
+        str(steps),
+        "--save-every",
+        "200",
+    ]
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL)
+    events = run_dir / "events.jsonl"
+    cpu_at_start = None
+    while cpu_at_start is None:  # the CPU the process had used when its loop began
+        if events.exists() and '"kind":"start"' in events.read_text():
+            cpu_at_start = _cpu_s(proc.pid)
+        time.sleep(0.005)
+    _, status, usage = os.wait4(proc.pid, 0)  # its CPU at exit, every thread counted
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    assert proc.returncode == 0, f"training failed ({proc.returncode})"
     stop.set()
     if on:
         scraper.join()
-    return steps_per_s(run_dir)
+    cpu = usage.ru_utime + usage.ru_stime - cpu_at_start
+    return steps_per_s(run_dir), steps / cpu
 
 
 def overhead(tmp: Path, steps: int, pairs: int, nvml_dir: Path | None) -> None:
-    ratios, on_rates, off_rates = [], [], []
+    wall: dict[bool, list[float]] = {True: [], False: []}
+    cpu: dict[bool, list[float]] = {True: [], False: []}
     for i in range(pairs):
         order = (True, False) if i % 2 == 0 else (False, True)
-        rates = {on: train_once(tmp, steps, on, nvml_dir) for on in order}
-        on_rates.append(rates[True])
-        off_rates.append(rates[False])
-        ratios.append(rates[True] / rates[False])
-    print(f"digits-steps-per-s-telemetry-off: {statistics.median(off_rates):.1f}")
-    print(f"digits-steps-per-s-telemetry-on: {statistics.median(on_rates):.1f}")
-    print(f"ratio-metrics-overhead: {statistics.median(ratios):.3f}")
-    # on a shared machine single runs vary by far more than the effect: show the spread
-    print(f"ratio-metrics-overhead-pairs: {min(ratios):.3f}..{max(ratios):.3f} ({pairs} pairs)")
+        for on in order:
+            w, c = train_once(tmp, steps, on, nvml_dir)
+            wall[on].append(w)
+            cpu[on].append(c)
+    wall_ratios = [a / b for a, b in zip(wall[True], wall[False], strict=True)]
+    cpu_ratios = [a / b for a, b in zip(cpu[True], cpu[False], strict=True)]
+    for name, d in (("wall", wall), ("cpu", cpu)):
+        print(f"digits-steps-per-{name}-s-telemetry-off: {statistics.median(d[False]):.1f}")
+        print(f"digits-steps-per-{name}-s-telemetry-on: {statistics.median(d[True]):.1f}")
+    print(f"ratio-metrics-overhead: {statistics.median(cpu_ratios):.3f}")
+    print(
+        f"ratio-metrics-overhead-pairs: {min(cpu_ratios):.3f}..{max(cpu_ratios):.3f} "
+        f"({pairs} pairs)"
+    )
+    print(
+        f"ratio-metrics-overhead-wall: {statistics.median(wall_ratios):.3f} "
+        f"(pairs {min(wall_ratios):.3f}..{max(wall_ratios):.3f})"
+    )
 
 
 def big_store(home: Path, attempts: int, events: int) -> str:
