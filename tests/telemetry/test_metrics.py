@@ -4,8 +4,10 @@ own text parser."""
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -97,6 +99,14 @@ def test_bad_metrics_port_names_the_setting(
     monkeypatch.delenv("SPOTWISE_METRICS_PORT")
     with pytest.raises(ConfigError, match="metrics_port=70000"):
         Run(tmp_path / "r", model=model, notices=None, metrics_port=70000)
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    threads = threading.active_count()
+    with pytest.raises(ConfigError, match="cannot serve training metrics on 127.0.0.1:"):
+        Run(tmp_path / "r", model=model, notices=None, metrics_port=taken.getsockname()[1])
+    taken.close()
+    assert threading.active_count() == threads  # nothing left running
     Run(tmp_path / "r", model=model, notices=None).close()  # the directory was released
 
 

@@ -71,14 +71,20 @@ class RunTelemetry:
             gpu_sample_s if gpu_sample_s is not None else os.environ.get(gpu.INTERVAL_ENV),
             integer=False,
         )
-        self.sampler = gpu.start_sampler(
-            gpu.DEFAULT_INTERVAL_S if interval is None else interval, self._gpu_sample
-        )
         self.port: int | None = None
         self._server: Any = None
-        if port is not None:
-            self._serve(int(port))
-        self.sink = CloudWatchSink.from_environment(default_stream=_stream_name(run))
+        self.sampler: gpu.GpuSampler | None = None
+        self.sink: CloudWatchSink | None = None
+        try:  # what started is stopped again if a later part cannot start
+            if port is not None:
+                self._serve(int(port))
+            self.sampler = gpu.start_sampler(
+                gpu.DEFAULT_INTERVAL_S if interval is None else interval, self._gpu_sample
+            )
+            self.sink = CloudWatchSink.from_environment(default_stream=_stream_name(run))
+        except BaseException:
+            self.close()
+            raise
         if self.sink is not None:
             run.events.subscribe(self.sink)
 
