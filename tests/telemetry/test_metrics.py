@@ -103,7 +103,7 @@ def test_bad_metrics_port_names_the_setting(
     taken.bind(("127.0.0.1", 0))
     taken.listen()
     threads = threading.active_count()
-    with pytest.raises(ConfigError, match="cannot serve training metrics on 127.0.0.1:"):
+    with pytest.raises(ConfigError, match=r"cannot serve training metrics on 127\.0\.0\.1:"):
         Run(tmp_path / "r", model=model, notices=None, metrics_port=taken.getsockname()[1])
     taken.close()
     assert threading.active_count() == threads  # nothing left running
