@@ -110,6 +110,7 @@ def main(argv: list[str] | None = None) -> int:
         loss.backward()
         optimizer.step()
         scheduler.step()
+        run.log(loss=loss.item())  # for the dashboard's loss chart and /metrics
         if args.step_sleep > 0:
             time.sleep(args.step_sleep)
         step = run.step + 1  # this step, once the loop body is done

@@ -341,7 +341,7 @@ def _png(series: dict[str, list[tuple[int, float]]], path: Path, title: str) -> 
 def advise(
     gpu: str = typer.Option(None, "--gpu", help="GPU model, e.g. V100 (or use --min-mem)."),
     count: int = typer.Option(1, "--count", "-n", help="GPUs on one instance."),
-    hours: str = typer.Option(..., "--hours", help="Compute time the job needs, e.g. 48h."),
+    hours: str = typer.Option(None, "--hours", help="Compute time the job needs, e.g. 48h."),
     deadline: str = typer.Option(None, "--deadline", help="Finish within, e.g. 60h or 3d."),
     budget: float = typer.Option(None, "--budget", help="Budget cap in USD."),
     min_mem: float = typer.Option(None, "--min-mem", help="Minimum memory per GPU in GB."),
@@ -364,8 +364,24 @@ def advise(
     top: int = typer.Option(15, "--top", help="Table rows to show (JSON prints all)."),
     db: Path = _DB_OPTION,
     as_json: bool = typer.Option(False, "--json", help="Print placements as JSON, best first."),
+    from_job: str = typer.Option(
+        None, "--from-job", help="Rightsize a job from its GPU samples instead (job id)."
+    ),
 ) -> None:
-    """Rank placements by expected cost and completion time, interruptions included."""
+    """Rank placements by expected cost and completion time, interruptions included.
+
+    With --from-job JOB: a smaller or larger instance for that job, from its GPU utilisation
+    and memory samples, with the expected cost difference for the remaining work.
+    """
+    if from_job is not None:
+        from spotwise.cli.report import print_rightsizing
+
+        return print_rightsizing(from_job, as_json)
+    if hours is None:
+        raise ConfigError(
+            "advise needs --hours (the compute time the job needs)",
+            hint="e.g. spotwise advise --gpu V100 --hours 48h, or --from-job JOB",
+        )
     from spotwise.market.advisor import JobRequest, advise_from_catalog
     from spotwise.market.catalog import load_catalog
     from spotwise.market.interruption import load_interruption_model

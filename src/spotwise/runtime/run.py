@@ -65,13 +65,13 @@ from spotwise.runtime.state import (
     restore_rng,
 )
 from spotwise.runtime.tiered import TieredMirror, is_remote, staging_dir
-from spotwise.telemetry.events import EventLog
+from spotwise.telemetry.events import EVENTS_FILE, EventLog
+from spotwise.telemetry.runmetrics import RunTelemetry
 
 log = logging.getLogger(__name__)
 
 EXIT_INTERRUPTED = 75  # EX_TEMPFAIL: interrupted, state saved, restart me
 STATE_VERSION = 1
-EVENTS_FILE = "events.jsonl"
 _LOCK_FILE = ".lock"
 _OURS = (".lock", EVENTS_FILE, "step-", ".tmp-step-", ".trash-step-")
 
@@ -119,6 +119,8 @@ class Run:
         async_save: bool = True,
         mtbi_s: float | None = None,
         notice_margin_s: float | None = None,
+        metrics_port: int | None = None,  # or SPOTWISE_METRICS_PORT: /metrics on 127.0.0.1
+        gpu_sample_s: float | None = None,  # or SPOTWISE_GPU_SAMPLE_S; default 5, 0 is off
     ) -> None:
         remote_uri = os.fspath(run_dir) if is_remote(run_dir) else None
         self.run_dir = _local_run_dir(staging_dir(remote_uri, local_dir) if remote_uri else run_dir)
@@ -181,6 +183,7 @@ class Run:
 
         self._lock_fd: int | None = _lock(self.run_dir)
         self.events = EventLog(self.run_dir / EVENTS_FILE)
+        restore_started = time.monotonic()  # the goodput ledger's "restore" time
         try:
             if mirror is not None:
                 mirror.restore(self.run_dir)
@@ -188,13 +191,22 @@ class Run:
             loaded = load_newest_valid(self.run_dir)
             if loaded is not None:
                 self._restore(loaded)
+            restore_s = time.monotonic() - restore_started
             self._notices = _open_notices(notices)
+            self.telemetry = RunTelemetry(self, metrics_port=metrics_port,
+                                          gpu_sample_s=gpu_sample_s)
         except BaseException:
+            if self._notices is not None:
+                self._notices.close()
             self._release_lock()
             raise
         self._last_save_step = self.step
         self.events.emit(
-            "start", step=self.step, resumed=self.resumed_from is not None, pid=os.getpid()
+            "start",
+            step=self.step,
+            resumed=self.resumed_from is not None,
+            pid=os.getpid(),
+            restore_s=round(restore_s, 6),
         )
 
     # --- public -------------------------------------------------------------------------------
@@ -229,6 +241,7 @@ class Run:
         """Record metrics (loss, accuracy...) for the next checkpoint's manifest; retention's
         ``keep_best`` ranks by them."""
         self.metrics.update({k: float(v) for k, v in metrics.items()})
+        self.telemetry.logged(self.step, self.metrics)
 
     def save(self, *, block: bool = True) -> None:
         """Save now (blocking by default); the periodic schedule continues from here."""
@@ -249,6 +262,7 @@ class Run:
         finally:
             if self._notices is not None:
                 self._notices.close()
+            self.telemetry.close()
             self._release_lock()
 
     def __enter__(self) -> Run:

@@ -11,19 +11,32 @@ import json
 import logging
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 log = logging.getLogger(__name__)
 
+EVENTS_FILE = "events.jsonl"  # the runtime's event log, in its run directory
+
 
 class EventLog:
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
+        self._listeners: list[Callable[[dict[str, Any]], None]] = []
+
+    def subscribe(self, listener: Callable[[dict[str, Any]], None]) -> None:
+        """Also hand every event emitted from now on to ``listener`` (live metrics use it)."""
+        self._listeners.append(listener)
 
     def emit(self, kind: str, **fields: Any) -> None:
         """Append one event; failures are logged, never raised (events are not worth a crash)."""
         record = {"time": time.time(), "kind": kind, **fields}
+        for listener in self._listeners:
+            try:
+                listener(record)
+            except Exception as exc:  # a metrics or shipping bug must not stop training
+                log.warning("event listener %r failed on %s: %s", listener, kind, exc)
         line = (json.dumps(record, default=str, separators=(",", ":")) + "\n").encode()
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,65 @@
+"""``spotwise dashboard``: the job store in a browser, live (see telemetry/dashboard/app.py)."""
+
+from __future__ import annotations
+
+import socket
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    @app.command()
+    def dashboard(
+        host: str = typer.Option(
+            "127.0.0.1", "--host", help="address to listen on (loopback by default)"
+        ),
+        port: int = typer.Option(8787, "--port", help="TCP port (0 picks a free one)"),
+        allow_host: list[str] = typer.Option(
+            [],
+            "--allow-host",
+            help="another name the browser may use for this server (Host header check)",
+        ),
+    ) -> None:
+        """Jobs and their attempts, costs, goodput, checkpoints, loss and GPU charts, live.
+
+        Also serves the controller's Prometheus metrics at /metrics. Read only, except that a
+        job can be cancelled from its page (with confirmation).
+        """
+        from spotwise.registry import require
+
+        uvicorn = require("uvicorn", "dashboard", "spotwise dashboard")
+        require("starlette", "dashboard", "spotwise dashboard")
+        from spotwise.cli.jobs import _spawn_controller
+        from spotwise.control.controller import controller_alive
+        from spotwise.control.store import Store
+        from spotwise.errors import ConfigError
+        from spotwise.telemetry.dashboard.app import create_app
+
+        store = Store()
+
+        def on_cancel(job_id: str) -> None:
+            if not controller_alive(store.job(job_id)):
+                _spawn_controller(job_id)  # someone must carry the cancel out
+
+        names = [host] if host not in ("0.0.0.0", "::") else []
+        web = create_app(store, allowed_hosts=[*names, *allow_host], on_cancel=on_cancel)
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+            sock.listen(2048)  # connections queue from now on, before the URL is printed
+        except OSError as exc:
+            raise ConfigError(
+                f"cannot listen on {host}:{port}: {exc.strerror}",
+                hint="choose another --port (0 picks a free one)",
+            ) from exc
+        shown = f"[{host}]" if family == socket.AF_INET6 else host
+        typer.echo(
+            f"spotwise dashboard on http://{shown}:{sock.getsockname()[1]}/ (Ctrl-C to stop)",
+            err=False,
+        )
+        config = uvicorn.Config(
+            web, log_level="warning", timeout_graceful_shutdown=1, lifespan="off"
+        )
+        uvicorn.Server(config).run(sockets=[sock])

@@ -1,0 +1,200 @@
+"""``spotwise dashboard``: a local web app over the job store (Starlette on uvicorn).
+
+Read only, except one action: cancelling a job. A dashboard on 127.0.0.1 is still reachable by
+any page the user's browser opens, so:
+
+- the ``Host`` header must name this server (loopback names, or the ``--host`` given): a DNS
+  rebinding page, whose requests carry its own host name, gets 400;
+- the cancel request must carry the per-session token: the page sets a random session cookie
+  (``SameSite=Strict``, ``HttpOnly``) and embeds an HMAC of it, which another site can neither
+  read nor send (a custom header also forces a CORS preflight, which is never granted);
+- a Content-Security-Policy limits the pages to this origin, and no page refers to another site.
+
+Store access happens on the event loop's thread only (every endpoint is ``async``), so one
+SQLite connection serves the app. Live pages follow ``/api/stream`` (server-sent events): the
+server looks for a change twice a second and sends the page's whole document when there is one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import html
+import json
+import secrets
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.middleware.trustedhost import TrustedHostMiddleware
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+
+from spotwise.control.spec import JobSpec
+from spotwise.control.store import Store
+from spotwise.errors import JobNotFoundError
+from spotwise.telemetry.dashboard.data import job_detail, job_row
+from spotwise.telemetry.dashboard.pages import CSP_LIVE, page
+from spotwise.telemetry.jobview import job_view, run_dir
+from spotwise.telemetry.metrics import render
+
+LOOPBACK_NAMES = ("127.0.0.1", "localhost", "::1", "[::1]")
+SESSION_COOKIE = "spotwise_session"
+TOKEN_HEADER = "X-Spotwise-Token"
+POLL_S = 0.5
+
+
+def create_app(
+    store: Store,
+    *,
+    allowed_hosts: list[str] | None = None,
+    on_cancel: Callable[[str], None] | None = None,
+) -> Starlette:
+    """The dashboard app. ``on_cancel(job_id)`` runs after a cancel was recorded (the CLI
+    passes one that restarts a dead controller so that the cancel is carried out)."""
+    secret = secrets.token_bytes(32)
+
+    def token_for(session: str) -> str:
+        return hmac.new(secret, session.encode(), hashlib.sha256).hexdigest()
+
+    def html_page(request: Request, **kw: Any) -> HTMLResponse:
+        session = request.cookies.get(SESSION_COOKIE) or secrets.token_urlsafe(24)
+        response = HTMLResponse(page(live=True, token=token_for(session), **kw))
+        response.set_cookie(SESSION_COOKIE, session, httponly=True, samesite="strict")
+        return response
+
+    def jobs_doc() -> list[dict[str, Any]]:
+        return [job_row(job_view(store, j)) for j in store.jobs()]
+
+    def job_doc(job_id: str) -> dict[str, Any]:
+        return job_detail(job_view(store, store.job(job_id)))
+
+    def fingerprint(job_id: str | None) -> tuple[Any, ...]:
+        """Cheap: changes whenever anything a page shows may have changed."""
+        jobs = [store.job(job_id)] if job_id else store.jobs()
+        marks: list[Any] = [len(jobs)]
+        for j in jobs:
+            marks += [j.updated_at, len(store.events(j.id)), _size(j.log_path)]
+            directory = run_dir(j, JobSpec.model_validate(j.spec))
+            marks.append(_size(directory / "events.jsonl") if directory else 0)
+            marks.append(max((a.ended_at or 0 for a in store.attempts(j.id)), default=0))
+        return tuple(marks)
+
+    async def jobs_page(request: Request) -> Response:
+        return html_page(request, kind="jobs", title="spotwise jobs", data=jobs_doc())
+
+    async def job_page(request: Request) -> Response:
+        job_id = request.path_params["job_id"]
+        try:
+            doc = job_doc(job_id)
+        except JobNotFoundError as exc:
+            return HTMLResponse(f"<p>{html.escape(exc.message)}</p>", status_code=404)
+        return html_page(request, kind="job", title=f"spotwise job {doc['row']['id']}", data=doc)
+
+    async def api_jobs(request: Request) -> Response:
+        return JSONResponse(jobs_doc())
+
+    async def api_job(request: Request) -> Response:
+        try:
+            return JSONResponse(job_doc(request.path_params["job_id"]))
+        except JobNotFoundError as exc:
+            return JSONResponse({"error": exc.message}, status_code=404)
+
+    async def stream(request: Request) -> Response:
+        job_id = request.query_params.get("job")
+        try:
+            job_id = store.job(job_id).id if job_id else None
+        except JobNotFoundError as exc:
+            return JSONResponse({"error": exc.message}, status_code=404)
+
+        async def updates() -> AsyncIterator[str]:
+            seen = fingerprint(job_id)
+            yield ": connected\n\n"
+            while not await request.is_disconnected():
+                await asyncio.sleep(POLL_S)
+                now = fingerprint(job_id)
+                if now != seen:
+                    seen = now
+                    doc = job_doc(job_id) if job_id else jobs_doc()
+                    yield f"event: update\ndata: {json.dumps(doc, separators=(',', ':'))}\n\n"
+
+        return StreamingResponse(
+            updates(), media_type="text/event-stream", headers={"Cache-Control": "no-store"}
+        )
+
+    async def cancel(request: Request) -> Response:
+        session = request.cookies.get(SESSION_COOKIE, "")
+        sent = request.headers.get(TOKEN_HEADER, "")
+        if not session or not hmac.compare_digest(sent, token_for(session)):
+            return JSONResponse(
+                {"error": "missing or wrong session token; reload the page"}, status_code=403
+            )
+        try:
+            job = store.job(request.path_params["job_id"])
+        except JobNotFoundError as exc:
+            return JSONResponse({"error": exc.message}, status_code=404)
+        if not job.state.terminal:
+            store.request_cancel(job.id)
+            if on_cancel is not None:
+                on_cancel(job.id)
+        return JSONResponse(
+            {"job": job.id, "state": store.job(job.id).state.value, "cancel_requested": True}
+        )
+
+    async def metrics(request: Request) -> Response:
+        return Response(render(store), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    static = Path(__file__).resolve().parent / "static"
+    routes = [
+        Route("/", jobs_page),
+        Route("/job/{job_id}", job_page),
+        Route("/api/jobs", api_jobs),
+        Route("/api/jobs/{job_id}", api_job),
+        Route("/api/jobs/{job_id}/cancel", cancel, methods=["POST"]),
+        Route("/api/stream", stream),
+        Route("/metrics", metrics),
+        Mount("/static", StaticFiles(directory=static), name="static"),
+    ]
+    hosts = [*LOOPBACK_NAMES, *(allowed_hosts or [])]
+    return Starlette(
+        routes=routes,
+        middleware=[
+            Middleware(TrustedHostMiddleware, allowed_hosts=hosts),
+            Middleware(_SecurityHeaders),
+        ],
+    )
+
+
+class _SecurityHeaders:
+    """Adds the CSP and friends to every response (plain ASGI: server-sent events stream)."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        async def with_headers(message: Any) -> None:
+            if message["type"] == "http.response.start":
+                message.setdefault("headers", [])
+                message["headers"] += [
+                    (k.encode(), v.encode())
+                    for k, v in (
+                        ("content-security-policy", CSP_LIVE),
+                        ("x-content-type-options", "nosniff"),
+                        ("referrer-policy", "no-referrer"),
+                    )
+                ]
+            await send(message)
+
+        await self.app(scope, receive, with_headers if scope["type"] == "http" else send)
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return -1

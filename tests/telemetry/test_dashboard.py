@@ -1,0 +1,144 @@
+"""The dashboard in a real browser: Debian's chromium driven by Playwright, against a store that
+holds a finished demo job and a running one."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import re
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from spotwise.control.store import Store
+
+from .conftest import SPOTWISE, cli, demo_job_yaml
+from .tools import chromium, save_screenshot, watch
+
+
+@pytest.fixture()
+def dashboard(demo_home: tuple[Path, str]) -> Iterator[tuple[str, Path]]:
+    home, _ = demo_home
+    env = {**os.environ, "SPOTWISE_HOME": str(home)}
+    proc = subprocess.Popen(
+        [*SPOTWISE, "dashboard", "--port", "0"], env=env, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        url = re.search(r"http://127\.0\.0\.1:\d+/", line)
+        assert url, line
+        yield url.group(0), home
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def _status(job_id: str, home: Path) -> dict:
+    out = cli("status", job_id, "--json", home=home)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def _request(url: str, method: str, path: str, headers: dict[str, str]) -> int:
+    host, port = url.removeprefix("http://").rstrip("/").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=10)
+    conn.request(method, path, headers=headers)
+    status = conn.getresponse().status
+    conn.close()
+    return status
+
+
+def test_dashboard_in_chromium(
+    dashboard: tuple[str, Path], demo_home: tuple[Path, str], tmp_path: Path
+) -> None:
+    url, home = dashboard
+    _, done_id = demo_home
+    started = cli(
+        "launch", "--detach", str(demo_job_yaml(tmp_path, name="running", steps=5000)), home=home
+    )
+    assert started.returncode == 0, started.stderr
+    running_id = started.stdout.strip().splitlines()[-1]
+    try:
+        with chromium() as browser:
+            w = watch(browser)
+            page = w.page
+            # --- the jobs page: the numbers of `spotwise status --json`
+            page.goto(url)
+            page.wait_for_selector(f'tr[data-job="{running_id}"]')
+            done = _status(done_id, home)
+            row = page.locator(f'tr[data-job="{done_id}"]')
+
+            def value(r, cls: str) -> str:
+                return r.locator(f"td.{cls}").get_attribute("data-value")
+
+            assert value(row, "state-cell") == done["state"] == "SUCCEEDED"
+            assert int(value(row, "attempts")) == len(done["attempts"])
+            assert int(value(row, "preemptions")) == done["preemptions"] >= 1
+            assert float(value(row, "cost")) == done["cost_usd"]
+            assert float(value(row, "savings")) == done["savings_usd"]
+            assert row.locator("td.cost").inner_text() == f"${done['cost_usd']:.2f}"
+            running_row = page.locator(f'tr[data-job="{running_id}"]')
+            assert value(running_row, "state-cell") not in ("SUCCEEDED", "FAILED", "CANCELLED")
+            save_screenshot(page, tmp_path, "dashboard-jobs.png")
+
+            # --- the finished job's page: one bar per attempt, a mark per preemption
+            page.goto(f"{url}job/{done_id}")
+            page.wait_for_selector("#timeline rect.attempt")
+            assert page.locator("#timeline rect.attempt").count() == len(done["attempts"])
+            assert page.locator("#timeline .preemption").count() == done["preemptions"]
+            markets = page.locator("#timeline rect.attempt").evaluate_all(
+                "els => els.map(e => e.dataset.market)"
+            )
+            assert markets == [a["market"] for a in done["attempts"]]
+            assert page.locator("#stat-cost .value").inner_text() == f"${done['cost_usd']:.2f}"
+            assert page.locator("#chart-progress canvas").count() == 1  # uPlot drew it
+            assert page.locator("#chart-loss canvas").count() == 1
+            assert "final-weights-sha256" in page.locator("#log").inner_text()
+            save_screenshot(page, tmp_path, "dashboard-job.png")
+
+            # --- the running job's page follows it live, without reload
+            page.goto(f"{url}job/{running_id}")
+            page.wait_for_selector("#cancel")
+            rendered = int(page.locator("body").get_attribute("data-rendered"))
+            Store(home).event(running_id, "note", "hello from the test")
+            page.wait_for_selector('#events li[data-kind="note"]', timeout=20_000)
+            assert int(page.locator("body").get_attribute("data-rendered")) > rendered
+            assert page.evaluate("performance.getEntriesByType('navigation').length") == 1
+
+            # --- cancel, confirmed in the dialog
+            dialogs: list[str] = []
+
+            def accept(dialog) -> None:
+                dialogs.append(dialog.message)
+                dialog.accept()
+
+            page.on("dialog", accept)
+            page.click("#cancel")
+            page.wait_for_selector("#cancel-result:has-text('cancel requested')")
+            assert dialogs and running_id in dialogs[0]
+            page.wait_for_selector("h1 .state-cancelled", timeout=60_000)
+            assert _status(running_id, home)["state"] == "CANCELLED"
+            save_screenshot(page, tmp_path, "dashboard-cancelled.png")
+
+            assert w.console_errors == []
+            assert all(r.startswith(url) for r in w.requests), w.requests
+    finally:
+        cli("cancel", running_id, home=home, timeout=120)
+
+
+def test_cancel_needs_the_session_token_and_host_is_checked(
+    dashboard: tuple[str, Path], demo_home: tuple[Path, str]
+) -> None:
+    url, _ = dashboard
+    _, done_id = demo_home
+    path = f"/api/jobs/{done_id}/cancel"
+    assert _request(url, "POST", path, {}) == 403  # no session, no token
+    forged = {"Cookie": "spotwise_session=abc", "X-Spotwise-Token": "0" * 64}
+    assert _request(url, "POST", path, forged) == 403
+    # a DNS-rebinding page reaches 127.0.0.1 under its own name: refused
+    assert _request(url, "GET", "/", {"Host": "attacker.example:8787"}) == 400
+    assert _request(url, "GET", "/", {"Host": url.removeprefix("http://").rstrip("/")}) == 200
