@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import signal
 import threading
+import time
 from collections.abc import Callable, Iterator
 from types import FrameType
 from typing import Any
@@ -38,6 +39,8 @@ from torch.utils.data._utils import signal_handling
 
 from spotwise.errors import DataLoaderError
 from spotwise.notices.signals import watched_signals
+
+_EXIT_PATIENCE_S = 1.0
 
 
 class WorkerInit:
@@ -136,27 +139,35 @@ class LoaderWorkers:
             held, guard.held = guard.held, None
             self._raise_if_dead(iterator, held)
             raise held  # another loader's worker: what torch would have raised, at a safe point
-        if guard is not None:
-            guard.armed = True
         try:
-            return next(iterator)
-        except RuntimeError as exc:
-            self._raise_if_dead(iterator, exc)
-            raise
-        finally:
             if guard is not None:
-                guard.armed = False
+                guard.armed = True
+            try:
+                return next(iterator)
+            finally:
+                if guard is not None:
+                    guard.armed = False
+        except (RuntimeError, OSError, EOFError) as exc:  # torch's check, or a batch handed
+            self._raise_if_dead(iterator, exc)  # over through a dead worker's socket or pipe
+            raise
 
-    def _raise_if_dead(self, iterator: Iterator[Any], error: RuntimeError) -> None:
+    def _raise_if_dead(self, iterator: Iterator[Any], error: Exception) -> None:
         # torch's multi-process iterator keeps its worker Process objects in ``_workers``
-        dead = [w for w in getattr(iterator, "_workers", ()) if not w.is_alive()]
-        if not dead:
-            return
+        workers = getattr(iterator, "_workers", ())
+        # a dead worker's socket resets while the kernel is still ending it: give it a moment
+        patience = 0.0 if isinstance(error, RuntimeError) else _EXIT_PATIENCE_S
+        deadline = time.monotonic() + patience
+        while not (dead := [w for w in workers if not w.is_alive()]):
+            if not workers or time.monotonic() >= deadline:
+                return
+            time.sleep(0.005)
         shutdown = getattr(iterator, "_shutdown_workers", None)
         if shutdown is not None:
             shutdown()  # the living workers too: a new iterator gets a full set
         if getattr(self.loader, "_iterator", None) is iterator:  # persistent_workers=True
             self.loader._iterator = None
+        if self._guard is not None:
+            self._guard.held = None  # it was about these workers, now shut down
         ended = ", ".join(f"pid {w.pid} ({_how(w.exitcode)})" for w in dead)
         raise DataLoaderError(
             f"DataLoader worker {ended} ended: {error}",
