@@ -24,7 +24,6 @@ order.
 from __future__ import annotations
 
 import argparse
-import fcntl
 import json
 import os
 import random
@@ -37,6 +36,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from spotwise.control.providers.process import lock_held
 from spotwise.runtime import list_checkpoints
 from spotwise.telemetry.events import read_events
 
@@ -166,14 +166,7 @@ def group_members(pgid: int) -> set[int]:
 
 
 def lock_is_free(run_dir: Path) -> bool:
-    fd = os.open(run_dir / ".lock", os.O_RDONLY)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return False
-    finally:
-        os.close(fd)
-    return True
+    return not lock_held(run_dir / ".lock")
 
 
 def trace_lines(trace: Path) -> int:
