@@ -60,6 +60,11 @@ class SaveError(CheckpointError):
     """Writing a checkpoint failed (disk full, read-only, background write error)."""
 
 
+# --- training data ------------------------------------------------------------------------------
+class DataLoaderError(SpotwiseError, RuntimeError):
+    """A DataLoader worker process died under the training loop (killed, crashed)."""
+
+
 # --- storage -----------------------------------------------------------------------------------
 class StorageError(SpotwiseError):
     """A storage backend failed."""

@@ -30,6 +30,16 @@ DEFAULT_SIGNALS = ("TERM", "INT")
 DEFAULT_GRACE_S = 30.0  # Kubernetes terminationGracePeriodSeconds default
 _KNOWN = ("TERM", "INT", "USR1", "USR2", "HUP", "QUIT")
 
+# signal number -> how many detectors in this process turn it into notices right now
+_watching: dict[int, int] = {}
+
+
+def watched_signals() -> tuple[int, ...]:
+    """The signals this process currently takes as notices. DataLoader workers ignore them
+    (see :mod:`spotwise.runtime.workers`): when one is sent to the whole process group, only
+    the training process must act on it."""
+    return tuple(sorted(s for s, count in _watching.items() if count > 0))
+
 
 def parse_signal_names(text: str) -> tuple[str, ...]:
     """``"TERM,INT,USR1"`` (``SIG`` prefix and case optional) -> ``("TERM", "INT", "USR1")``."""
@@ -109,6 +119,7 @@ class SignalDetector:
         for name in self.signals:
             signum = getattr(signal, f"SIG{name}")
             self._previous[signum] = signal.signal(signum, self._handle)
+            _watching[signum] = _watching.get(signum, 0) + 1
             installed.append(name)
         return tuple(installed)
 
@@ -121,6 +132,8 @@ class SignalDetector:
 
     def _abort(self, signum: int, frame: FrameType | None) -> None:
         """Second Ctrl-C: give the previous SIGINT behaviour back and apply it now."""
+        if signum in self._previous:
+            _watching[signum] -= 1  # no longer a notice: Ctrl-C acts as before
         previous = self._previous.pop(signum, signal.default_int_handler)
         signal.signal(signum, previous)
         if callable(previous):
@@ -170,3 +183,4 @@ class SignalDetector:
             if signal.getsignal(signum) == self._handle:
                 signal.signal(signum, previous)
             del self._previous[signum]
+            _watching[signum] -= 1

@@ -14,7 +14,6 @@ background save is raised, notices are checked and, when due, a snapshot is take
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import logging
 import os
@@ -29,12 +28,13 @@ import torch
 from torch.utils.data import DataLoader
 
 from spotwise.errors import (
-    CheckpointError,
     ConfigError,
+    DataLoaderError,
     SaveError,
     StateMismatchError,
 )
 from spotwise.notices.base import Notice, NoticeSource
+from spotwise.runtime import dirlock
 from spotwise.runtime.checkpoint import (
     CheckpointInfo,
     LoadedCheckpoint,
@@ -65,6 +65,7 @@ from spotwise.runtime.state import (
     restore_rng,
 )
 from spotwise.runtime.tiered import TieredMirror, is_remote, staging_dir
+from spotwise.runtime.workers import LoaderWorkers
 from spotwise.telemetry.events import EVENTS_FILE, EventLog
 from spotwise.telemetry.runmetrics import RunTelemetry
 
@@ -72,8 +73,9 @@ log = logging.getLogger(__name__)
 
 EXIT_INTERRUPTED = 75  # EX_TEMPFAIL: interrupted, state saved, restart me
 STATE_VERSION = 1
-_LOCK_FILE = ".lock"
-_OURS = (".lock", EVENTS_FILE, "step-", ".tmp-step-", ".trash-step-")
+# a loader whose workers die this often at one position has a problem a restart does not fix
+MAX_LOADER_RESTARTS = 2
+_OURS = (dirlock.LOCK_FILE, EVENTS_FILE, "step-", ".tmp-step-", ".trash-step-")
 
 
 @runtime_checkable
@@ -161,11 +163,14 @@ class Run:
 
         self.loader: DataLoader | None = None
         self._batches: ResumableBatchSampler | None = None
+        self._workers: LoaderWorkers | None = None
         if loader is not None:
             self.loader, self._batches = make_resumable(loader, self.seed)
             if len(self._batches) == 0:
                 raise ConfigError("the data loader yields no batches (empty dataset?)")
+            self._workers = LoaderWorkers(self.loader)
         self._iter: Iterator[Any] | None = None
+        self._loader_failures: tuple[tuple[int, int], int] = ((-1, -1), 0)  # position, count
 
         self._snapshot = SnapshotBuffer()
         self._writer: threading.Thread | None = None
@@ -181,7 +186,7 @@ class Run:
         self._closed = False
         self._notices: NoticeSource | None = None
 
-        self._lock_fd: int | None = _lock(self.run_dir)
+        self._lock_fd: int | None = dirlock.acquire(self.run_dir)
         self.events = EventLog(self.run_dir / EVENTS_FILE)
         restore_started = time.monotonic()  # the goodput ledger's "restore" time
         try:
@@ -260,6 +265,8 @@ class Run:
             if self.mirror is not None:
                 self.mirror.flush()
         finally:
+            if self._workers is not None:
+                self._workers.close()
             if self._notices is not None:
                 self._notices.close()
             self.telemetry.close()
@@ -277,20 +284,44 @@ class Run:
 
     # --- the loop -------------------------------------------------------------------------------
     def _next_item(self) -> Any:
-        if self.loader is None or self._batches is None:
+        if self.loader is None or self._batches is None or self._workers is None:
             return self.step
         while True:
             if self._iter is None:
                 self._batches.set_position(self.epoch, self.batch_in_epoch)
                 assert self.loader.generator is not None
                 self.loader.generator.manual_seed(derive_seed(self.seed, self.epoch, "loader"))
-                self._iter = iter(self.loader)
+                self._iter = self._workers.start()
             try:
-                return next(self._iter)
+                return self._workers.next(self._iter)
             except StopIteration:
                 self._iter = None
                 self.epoch += 1
                 self.batch_in_epoch = 0
+            except DataLoaderError as failure:
+                self._iter = None
+                self._after_loader_failure(failure)
+
+    def _after_loader_failure(self, failure: DataLoaderError) -> None:
+        """A worker died between two steps (a signal it could not ignore, the OOM killer). A
+        pending notice is handled first: a terminate notice saves and exits 75 here. Otherwise
+        the loader starts again at the same position, which yields the same batches (each batch
+        carries its own seed); a worker that keeps dying at one position is an error."""
+        if self._notices is not None:
+            notice = self._notices.current()
+            if notice is not None:
+                self._on_notice(notice)
+        position = (self.epoch, self.batch_in_epoch)
+        seen, count = self._loader_failures
+        count = count + 1 if seen == position else 1
+        self._loader_failures = (position, count)
+        if count > MAX_LOADER_RESTARTS:
+            raise failure
+        log.warning(
+            "spotwise: %s; restarting the data loader at epoch %d, batch %d",
+            failure.message,
+            *position,
+        )
 
     def _step_boundary(self) -> None:
         now = time.monotonic()
@@ -533,7 +564,7 @@ class Run:
 
     def _release_lock(self) -> None:
         if self._lock_fd is not None:
-            os.close(self._lock_fd)  # closing drops the flock
+            dirlock.release(self._lock_fd)
             self._lock_fd = None
 
 
@@ -567,26 +598,6 @@ def _local_run_dir(run_dir: str | os.PathLike[str]) -> Path:
             hint="use a new or empty directory for the run, e.g. runs/<name>",
         )
     return path
-
-
-def _lock(run_dir: Path) -> int:
-    # read-only descriptor: a held lock must not keep the file system busy for writing
-    try:
-        fd = os.open(run_dir / _LOCK_FILE, os.O_RDONLY | os.O_CREAT, 0o644)
-    except OSError as exc:
-        raise ConfigError(
-            f"cannot use run directory {run_dir}: {exc.strerror}",
-            hint="the run directory must be writable; choose another --run-dir",
-        ) from exc
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError as exc:
-        os.close(fd)
-        raise CheckpointError(
-            f"another process (or another Run) is using {run_dir}",
-            hint="wait for it to finish, close() the other Run, or use a different run directory",
-        ) from exc
-    return fd
 
 
 def _named(obj: Any, kind: str) -> dict[str, Any]:

@@ -32,6 +32,7 @@ from torch.utils.data import (
 )
 
 from spotwise.errors import ConfigError, StateMismatchError
+from spotwise.runtime.workers import WorkerInit
 
 
 def derive_seed(*parts: int | str) -> int:
@@ -193,7 +194,7 @@ def make_resumable(loader: DataLoader, seed: int) -> tuple[DataLoader, Resumable
         collate_fn=loader.collate_fn,
         pin_memory=loader.pin_memory,
         timeout=loader.timeout,
-        worker_init_fn=loader.worker_init_fn,
+        worker_init_fn=WorkerInit(loader.worker_init_fn),  # workers ignore notice signals
         multiprocessing_context=loader.multiprocessing_context,
         generator=torch.Generator(),
         pin_memory_device=loader.pin_memory_device,

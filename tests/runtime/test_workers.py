@@ -1,0 +1,144 @@
+"""DataLoader workers under signals and deaths, in this process with real worker processes: a
+notice signal that reaches the workers leaves them running, a terminate notice still saves and
+exits 75, and a worker killed mid-epoch is replaced without changing a single batch. Also the
+run directory lock: a forked child neither keeps it nor weakens it."""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+from spotwise.errors import DataLoaderError
+from spotwise.notices.signals import SignalDetector, watched_signals
+from spotwise.notices.watcher import Watcher
+from spotwise.runtime import Run, list_checkpoints
+
+from .conftest import NoisyDataset
+
+STEPS = 24  # NoisyDataset: 70 items in batches of 8 -> 9 batches per epoch
+
+
+def workers_of_this_process() -> list[int]:
+    pid = os.getpid()
+    return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state != "Z"
+
+
+def batches(run: Run, on_step=None) -> list[str]:
+    digests = []
+    for x, _y in run:
+        digests.append(hashlib.sha1(x.numpy().tobytes()).hexdigest()[:12])
+        if on_step is not None:
+            on_step(run)
+    return digests
+
+
+def make_run(run_dir: Path, notices=None, workers: int = 2) -> Run:
+    loader = DataLoader(NoisyDataset(), batch_size=8, shuffle=True, num_workers=workers)
+    return Run(
+        run_dir, model=torch.nn.Linear(8, 3), loader=loader, steps=STEPS, every=None, seed=7,
+        notices=notices,
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
+    return batches(make_run(tmp_path_factory.mktemp("reference")))
+
+
+def test_a_killed_worker_is_replaced_and_no_batch_changes(
+    tmp_path: Path, uninterrupted: list[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    killed: list[int] = []
+
+    def kill_one(run: Run) -> None:
+        if run.step + 1 in (4, 13):  # mid-epoch 0 and mid-epoch 1
+            victim = min(workers_of_this_process())
+            os.kill(victim, signal.SIGKILL)
+            killed.append(victim)
+            while alive(victim):
+                time.sleep(0.001)
+
+    assert batches(make_run(tmp_path), kill_one) == uninterrupted
+    assert len(killed) == 2
+    restarts = [r for r in caplog.records if "restarting the data loader" in r.getMessage()]
+    assert len(restarts) == 2 and "killed by SIGKILL" in restarts[0].getMessage()
+
+
+def test_notice_signals_leave_the_workers_running_and_still_exit_75(tmp_path: Path) -> None:
+    watcher = Watcher(local=[SignalDetector(("TERM", "INT"), grace_s=30.0)])
+    run = make_run(tmp_path, notices=watcher)
+    assert set(watched_signals()) >= {signal.SIGTERM, signal.SIGINT}
+    seen: list[int] = []
+
+    def signal_workers_then_self(run: Run) -> None:
+        if run.step + 1 == 5:
+            workers = workers_of_this_process()
+            for pid in workers:  # what a group signal does to them
+                os.kill(pid, signal.SIGTERM)
+                os.kill(pid, signal.SIGINT)
+            time.sleep(0.2)
+            seen.extend(pid for pid in workers if alive(pid))
+            assert len(seen) == 2, "a worker died of a notice signal"
+            os.kill(os.getpid(), signal.SIGTERM)  # and the main process's share
+
+    with pytest.raises(SystemExit) as exited:
+        batches(run, signal_workers_then_self)
+    assert exited.value.code == 75
+    assert [c.step for c in list_checkpoints(tmp_path) if c.valid] == [5]
+    assert signal.SIGTERM not in watched_signals()  # the detector closed with the run
+
+
+def test_a_worker_that_keeps_dying_is_an_error(tmp_path: Path) -> None:
+    def die(worker_id: int) -> None:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    loader = DataLoader(
+        NoisyDataset(), batch_size=8, shuffle=True, num_workers=1, worker_init_fn=die
+    )
+    run = Run(tmp_path, model=torch.nn.Linear(8, 3), loader=loader, steps=4, notices=None)
+    with pytest.raises(DataLoaderError, match=r"killed by SIGKILL") as raised:
+        batches(run)
+    assert "num_workers=0" in str(raised.value)
+    run.close()
+
+
+def test_a_forked_child_neither_keeps_nor_weakens_the_lock(tmp_path: Path) -> None:
+    run = Run(tmp_path, model=torch.nn.Linear(2, 1), notices=None)
+    verdict_r, verdict_w = os.pipe()
+    go_on_r, go_on_w = os.pipe()
+    child = os.fork()
+    if child == 0:  # the child: the lock still excludes it, and dropping its copies unlocks nothing
+        try:
+            fd = os.open(tmp_path / ".lock", os.O_RDONLY)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                os.write(verdict_w, b"taken")
+            except BlockingIOError:
+                os.write(verdict_w, b"refused")
+            os.close(fd)
+            os.read(go_on_r, 1)  # stay alive until the parent has tried again
+        finally:
+            os._exit(0)
+    try:
+        assert os.read(verdict_r, 16) == b"refused", "the child could take the parent's lock"
+        run.close()  # while the forked child is alive: it must not keep the directory locked
+        Run(tmp_path, model=torch.nn.Linear(2, 1), notices=None).close()
+    finally:
+        os.write(go_on_w, b"x")
+        os.waitpid(child, 0)
