@@ -36,11 +36,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from spotwise.runtime.checkpoint import (
-    byte_view,
-    load_checkpoint,
-    write_checkpoint,
-)
+from spotwise.runtime.commit import load_checkpoint, write_checkpoint
+from spotwise.runtime.format import byte_view
 from spotwise.runtime.snapshot import SnapshotBuffer
 from spotwise.runtime.state import StateEncoder
 

@@ -17,7 +17,7 @@ ckpt_app = typer.Typer(
 
 def _checkpoints(location: str, deep: bool) -> list[Any]:
     from spotwise.errors import ConfigError
-    from spotwise.runtime.checkpoint import list_checkpoints
+    from spotwise.runtime.commit import list_checkpoints
     from spotwise.runtime.tiered import is_remote, list_remote
 
     if is_remote(location):
