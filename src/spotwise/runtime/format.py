@@ -24,7 +24,8 @@ import math
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, TypeGuard
+from operator import attrgetter
+from typing import Any, NamedTuple, TypeGuard
 
 import torch
 
@@ -167,17 +168,24 @@ def pack_tensors(tensors: Mapping[str, torch.Tensor]) -> TensorBlob:
 
 
 # --- bounded JSON ------------------------------------------------------------------------------
-def bounded_json(
-    raw: bytes | memoryview, where: str, *, max_bytes: int, max_depth: int, max_string: int
-) -> Any:
-    """Parse JSON that may be hostile: size first, then depth and string lengths of the result
-    (walked with an explicit stack, so deep nesting cannot exhaust the interpreter's)."""
+def _loads(raw: bytes | memoryview, where: str, max_bytes: int) -> Any:
+    """``json.loads`` of at most ``max_bytes``; its C parser guards its own recursion, so deep
+    nesting is a RecursionError here, never a crash."""
     if len(raw) > max_bytes:
         raise CorruptCheckpointError(f"{where} is {len(raw)} bytes, over the limit of {max_bytes}")
     try:
-        value = json.loads(bytes(raw))
+        return json.loads(bytes(raw))
     except (ValueError, RecursionError) as exc:  # JSONDecodeError, UnicodeDecodeError, big ints
         raise CorruptCheckpointError(f"{where} is not valid JSON ({_short(exc)})") from exc
+
+
+def bounded_json(
+    raw: bytes | memoryview, where: str, *, max_bytes: int, max_depth: int, max_string: int
+) -> Any:
+    """Parse JSON that may be hostile and whose consumers recurse into it: size first, then the
+    depth and string lengths of the result (walked with an explicit stack, so deep nesting
+    cannot exhaust the interpreter's)."""
+    value = _loads(raw, where, max_bytes)
     stack: list[tuple[Any, int]] = [(value, 1)]
     while stack:
         item, depth = stack.pop()
@@ -309,8 +317,7 @@ def _parse_files(files: Any, where: str) -> dict[str, FileEntry]:
 
 
 # --- safetensors -------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class _Entry:
+class _Entry(NamedTuple):  # a tuple: cheap to build thousands of times per load
     name: str
     dtype: torch.dtype
     shape: tuple[int, ...]
@@ -334,21 +341,25 @@ def parse_header(raw: bytes | memoryview, data_bytes: int, where: str) -> list[_
     dtype, a shape of non-negative ints whose product matches its byte length, and the entries
     must tile the data section exactly (no gaps, overlaps or bytes outside it), as the
     safetensors specification requires."""
-    doc = bounded_json(
-        raw, where, max_bytes=MAX_HEADER_BYTES, max_depth=3, max_string=MAX_STRING_CHARS
-    )
+    doc = _loads(raw, where, MAX_HEADER_BYTES)  # every field is type-checked below, no walk
     if not isinstance(doc, dict):
         raise CorruptCheckpointError(f"{where} has a malformed header")
     entries = []
     for name, entry in doc.items():
+        if len(name) > MAX_STRING_CHARS:
+            raise CorruptCheckpointError(
+                f"{where} names a tensor with over {MAX_STRING_CHARS} characters"
+            )
         if name == "__metadata__":
-            if not isinstance(entry, dict) or not all(isinstance(v, str) for v in entry.values()):
+            if not isinstance(entry, dict) or not all(
+                isinstance(v, str) and len(v) <= MAX_STRING_CHARS for v in entry.values()
+            ):
                 raise CorruptCheckpointError(f"{where}: __metadata__ must map strings to strings")
             continue
         entries.append(_header_entry(name, entry, data_bytes, where))
     if len(entries) > MAX_TENSORS:
         raise CorruptCheckpointError(f"{where} holds {len(entries)} tensors, over {MAX_TENSORS}")
-    entries.sort(key=lambda e: (e.start, e.end))
+    entries.sort(key=attrgetter("start", "end"))
     pos = 0
     for e in entries:
         if e.start != pos:
@@ -373,16 +384,17 @@ def _header_entry(name: str, entry: Any, data_bytes: int, where: str) -> _Entry:
     shape, offsets = entry.get("shape"), entry.get("data_offsets")
     if dtype is None:
         raise CorruptCheckpointError(f"{where}: tensor {name!r} has unknown dtype")
+    # exact type checks (bool is an int subclass; JSON gives plain ints): this runs per tensor
     if (
-        not isinstance(shape, list)
+        type(shape) is not list
         or len(shape) > MAX_NDIM
-        or not all(_is_int(d, 0, MAX_FILE_BYTES) for d in shape)
+        or not all(type(d) is int and 0 <= d <= MAX_FILE_BYTES for d in shape)
     ):
         raise CorruptCheckpointError(f"{where}: tensor {name!r} has a bad shape {shape!r}")
     if (
-        not isinstance(offsets, list)
+        type(offsets) is not list
         or len(offsets) != 2
-        or not all(_is_int(x, 0, data_bytes) for x in offsets)
+        or not all(type(x) is int and 0 <= x <= data_bytes for x in offsets)
         or offsets[0] > offsets[1]
     ):
         raise CorruptCheckpointError(f"{where}: tensor {name!r} lies outside the file")
@@ -413,8 +425,8 @@ def parse_safetensors(buf: torch.Tensor, where: str) -> dict[str, torch.Tensor]:
         if flat.storage_offset() % dtype.itemsize:
             flat = flat.clone()  # files from other writers may not align tensors
         pieces = flat.view(dtype).split([math.prod(e.shape) for e in run])
-        for entry, piece in zip(run, pieces, strict=True):
-            out[entry.name] = piece.view(entry.shape)
+        for entry, piece in zip(run, pieces, strict=True):  # split gives 1-D pieces already
+            out[entry.name] = piece if len(entry.shape) == 1 else piece.view(entry.shape)
         i = j
     return out
 
