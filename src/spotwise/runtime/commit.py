@@ -48,16 +48,17 @@ from spotwise.runtime.format import (
     STATE_FILE,
     TENSORS_FILE,
     FileEntry,
+    Header,
     Manifest,
     TensorBlob,
     header_length,
     pack_tensors,
     parse_header,
     parse_manifest,
-    parse_safetensors,
     parse_state,
     step_dir_name,
     step_of_dir,
+    tensor_views,
 )
 from spotwise.runtime.retention import RetentionPolicy, choose_deletions
 from spotwise.runtime.state import decode
@@ -452,8 +453,24 @@ def _check_crc(crc: int, entry: FileEntry, file: Path) -> None:
         )
 
 
+def _tensor_header(fd: int, size: int, file: Path) -> Header:
+    length = header_length(_pread_exact(fd, min(size, 8), 0, file), size, str(file))
+    raw = _pread_exact(fd, length, 8, file)
+    return Header(length, raw, parse_header(raw, size - 8 - length, str(file)))
+
+
 def _read_whole(fd: int, size: int, entry: FileEntry, file: Path) -> torch.Tensor:
-    buf = torch.empty(size, dtype=torch.uint8)
+    """The whole file in one buffer, its CRC32C checked. A size no machine could hold (a sparse
+    file, say) is refused before anything is allocated."""
+    memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    if size > memory:
+        raise CorruptCheckpointError(
+            f"{file} is {size} bytes, more than this machine's {memory} bytes of memory"
+        )
+    try:
+        buf = torch.empty(size, dtype=torch.uint8)
+    except RuntimeError as exc:  # the allocator's "not enough memory"
+        raise CorruptCheckpointError(f"cannot allocate {size} bytes to read {file}") from exc
     view = memoryview(buf.numpy()).cast("B") if size else memoryview(b"")  # type: ignore[arg-type,unused-ignore]
     _check_crc(_read_with_crc(fd, view, file), entry, file)
     return buf
@@ -509,18 +526,16 @@ def _inspect(path: Path, step: int | None, depth: Depth) -> _Read:
         for name, entry in manifest.files.items():
             fd, size = opened[name]
             file = path / name
+            # the header first, from its few bytes: a bad one is refused before a big read
+            header = _tensor_header(fd, size, file) if name == TENSORS_FILE else None
             if depth == Depth.LOAD and name in (TENSORS_FILE, STATE_FILE):
                 buf = _read_whole(fd, size, entry, file)
-                if name == TENSORS_FILE:
-                    read.tensors = parse_safetensors(buf, str(file))
+                if header is not None:
+                    read.tensors = tensor_views(buf, header, str(file))
                 else:
                     read.state = parse_state(buf.numpy().tobytes(), str(file))
-                continue
-            if depth >= Depth.CHECKSUMS:
+            elif depth >= Depth.CHECKSUMS:
                 _check_crc(_stream_crc(fd, size, file), entry, file)
-            if name == TENSORS_FILE:
-                length = header_length(_pread_exact(fd, min(size, 8), 0, file), size, str(file))
-                parse_header(_pread_exact(fd, length, 8, file), size - 8 - length, str(file))
         if depth == Depth.LOAD:
             read.doc = _decoded(read.state, read.tensors, path / STATE_FILE)
         return read

@@ -404,16 +404,35 @@ def _header_entry(name: str, entry: Any, data_bytes: int, where: str) -> _Entry:
     return _Entry(name, dtype, tuple(shape), offsets[0], offsets[1])
 
 
+@dataclass(frozen=True)
+class Header:
+    """A parsed safetensors header: its length, its bytes and its tensors in file order."""
+
+    length: int
+    raw: bytes
+    entries: list[_Entry]
+
+
 def parse_safetensors(buf: torch.Tensor, where: str) -> dict[str, torch.Tensor]:
     """Tensors viewed out of a whole safetensors file held in ``buf`` (uint8), validating every
-    header field against the buffer first. Consecutive tensors of one dtype are cut out of one
-    typed view with a single ``split``, so thousands of small tensors cost one call, not
-    thousands of slice/view/reshape calls."""
+    header field against the buffer first."""
     size = buf.numel()
     raw = memoryview(buf.numpy()) if size else memoryview(b"")  # type: ignore[arg-type,unused-ignore]
     length = header_length(raw[:8], size, where)
-    entries = parse_header(raw[8 : 8 + length], size - 8 - length, where)
-    data = buf[8 + length :]
+    header = bytes(raw[8 : 8 + length])
+    return tensor_views(buf, Header(length, header, parse_header(header, size - 8 - length, where)))
+
+
+def tensor_views(buf: torch.Tensor, header: Header, where: str = "") -> dict[str, torch.Tensor]:
+    """The tensors of ``header`` viewed out of the whole file held in ``buf``. Consecutive
+    tensors of one dtype are cut out of one typed view with a single ``split``, so thousands of
+    small tensors cost one call, not thousands of slice/view/reshape calls. ``header`` may have
+    been read separately (before the file, to refuse it early): the buffer must hold the same
+    header bytes."""
+    if bytes(buf[8 : 8 + header.length].numpy()) != header.raw:
+        raise CorruptCheckpointError(f"{where}: the header changed while the file was read")
+    entries = header.entries
+    data = buf[8 + header.length :]
     out: dict[str, torch.Tensor] = {}
     i = 0
     while i < len(entries):
