@@ -361,13 +361,18 @@ def _kind(mode: int) -> str:
     return "not a regular file"
 
 
-def _open_dir(path: Path) -> int:
+def _lstat_mode(path: str | Path, shown: Path, dir_fd: int | None = None) -> int:
+    """The type and mode of ``path`` itself (a link is not followed)."""
     try:
-        mode = os.lstat(path).st_mode
+        return os.stat(path, dir_fd=dir_fd, follow_symlinks=False).st_mode
     except FileNotFoundError as exc:
-        raise CorruptCheckpointError(f"{path} does not exist") from exc
+        raise CorruptCheckpointError(f"{shown} is missing") from exc
     except OSError as exc:
-        raise CorruptCheckpointError(f"cannot read {path}: {exc.strerror}") from exc
+        raise CorruptCheckpointError(f"cannot read {shown}: {exc.strerror}") from exc
+
+
+def _open_dir(path: Path) -> int:
+    mode = _lstat_mode(path, path)
     if not stat.S_ISDIR(mode):
         raise CorruptCheckpointError(f"{path} is {_kind(mode)}, not a checkpoint directory")
     try:
@@ -378,12 +383,7 @@ def _open_dir(path: Path) -> int:
 
 def _open_member(dir_fd: int, name: str, where: Path) -> tuple[int, int]:
     """A read descriptor and size of regular file ``name`` inside the directory ``dir_fd``."""
-    try:
-        mode = os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode
-    except FileNotFoundError as exc:
-        raise CorruptCheckpointError(f"{where / name} is missing") from exc
-    except OSError as exc:
-        raise CorruptCheckpointError(f"cannot read {where / name}: {exc.strerror}") from exc
+    mode = _lstat_mode(name, where / name, dir_fd)
     if not stat.S_ISREG(mode):
         raise CorruptCheckpointError(f"{where / name} is {_kind(mode)}, not a regular file")
     try:
