@@ -11,13 +11,8 @@ import torch
 from safetensors.torch import load_file
 
 from spotwise.errors import CorruptCheckpointError
-from spotwise.runtime.checkpoint import (
-    MANIFEST,
-    STATE_FILE,
-    TENSORS_FILE,
+from spotwise.runtime.commit import (
     CheckpointInfo,
-    RetentionPolicy,
-    choose_deletions,
     clean_temporaries,
     list_checkpoints,
     load_checkpoint,
@@ -26,6 +21,8 @@ from spotwise.runtime.checkpoint import (
     verify_checkpoint,
     write_checkpoint,
 )
+from spotwise.runtime.format import MANIFEST, STATE_FILE, TENSORS_FILE
+from spotwise.runtime.retention import RetentionPolicy, choose_deletions
 
 
 def sample_tensors() -> dict[str, torch.Tensor]:

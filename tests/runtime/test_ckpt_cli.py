@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from spotwise.cli.main import app
 from spotwise.runtime import write_checkpoint
-from spotwise.runtime.checkpoint import TENSORS_FILE
+from spotwise.runtime.format import TENSORS_FILE
 
 runner = CliRunner()
 

@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from spotwise.cli.main import app
 from spotwise.errors import ConfigError
-from spotwise.runtime.checkpoint import verify_checkpoint, write_checkpoint
+from spotwise.runtime.commit import verify_checkpoint, write_checkpoint
 from spotwise.runtime.tiered import push
 
 
@@ -40,7 +40,7 @@ def test_list_verify_and_pull_s3(make_s3, bucket: str, tmp_path: Path) -> None:
     report = json.loads(verified.output)
     assert report["ok"] is False
     assert [(c["step"], c["valid"]) for c in report["checkpoints"]] == [(100, True), (200, False)]
-    assert "does not match its manifest" in report["checkpoints"][1]["problem"]
+    assert "tensors.safetensors fails its CRC32C check" in report["checkpoints"][1]["problem"]
 
     pulled = runner.invoke(app, ["ckpt", "pull", uri, str(tmp_path / "dest")])
     assert pulled.exit_code == 0, pulled.output

@@ -9,13 +9,13 @@ import pytest
 import torch
 
 from spotwise.errors import EncryptionKeyError, NoCheckpointError, SaveError
-from spotwise.runtime.checkpoint import (
-    RetentionPolicy,
+from spotwise.runtime.commit import (
     list_checkpoints,
     load_newest_valid,
     verify_checkpoint,
     write_checkpoint,
 )
+from spotwise.runtime.retention import RetentionPolicy
 from spotwise.runtime.tiered import (
     TieredMirror,
     is_remote,

@@ -93,7 +93,7 @@ def test_notice_with_the_store_down_still_exits_75_with_a_local_checkpoint(
 ) -> None:
     """The emergency save commits locally; the failed upload is logged, not raised, so the
     process still says "interrupted, state saved" and nothing partial is visible remotely."""
-    from spotwise.runtime.checkpoint import list_checkpoints
+    from spotwise.runtime.commit import list_checkpoints
 
     from .fault_proxy import Fault
 

@@ -17,7 +17,7 @@ ckpt_app = typer.Typer(
 
 def _checkpoints(location: str, deep: bool) -> list[Any]:
     from spotwise.errors import ConfigError
-    from spotwise.runtime.checkpoint import list_checkpoints
+    from spotwise.runtime.commit import list_checkpoints
     from spotwise.runtime.tiered import is_remote, list_remote
 
     if is_remote(location):
@@ -69,7 +69,10 @@ def list_command(
     ),
     as_json: bool = typer.Option(False, "--json", help="print JSON instead of a table"),
     deep: bool = typer.Option(
-        False, "--deep", help="also verify checksums (reads every byte; sizes are always checked)"
+        False,
+        "--deep",
+        help="check everything loading checks (reads every byte; structure and sizes are "
+        "always checked)",
     ),
 ) -> None:
     """List checkpoints: step, time, size and whether each one is valid."""
@@ -89,7 +92,8 @@ def verify_command(
     ),
     as_json: bool = typer.Option(False, "--json", help="print JSON instead of a table"),
 ) -> None:
-    """Verify every checkpoint (sizes and CRC32C checksums); exit 1 if any is invalid."""
+    """Verify every checkpoint exactly as loading would (files, sizes, CRC32C, tensor header,
+    state); exit 1 if any is invalid."""
     infos = _checkpoints(run_dir, deep=True)
     bad = [i for i in infos if not i.valid]
     if as_json:

@@ -6,10 +6,9 @@ Imports no cloud SDK (a test enforces it), so the training process stays lean.
 
 from __future__ import annotations
 
-from spotwise.runtime.checkpoint import (
+from spotwise.runtime.commit import (
     CheckpointInfo,
     LoadedCheckpoint,
-    RetentionPolicy,
     list_checkpoints,
     load_checkpoint,
     load_newest_valid,
@@ -18,6 +17,7 @@ from spotwise.runtime.checkpoint import (
     write_checkpoint,
 )
 from spotwise.runtime.interval import young_daly_interval_s
+from spotwise.runtime.retention import RetentionPolicy
 from spotwise.runtime.run import EXIT_INTERRUPTED, Mirror, Run
 
 __all__ = [

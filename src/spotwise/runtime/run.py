@@ -20,6 +20,7 @@ import os
 import sys
 import threading
 import time
+import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -35,17 +36,15 @@ from spotwise.errors import (
 )
 from spotwise.notices.base import Notice, NoticeSource
 from spotwise.runtime import dirlock
-from spotwise.runtime.checkpoint import (
+from spotwise.runtime.commit import (
     CheckpointInfo,
     LoadedCheckpoint,
-    RetentionPolicy,
-    TensorBlob,
     clean_temporaries,
-    load_newest_valid,
-    pack_tensors,
+    loadable_checkpoints,
     retain,
     write_checkpoint,
 )
+from spotwise.runtime.format import TensorBlob, pack_tensors
 from spotwise.runtime.interval import (
     DEFAULT_MTBI_S,
     DEFAULT_NOTICE_MARGIN_S,
@@ -55,13 +54,13 @@ from spotwise.runtime.interval import (
     parse_every,
     save_due,
 )
+from spotwise.runtime.retention import RetentionPolicy
 from spotwise.runtime.sampler import ResumableBatchSampler, derive_seed, make_resumable
 from spotwise.runtime.snapshot import SnapshotBuffer
 from spotwise.runtime.state import (
     StateEncoder,
     capture_rng,
     check_module_state,
-    decode,
     restore_rng,
 )
 from spotwise.runtime.tiered import TieredMirror, is_remote, staging_dir
@@ -193,9 +192,7 @@ class Run:
             if mirror is not None:
                 mirror.restore(self.run_dir)
             clean_temporaries(self.run_dir)
-            loaded = load_newest_valid(self.run_dir)
-            if loaded is not None:
-                self._restore(loaded)
+            self._resume()
             restore_s = time.monotonic() - restore_started
             self._notices = _open_notices(notices)
             self.telemetry = RunTelemetry(self, metrics_port=metrics_port,
@@ -508,55 +505,100 @@ class Run:
         self._raise_writer_error()
 
     # --- restoring ------------------------------------------------------------------------------
+    def _resume(self) -> None:
+        """Restore the newest checkpoint that loads and fits this Run's objects.
+
+        One that loads but does not fit (a dropped or reshaped tensor, a changed dtype, no run
+        state) is skipped with a warning naming its step and the reason, like one that does not
+        load. Raises only when checkpoints loaded and none of them fits: then the objects are
+        not the ones that wrote this directory, and guessing would train the wrong thing."""
+        unfit: list[tuple[int, StateMismatchError]] = []
+        for loaded in loadable_checkpoints(self.run_dir):
+            try:
+                self._restore(loaded)
+                return
+            except StateMismatchError as exc:
+                unfit.append((loaded.info.step, exc))
+                message = (
+                    f"skipping checkpoint {loaded.info.path.name}: it does not fit this Run "
+                    f"({exc.message}); falling back to an older one"
+                )
+                log.warning(message)
+                warnings.warn(message, RuntimeWarning, stacklevel=3)
+        if unfit:
+            step, newest = unfit[0]
+            raise StateMismatchError(
+                f"none of the {len(unfit)} valid checkpoints in {self.run_dir} fits this Run; "
+                f"the newest (step {step}): {newest.message}",
+                hint=newest.hint
+                or "pass the same objects as the run that wrote the checkpoints, or use a new "
+                "run directory",
+            ) from newest
+
     def _restore(self, loaded: LoadedCheckpoint) -> None:
+        """Check that the whole checkpoint fits, then apply it. Everything that can be checked
+        without touching the live objects is checked first, so a checkpoint that does not fit
+        leaves them as they were; should applying still fail, the next checkpoint tried
+        re-applies every object completely."""
         where = loaded.info.path
-        try:
-            doc = decode(loaded.state, loaded.tensors)
-            meta = doc["spotwise"]
-            sections = {k: doc[k] for k in ("models", "optimizers", "schedulers", "scalers")}
-        except (KeyError, TypeError) as exc:
+        doc = loaded.doc
+        meta = doc.get("spotwise") if isinstance(doc, dict) else None
+        if not isinstance(meta, dict) or not all(
+            isinstance(doc.get(k), dict) for k in _SECTIONS
+        ):
             raise StateMismatchError(
                 f"{where} was not written by spotwise.Run (no run state in it)",
                 hint="point Run at a directory of its own",
-            ) from exc
+            )
         if meta.get("version") != STATE_VERSION:
             raise StateMismatchError(f"{where} has run-state version {meta.get('version')!r}")
-        for kind, live in (
-            ("models", self.models),
-            ("optimizers", self.optimizers),
-            ("schedulers", self.schedulers),
-            ("scalers", self.scalers),
-        ):
-            if set(sections[kind]) != set(live):
+        found = {k: meta.get(k) for k in ("step", "epoch", "batch_in_epoch", "seed")}
+        counters = {k: v for k, v in found.items() if type(v) is int and v >= 0}
+        if len(counters) != len(found):
+            raise StateMismatchError(f"{where} has malformed run counters {found!r}")
+        if counters["step"] != loaded.info.step:
+            raise StateMismatchError(
+                f"{where} holds run state of step {counters['step']}, not {loaded.info.step}"
+            )
+        for kind in _SECTIONS:
+            live = getattr(self, kind)
+            if set(doc[kind]) != set(live):
                 raise StateMismatchError(
-                    f"{where} holds {kind} {sorted(sections[kind])}, this Run was given "
+                    f"{where} holds {kind} {sorted(doc[kind])}, this Run was given "
                     f"{sorted(live)}",
                     hint="pass the same objects as the run that wrote the checkpoint, or use a "
                     "new run directory",
                 )
         for name, module in self.models.items():
-            check_module_state(name, module, sections["models"][name])
-        if self._batches is not None:
-            if doc["sampler"] is None:
-                raise StateMismatchError(f"{where} was saved without a data loader")
-            self._batches.load_state_dict(doc["sampler"])
-        for kind in ("models", "optimizers", "schedulers", "scalers"):
-            for name, obj in getattr(self, kind).items():
-                try:
-                    obj.load_state_dict(sections[kind][name])
-                except (RuntimeError, ValueError, KeyError) as exc:
-                    raise StateMismatchError(
-                        f"{where} does not fit {kind[:-1]} {name!r}: {exc}",
-                        hint="the objects differ from the run that wrote it; use a new run "
-                        "directory or restore the original configuration",
-                    ) from exc
-        self.step = int(meta["step"])
-        self.epoch = int(meta["epoch"])
-        self.batch_in_epoch = int(meta["batch_in_epoch"])
-        self.seed = int(meta["seed"])
+            if not isinstance(doc["models"][name], dict):
+                raise StateMismatchError(f"{where} holds no state dict for model {name!r}")
+            check_module_state(name, module, doc["models"][name])
+        for name, optimizer in self.optimizers.items():
+            _check_optimizer_state(where, name, optimizer, doc["optimizers"][name])
+        if self._batches is not None and not isinstance(doc.get("sampler"), dict):
+            raise StateMismatchError(f"{where} was saved without a data loader")
+        extras = doc.get("extras")
+        if not isinstance(doc.get("rng"), dict) or not (extras is None or isinstance(extras, dict)):
+            raise StateMismatchError(f"{where} has malformed RNG or extras state")
+        try:
+            if self._batches is not None:
+                self._batches.load_state_dict(doc["sampler"])
+            restore_rng(doc["rng"])
+            for kind in _SECTIONS:
+                for name, obj in getattr(self, kind).items():
+                    obj.load_state_dict(doc[kind][name])
+        except StateMismatchError:
+            raise
+        except (RuntimeError, ValueError, KeyError, TypeError, AttributeError, IndexError) as exc:
+            raise StateMismatchError(
+                f"{where} does not fit this Run: {type(exc).__name__}: {exc}",
+                hint="the objects differ from the run that wrote it; use a new run directory "
+                "or restore the original configuration",
+            ) from exc
+        self.step, self.epoch = counters["step"], counters["epoch"]
+        self.batch_in_epoch, self.seed = counters["batch_in_epoch"], counters["seed"]
         self.extras = dict(doc["extras"] or {})
         self.metrics = dict(loaded.info.metrics)
-        restore_rng(doc["rng"])
         self._committed_step = self.step
         self.resumed_from = loaded.info
         log.info("resumed from %s (step %d)", where, self.step)
@@ -598,6 +640,34 @@ def _local_run_dir(run_dir: str | os.PathLike[str]) -> Path:
             hint="use a new or empty directory for the run, e.g. runs/<name>",
         )
     return path
+
+
+_SECTIONS = ("models", "optimizers", "schedulers", "scalers")
+
+
+def _check_optimizer_state(where: Path, name: str, optimizer: Any, saved: Any) -> None:
+    """Refuse an optimizer state whose parameter groups differ from the live optimizer's (what
+    ``load_state_dict`` would raise on), before any object has been modified."""
+    live = optimizer.state_dict().get("param_groups")
+    groups = saved.get("param_groups") if isinstance(saved, dict) else None
+    if not isinstance(live, list):  # not a torch optimizer: its own load_state_dict decides
+        return
+    if (
+        not isinstance(groups, list)
+        or not isinstance(saved.get("state"), dict)
+        or len(groups) != len(live)
+        or any(
+            not isinstance(g, dict)
+            or not isinstance(g.get("params"), list)
+            or len(g["params"]) != len(ours["params"])
+            for g, ours in zip(groups, live, strict=False)
+        )
+    ):
+        raise StateMismatchError(
+            f"{where} does not fit optimizer {name!r}: its parameter groups differ",
+            hint="the optimizer differs from the run that wrote it; use a new run directory or "
+            "restore the original configuration",
+        )
 
 
 def _named(obj: Any, kind: str) -> dict[str, Any]:

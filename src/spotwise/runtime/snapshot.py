@@ -13,7 +13,7 @@ from collections.abc import Mapping
 
 import torch
 
-from spotwise.runtime.checkpoint import TensorBlob, TensorLayout, byte_view, spec_of
+from spotwise.runtime.format import TensorBlob, TensorLayout, byte_view, spec_of
 
 
 class SnapshotBuffer:

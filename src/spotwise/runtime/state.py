@@ -143,6 +143,11 @@ def check_module_state(name: str, module: torch.nn.Module, saved: Mapping[str, A
     missing = sorted(set(live) - set(saved))
     unexpected = sorted(set(saved) - set(live))
     wrong = [
+        f"{k}: checkpoint holds a {type(saved[k]).__name__}, not a tensor"
+        for k in live
+        if k in saved and not isinstance(saved[k], torch.Tensor)
+    ]
+    wrong += [
         f"{k}: checkpoint {tuple(saved[k].shape)} {saved[k].dtype}, model "
         f"{tuple(live[k].shape)} {live[k].dtype}"
         for k in live

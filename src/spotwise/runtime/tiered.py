@@ -25,15 +25,12 @@ import hashlib
 import logging
 import os
 import re
+import tempfile
 import threading
 import time
-import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
-import crc32c
 
 from spotwise.errors import (
     CorruptCheckpointError,
@@ -43,15 +40,17 @@ from spotwise.errors import (
     SaveError,
     StorageNotFoundError,
 )
-from spotwise.runtime.checkpoint import (
-    MANIFEST,
-    TMP_PREFIX,
+from spotwise.runtime.commit import (
     CheckpointInfo,
-    RetentionPolicy,
-    choose_deletions,
+    check_bytes,
+    commit_staged,
     list_checkpoints,
-    parse_manifest,
+    remove_tree,
+    temporary_dir,
+    verify_checkpoint,
 )
+from spotwise.runtime.format import MANIFEST, Manifest, parse_manifest, step_dir_name
+from spotwise.runtime.retention import RetentionPolicy, choose_deletions
 from spotwise.storage.base import Storage
 
 log = logging.getLogger(__name__)
@@ -98,7 +97,7 @@ class RemoteCheckpoint:
     name: str
     sizes: dict[str, int]  # file name -> size, as listed
     manifest_raw: bytes | None = None
-    manifest: dict[str, Any] | None = None
+    manifest: Manifest | None = None
     valid: bool = False
     problem: str | None = None
 
@@ -108,16 +107,15 @@ class RemoteCheckpoint:
 
     def info(self) -> CheckpointInfo:
         """As a ``CheckpointInfo`` (path = the step name), for retention decisions and listings."""
-        manifest = self.manifest or {}
-        metrics = manifest.get("metrics") or {}
+        manifest = self.manifest
         return CheckpointInfo(
             step=self.step,
             path=Path(self.name),
-            wall_time=float(manifest.get("wall_time") or 0) or None,
+            wall_time=manifest.wall_time if manifest else None,
             size_bytes=self.size_bytes,
             valid=self.valid,
             problem=self.problem,
-            metrics={k: float(v) for k, v in metrics.items() if isinstance(v, (int, float))},
+            metrics=dict(manifest.metrics) if manifest else {},
         )
 
 
@@ -132,7 +130,7 @@ def scan_remote(
     groups: dict[str, RemoteCheckpoint] = {}
     for obj in storage.list(""):
         match = _STEP_KEY.match(obj.key)
-        if match is None:
+        if match is None or step_dir_name(int(match.group(2))) != match.group(1):
             continue
         name, step, rest = match.group(1), int(match.group(2)), match.group(3)
         groups.setdefault(name, RemoteCheckpoint(step, name, {})).sizes[rest] = obj.size
@@ -169,14 +167,14 @@ def _check(storage: Storage, ckpt: RemoteCheckpoint) -> None:
     except (IntegrityError, StorageNotFoundError) as exc:
         ckpt.problem = exc.message
         return
-    if ckpt.manifest["step"] != ckpt.step:
-        ckpt.problem = f"holds step {ckpt.manifest['step']} but is named for step {ckpt.step}"
+    if ckpt.manifest.step != ckpt.step:
+        ckpt.problem = f"holds step {ckpt.manifest.step} but is named for step {ckpt.step}"
         return
-    for fname, entry in ckpt.manifest["files"].items():
+    for fname, entry in ckpt.manifest.files.items():
         listed = ckpt.sizes.get(fname)
-        if listed != entry["size"]:
+        if listed != entry.size:
             got = "missing" if listed is None else f"{listed} bytes"
-            ckpt.problem = f"{fname} is {got}, the manifest says {entry['size']} bytes"
+            ckpt.problem = f"{fname} is {got}, the manifest says {entry.size} bytes"
             return
     ckpt.valid = True
 
@@ -189,74 +187,50 @@ def _looks_encrypted(raw: bytes | None) -> bool:
 
 # --- moving checkpoints between tiers ----------------------------------------------------------
 def push(storage: Storage, ckpt_dir: Path) -> None:
-    """Upload one committed local checkpoint: verified data files first, the manifest last."""
-    raw = (ckpt_dir / MANIFEST).read_bytes()
-    manifest = parse_manifest(raw, str(ckpt_dir / MANIFEST))
-    for fname, entry in manifest["files"].items():
-        path = ckpt_dir / fname
-        _verify_file(path, entry, str(path))  # never upload bytes that differ from the commit
-        storage.put_file(f"{ckpt_dir.name}/{fname}", path)
+    """Upload one committed local checkpoint: data files first, the manifest last, after every
+    byte was checked against the manifest (never upload bytes that differ from the commit)."""
+    manifest, raw = check_bytes(ckpt_dir)
+    for fname in manifest.files:
+        storage.put_file(f"{ckpt_dir.name}/{fname}", ckpt_dir / fname)
     storage.put_bytes(f"{ckpt_dir.name}/{MANIFEST}", raw)
+
+
+def _download(storage: Storage, ckpt: RemoteCheckpoint, into: Path) -> None:
+    """Fetch every file of ``ckpt`` and its manifest into the empty directory ``into`` and check
+    them with the local reader (sizes and CRC32C, in bounded memory)."""
+    if not ckpt.valid or ckpt.manifest is None or ckpt.manifest_raw is None:
+        raise CorruptCheckpointError(f"{storage.uri}/{ckpt.name} is not valid: {ckpt.problem}")
+    for fname in ckpt.manifest.files:
+        storage.get_file(f"{ckpt.name}/{fname}", into / fname)
+    (into / MANIFEST).write_bytes(ckpt.manifest_raw)
+    try:
+        check_bytes(into, step=ckpt.step)
+    except CorruptCheckpointError as exc:
+        raise CorruptCheckpointError(_remote_names(exc.message, storage, ckpt, into)) from exc
+
+
+def _remote_names(message: str, storage: Storage, ckpt: RemoteCheckpoint, into: Path) -> str:
+    """A local reader's message about a downloaded copy, naming the remote objects instead."""
+    return message.replace(str(into), f"{storage.uri}/{ckpt.name}")
 
 
 def pull(storage: Storage, ckpt: RemoteCheckpoint, run_dir: Path) -> Path:
     """Download a remote checkpoint into ``run_dir`` with the local commit protocol.
 
-    Files land in a hidden temporary directory, each is checked against the manifest's size and
-    CRC32C and fsynced, the manifest is written last and the directory renamed into place.
+    Files land in a hidden temporary directory, are checked against the manifest's sizes and
+    CRC32Cs, and the directory is committed like a local save (fsync, rename, fsync).
     Raises CorruptCheckpointError (or IntegrityError) and leaves nothing behind on failure.
     """
-    if not ckpt.valid or ckpt.manifest is None or ckpt.manifest_raw is None:
-        raise CorruptCheckpointError(f"{storage.uri}/{ckpt.name} is not valid: {ckpt.problem}")
+    run_dir.mkdir(parents=True, exist_ok=True)
     final = run_dir / ckpt.name
-    tmp = run_dir / f"{TMP_PREFIX}{ckpt.step:08d}-{uuid.uuid4().hex[:8]}"
-    tmp.mkdir(parents=True)
+    tmp = temporary_dir(run_dir, ckpt.step)
     try:
-        for fname, entry in ckpt.manifest["files"].items():
-            storage.get_file(f"{ckpt.name}/{fname}", tmp / fname)
-            _verify_file(tmp / fname, entry, f"{storage.uri}/{ckpt.name}/{fname}")
-            _fsync(tmp / fname)
-        (tmp / MANIFEST).write_bytes(ckpt.manifest_raw)
-        _fsync(tmp / MANIFEST)
-        _fsync(tmp)
-        if final.exists():  # a stale or broken local copy of the same step
-            _remove_tree(final)
-        os.rename(tmp, final)
-        _fsync(run_dir)
+        _download(storage, ckpt, tmp)
+        commit_staged(tmp, final)
     except BaseException:
-        _remove_tree(tmp)
+        remove_tree(tmp)
         raise
     return final
-
-
-def _verify_file(path: Path, entry: dict[str, Any], where: str) -> None:
-    try:
-        size = path.stat().st_size
-        value = 0
-        with open(path, "rb") as fh:
-            while chunk := fh.read(16 << 20):
-                value = crc32c.crc32c(chunk, value)
-    except FileNotFoundError as exc:
-        raise CorruptCheckpointError(f"{where} is missing") from exc
-    if size != entry["size"] or f"{value:08x}" != entry["crc32c"]:
-        raise CorruptCheckpointError(
-            f"{where} does not match its manifest (size {size} vs {entry['size']}, CRC32C "
-            f"{value:08x} vs {entry['crc32c']})"
-        )
-
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _remove_tree(path: Path) -> None:
-    import shutil
-
-    shutil.rmtree(path, ignore_errors=True)
 
 
 def delete_remote(storage: Storage, ckpt: RemoteCheckpoint) -> None:
@@ -269,25 +243,27 @@ def delete_remote(storage: Storage, ckpt: RemoteCheckpoint) -> None:
 
 
 def verify_deep(storage: Storage, ckpt: RemoteCheckpoint, scratch: Path) -> None:
-    """Download every file of a (listing-valid) checkpoint into ``scratch`` and check it against
-    the manifest's size and CRC32C; a failure marks ``ckpt`` invalid with the problem."""
-    if not ckpt.valid or ckpt.manifest is None:
+    """Download a (listing-valid) checkpoint into ``scratch`` and give it the same verdict as
+    loading it would; a failure marks ``ckpt`` invalid with the problem."""
+    if not ckpt.valid:
         return
+    into = scratch / ckpt.name
+    into.mkdir()
     try:
-        for fname, entry in ckpt.manifest["files"].items():
-            dest = scratch / fname
-            storage.get_file(f"{ckpt.name}/{fname}", dest)
-            _verify_file(dest, entry, f"{storage.uri}/{ckpt.name}/{fname}")
-            dest.unlink()
+        _download(storage, ckpt, into)
+        verdict = verify_checkpoint(into, step=ckpt.step)
+        if not verdict.valid:
+            ckpt.valid = False
+            ckpt.problem = _remote_names(verdict.problem or "", storage, ckpt, into)
     except (CorruptCheckpointError, IntegrityError, StorageNotFoundError) as exc:
         ckpt.valid, ckpt.problem = False, exc.message
+    finally:
+        remove_tree(into)
 
 
 def list_remote(uri: str, *, deep: bool = False) -> list[CheckpointInfo]:
     """The checkpoints at ``uri``, oldest first (``spotwise ckpt list|verify``): listing and
-    manifest checks, plus a download and checksum of every file with ``deep``."""
-    import tempfile
-
+    manifest checks, plus a download and the loading verdict of every checkpoint with ``deep``."""
     storage = open_remote(uri)
     found = scan_remote(storage)
     if deep:

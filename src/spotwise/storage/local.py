@@ -6,7 +6,6 @@ place and fsyncs the directory, so a reader (or a crash) sees the whole object o
 
 from __future__ import annotations
 
-import errno
 import os
 import shutil
 import uuid
@@ -34,24 +33,19 @@ def _translated(what: str) -> Iterator[None]:
     except FileNotFoundError as exc:
         raise StorageNotFoundError(f"{what}: not found ({exc.filename})") from exc
     except OSError as exc:
-        if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+        from spotwise.runtime.commit import disk_problem  # the errno map checkpoints use
+
+        problem = disk_problem(exc)
+        if problem in ("full", "too-large"):
             raise StorageFullError(
                 f"{what}: no space left ({exc.strerror})", hint="free space or use a larger disk"
             ) from exc
-        if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        if problem == "read-only":
             raise StoragePermissionError(
                 f"{what}: not writable ({exc.strerror})",
                 hint="check the directory's permissions or choose a writable location",
             ) from exc
         raise StorageError(f"{what}: {exc}") from exc
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class LocalStorage:
@@ -82,7 +76,9 @@ class LocalStorage:
             except BaseException:
                 tmp.unlink(missing_ok=True)
                 raise
-            _fsync_dir(dest.parent)
+            from spotwise.runtime.commit import fsync_dir  # the one directory fsync
+
+            fsync_dir(dest.parent)
 
     def put_file(self, key: str, source: Path) -> None:
         with _translated(f"cannot read {source}"), open(source, "rb") as src:

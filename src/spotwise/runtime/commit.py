@@ -1,0 +1,684 @@
+"""Committing one checkpoint to a directory, reading one back, and removing them.
+
+Writing: a checkpoint is built in a hidden sibling (``.tmp-step-...``): the tensors and state are
+written, the manifest is written last, every file and the directory are fsynced, then the
+directory is renamed into place (the commit) and the parent directory fsynced. A crash at any
+instant therefore leaves either the complete new checkpoint or none of it, and never touches
+older ones. Pulling a checkpoint from an object store ends in the same commit.
+
+Reading: one reader (:func:`_inspect`) gives the one verdict that ``ckpt list``/``verify``,
+loading, uploading and pulling all use, at three depths (sizes, checksums, full load). It never
+follows a symbolic link (the step directory is opened with ``O_NOFOLLOW``, every file relative
+to it with ``O_NOFOLLOW | O_NONBLOCK`` after an ``lstat``), accepts only regular files, so a FIFO
+cannot hang it and a device cannot feed it, and parses everything within the limits of
+:mod:`spotwise.runtime.format`.
+
+Removing (retention, temporaries, the replaced copy of a step): nothing is ever followed out of
+the run directory; a link is removed as a link, and the manifest goes first so a half-deleted
+checkpoint is never mistaken for a valid one.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import logging
+import os
+import shutil
+import stat
+import time
+import uuid
+import warnings
+from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from enum import IntEnum
+from pathlib import Path
+from typing import Any
+
+import crc32c
+import torch
+
+from spotwise.errors import CorruptCheckpointError, SaveError
+from spotwise.runtime.format import (
+    FORMAT,
+    FORMAT_VERSION,
+    MANIFEST,
+    MAX_MANIFEST_BYTES,
+    STATE_FILE,
+    TENSORS_FILE,
+    FileEntry,
+    Header,
+    Manifest,
+    TensorBlob,
+    header_length,
+    pack_tensors,
+    parse_header,
+    parse_manifest,
+    parse_state,
+    step_dir_name,
+    step_of_dir,
+    tensor_views,
+)
+from spotwise.runtime.retention import RetentionPolicy, choose_deletions
+from spotwise.runtime.state import decode
+
+log = logging.getLogger(__name__)
+
+TMP_PREFIX = ".tmp-step-"
+TRASH_PREFIX = ".trash-step-"
+_CHUNK = 64 << 20  # write and checksum granularity: large enough for full disk speed
+_READ_CHUNK = 16 << 20  # read granularity: the last chunk's checksum is not overlapped
+# Reads in flight per file: a virtual or NVMe disk reaches its speed only with several requests
+# queued (one stream gets about half of it here; see the benchmark).
+_STREAMS = 4
+_IOV = 512  # pieces per writev (the limit is IOV_MAX, 1024 on Linux)
+# Failpoint for crash tests: seconds to sleep after the tensor file is written and before the
+# manifest, so that a test can SIGKILL the process while a save is half done.
+_WRITE_DELAY_ENV = "SPOTWISE_TEST_WRITE_DELAY_S"
+_NOFOLLOW = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+@dataclass
+class CheckpointInfo:
+    step: int
+    path: Path
+    wall_time: float | None = None
+    size_bytes: int = 0
+    valid: bool = False
+    problem: str | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "step": self.step,
+            "path": str(self.path),
+            "wall_time": self.wall_time,
+            "size_bytes": self.size_bytes,
+            "valid": self.valid,
+            "problem": self.problem,
+            "metrics": self.metrics,
+        }
+
+
+# --- durable-file primitives (also used by storage/local.py) -----------------------------------
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def disk_problem(exc: OSError) -> str | None:
+    """What a failed write means for the user: ``"full"``, ``"too-large"`` (file-size limit),
+    ``"read-only"``, or None for anything else. The one errno map of the project."""
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return "full"
+    if exc.errno == errno.EFBIG:
+        return "too-large"
+    if exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+        return "read-only"
+    return None
+
+
+def _save_error(exc: OSError, step: int, run_dir: Path) -> SaveError:
+    what = f"could not write checkpoint step {step} in {run_dir}"
+    problem = disk_problem(exc)
+    if problem == "full":
+        return SaveError(
+            f"{what}: no space left on the device ({exc.strerror})",
+            hint="free disk space or use a --run-dir on a larger disk; earlier checkpoints are "
+            "intact",
+        )
+    if problem == "too-large":
+        return SaveError(
+            f"{what}: file too large for this file system or the process's file-size limit "
+            f"(ulimit -f) ({exc.strerror})",
+            hint="raise the limit or use a different file system; earlier checkpoints are intact",
+        )
+    if problem == "read-only":
+        return SaveError(
+            f"{what}: the location is read-only or not writable ({exc.strerror})",
+            hint="point the run directory at a writable location; earlier checkpoints are intact",
+        )
+    return SaveError(f"{what}: {exc}", hint="earlier checkpoints are intact")
+
+
+def remove_tree(path: Path) -> None:
+    """Remove ``path`` without following links: a link (or a stray file) is unlinked itself,
+    a directory is removed with ``shutil.rmtree``, which never follows links inside it."""
+    try:
+        mode = os.lstat(path).st_mode
+        if stat.S_ISDIR(mode):
+            shutil.rmtree(path)
+        else:
+            os.unlink(path)
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        log.warning("could not remove %s: %s", path, exc)
+
+
+# --- writing -----------------------------------------------------------------------------------
+def _batches(chunks: Sequence[memoryview | bytes]) -> Iterator[list[memoryview]]:
+    """Group the chunks into runs of at most ``_CHUNK`` bytes and ``_IOV`` pieces (one writev
+    each), splitting chunks larger than ``_CHUNK``."""
+    batch: list[memoryview] = []
+    size = 0
+    for chunk in chunks:
+        view = memoryview(chunk).cast("B")
+        for start in range(0, len(view), _CHUNK):
+            piece = view[start : start + _CHUNK]
+            if batch and (size + len(piece) > _CHUNK or len(batch) >= _IOV):
+                yield batch
+                batch, size = [], 0
+            batch.append(piece)
+            size += len(piece)
+    if batch:
+        yield batch
+
+
+def _crc_of(pieces: list[memoryview], crc: int) -> int:
+    for piece in pieces:
+        crc = crc32c.crc32c(piece, crc)
+    return crc
+
+
+def _writev_all(fd: int, pieces: list[memoryview]) -> None:
+    written = os.writev(fd, pieces)
+    if written == sum(len(p) for p in pieces):
+        return
+    for piece in pieces:  # a short write: finish piece by piece
+        skip = min(written, len(piece))
+        written -= skip
+        rest = piece[skip:]
+        while len(rest):
+            rest = rest[os.write(fd, rest) :]
+
+
+def _write_all(fd: int, chunks: Sequence[memoryview | bytes]) -> int:
+    """Write every chunk and return the CRC32C of all bytes. The checksum of each batch runs on
+    a helper thread (crc32c releases the GIL) while the batch is written, so it costs no time."""
+    crc = 0
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        pending: Future[int] | None = None
+        for batch in _batches(chunks):
+            if pending is not None:
+                crc = pending.result()
+            pending = pool.submit(_crc_of, batch, crc)
+            _writev_all(fd, batch)
+        if pending is not None:
+            crc = pending.result()
+    return crc
+
+
+def _write_file(
+    path: Path, chunks: Sequence[memoryview | bytes], opened: list[int]
+) -> dict[str, Any]:
+    """Write one file (not yet fsynced: its descriptor goes to ``opened``) and return its
+    manifest entry."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+    opened.append(fd)
+    crc = _write_all(fd, chunks)
+    return {"size": os.fstat(fd).st_size, "crc32c": f"{crc:08x}"}
+
+
+def temporary_dir(run_dir: Path, step: int) -> Path:
+    """A new hidden directory next to the checkpoints, to build step ``step`` in."""
+    tmp = run_dir / f"{TMP_PREFIX}{step:08d}-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir()
+    return tmp
+
+
+def write_checkpoint(
+    run_dir: str | os.PathLike[str],
+    step: int,
+    tensors: Mapping[str, torch.Tensor] | TensorBlob,
+    state: Mapping[str, Any] | bytes = b"{}",
+    *,
+    metrics: Mapping[str, float] | None = None,
+    wall_time: float | None = None,
+) -> CheckpointInfo:
+    """Durably write and commit checkpoint ``step``; returns its info once it is visible.
+
+    Raises SaveError (naming the cause: disk full, read-only...) with the temporary directory
+    removed and every earlier checkpoint untouched.
+    """
+    run_dir = Path(run_dir)
+    blob = tensors if isinstance(tensors, TensorBlob) else pack_tensors(tensors)
+    state_bytes = state if isinstance(state, bytes) else json.dumps(state).encode()
+    final = run_dir / step_dir_name(step)
+    wall = time.time() if wall_time is None else wall_time
+    opened: list[int] = []
+    tmp: Path | None = None
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        tmp = temporary_dir(run_dir, step)
+        files: dict[str, dict[str, Any]] = {
+            TENSORS_FILE: _write_file(
+                tmp / TENSORS_FILE, (blob.layout.header, *blob.chunks), opened
+            ),
+            STATE_FILE: _write_file(tmp / STATE_FILE, (state_bytes,), opened),
+        }
+        delay = float(os.environ.get(_WRITE_DELAY_ENV, "0") or 0)
+        if delay > 0:
+            time.sleep(delay)
+        manifest = {
+            "format": FORMAT,
+            "version": FORMAT_VERSION,
+            "step": step,
+            "wall_time": wall,
+            "metrics": dict(metrics or {}),
+            "files": files,
+        }
+        raw = json.dumps(manifest, indent=1).encode()
+        _write_file(tmp / MANIFEST, (raw,), opened)
+        _publish(tmp, final, opened)
+    except BaseException as exc:
+        _close_all(opened)
+        if tmp is not None:
+            remove_tree(tmp)
+        if isinstance(exc, OSError):
+            raise _save_error(exc, step, run_dir) from exc
+        raise
+    total = sum(f["size"] for f in files.values()) + len(raw)
+    return CheckpointInfo(step, final, wall, total, True, None, dict(metrics or {}))
+
+
+def commit_staged(tmp: Path, final: Path) -> None:
+    """Commit a directory whose files were placed by someone else (a download): fsync each file
+    and the directory, rename into place, fsync the parent."""
+    opened: list[int] = []
+    try:
+        for name in os.listdir(tmp):
+            opened.append(os.open(tmp / name, _NOFOLLOW))
+        _publish(tmp, final, opened)
+    finally:
+        _close_all(opened)
+
+
+def _publish(tmp: Path, final: Path, opened: list[int]) -> None:
+    # The rename is the commit, so the files and their directory may be fsynced concurrently
+    # (the file system groups them into one journal commit instead of one per file), as long as
+    # all of them are durable before the directory becomes visible.
+    opened.append(os.open(tmp, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC))
+    with ThreadPoolExecutor(max_workers=len(opened)) as pool:
+        list(pool.map(os.fsync, opened))
+    _close_all(opened)
+    if os.path.lexists(final):
+        if verify_checkpoint(final).valid:  # a valid one holds the same step's state: keep it
+            remove_tree(tmp)
+            return
+        trash = final.with_name(f"{TRASH_PREFIX}{final.name}-{uuid.uuid4().hex[:8]}")
+        os.rename(final, trash)  # renames a link itself, never its target
+        os.rename(tmp, final)
+        remove_tree(trash)
+    else:
+        os.rename(tmp, final)
+    fsync_dir(final.parent)
+
+
+def _close_all(fds: list[int]) -> None:
+    for fd in fds:
+        try:
+            os.close(fd)
+        except OSError as exc:
+            log.warning("could not close a checkpoint file: %s", exc)
+    fds.clear()
+
+
+# --- the one reader ----------------------------------------------------------------------------
+class Depth(IntEnum):
+    """How far :func:`_inspect` reads. Every depth runs every check of the ones below it."""
+
+    SIZES = 0  # manifest, file types and sizes, safetensors header: what listing needs
+    CHECKSUMS = 1  # + the CRC32C of every byte, streamed in bounded memory (upload, download)
+    LOAD = 2  # + the tensors viewed out of the file and the state decoded (verify, load)
+
+
+@dataclass
+class LoadedCheckpoint:
+    info: CheckpointInfo
+    tensors: dict[str, torch.Tensor]  # views into one buffer holding the whole file
+    state: Any  # the parsed state.json, as written
+    doc: Any  # the state with its tensor references resolved (``state.decode``)
+    manifest: Manifest
+    manifest_raw: bytes = b""
+
+
+def _kind(mode: int) -> str:
+    if stat.S_ISLNK(mode):
+        return "a symbolic link (checkpoints are never read through links)"
+    if stat.S_ISFIFO(mode):
+        return "a named pipe"
+    if stat.S_ISDIR(mode):
+        return "a directory"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    return "not a regular file"
+
+
+def _lstat_mode(path: str | Path, shown: Path, dir_fd: int | None = None) -> int:
+    """The type and mode of ``path`` itself (a link is not followed)."""
+    try:
+        return os.stat(path, dir_fd=dir_fd, follow_symlinks=False).st_mode
+    except FileNotFoundError as exc:
+        raise CorruptCheckpointError(f"{shown} is missing") from exc
+    except OSError as exc:
+        raise CorruptCheckpointError(f"cannot read {shown}: {exc.strerror}") from exc
+
+
+def _open_dir(path: Path) -> int:
+    mode = _lstat_mode(path, path)
+    if not stat.S_ISDIR(mode):
+        raise CorruptCheckpointError(f"{path} is {_kind(mode)}, not a checkpoint directory")
+    try:
+        return os.open(path, _NOFOLLOW | os.O_DIRECTORY)
+    except OSError as exc:  # replaced by a link between the lstat and the open
+        raise CorruptCheckpointError(f"cannot open {path}: {exc.strerror}") from exc
+
+
+def _open_member(dir_fd: int, name: str, where: Path) -> tuple[int, int]:
+    """A read descriptor and size of regular file ``name`` inside the directory ``dir_fd``."""
+    mode = _lstat_mode(name, where / name, dir_fd)
+    if not stat.S_ISREG(mode):
+        raise CorruptCheckpointError(f"{where / name} is {_kind(mode)}, not a regular file")
+    try:
+        fd = os.open(name, _NOFOLLOW | os.O_NONBLOCK, dir_fd=dir_fd)
+    except OSError as exc:
+        raise CorruptCheckpointError(f"cannot open {where / name}: {exc.strerror}") from exc
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):  # swapped between the lstat and the open
+        os.close(fd)
+        raise CorruptCheckpointError(f"{where / name} is {_kind(st.st_mode)}, not a regular file")
+    return fd, st.st_size
+
+
+def _pread_exact(fd: int, size: int, offset: int, file: Path) -> bytes:
+    data = os.pread(fd, size, offset)
+    while len(data) < size:
+        more = os.pread(fd, size - len(data), offset + len(data))
+        if not more:
+            raise CorruptCheckpointError(f"{file} ended early while reading (truncated)")
+        data += more
+    return data
+
+
+def _readinto_all(fd: int, view: memoryview, file: Path, offset: int = 0) -> None:
+    while len(view):
+        n = os.preadv(fd, [view], offset)
+        if n == 0:
+            raise CorruptCheckpointError(f"{file} ended early while reading (truncated)")
+        view, offset = view[n:], offset + n
+
+
+def _read_with_crc(fd: int, view: memoryview, file: Path) -> int:
+    """Fill ``view`` from ``fd`` with up to ``_STREAMS`` reads in flight, checksumming each
+    chunk in order on this thread as soon as it has arrived."""
+    if len(view) <= _READ_CHUNK:
+        _readinto_all(fd, view, file)
+        return crc32c.crc32c(view)
+    starts = range(0, len(view), _READ_CHUNK)
+    crc = 0
+    with ThreadPoolExecutor(max_workers=_STREAMS) as pool:
+        pending = [
+            pool.submit(_readinto_all, fd, view[s : s + _READ_CHUNK], file, s) for s in starts
+        ]
+        for start, done in zip(starts, pending, strict=True):
+            done.result()
+            crc = crc32c.crc32c(view[start : start + _READ_CHUNK], crc)
+    return crc
+
+
+def _stream_crc(fd: int, size: int, file: Path) -> int:
+    """The CRC32C of the first ``size`` bytes of ``fd``, read through one bounded buffer."""
+    buf = memoryview(bytearray(min(size, _READ_CHUNK)))
+    crc, offset = 0, 0
+    while offset < size:
+        piece = buf[: min(size - offset, len(buf))]
+        _readinto_all(fd, piece, file, offset)
+        crc = crc32c.crc32c(piece, crc)
+        offset += len(piece)
+    return crc
+
+
+def _check_crc(crc: int, entry: FileEntry, file: Path) -> None:
+    if f"{crc:08x}" != entry.crc32c:
+        raise CorruptCheckpointError(
+            f"{file} fails its CRC32C check (got {crc:08x}, manifest {entry.crc32c}): "
+            "the bytes on disk changed after the save"
+        )
+
+
+def _tensor_header(fd: int, size: int, file: Path) -> Header:
+    length = header_length(_pread_exact(fd, min(size, 8), 0, file), size, str(file))
+    raw = _pread_exact(fd, length, 8, file)
+    return Header(length, raw, parse_header(raw, size - 8 - length, str(file)))
+
+
+def _read_whole(fd: int, size: int, entry: FileEntry, file: Path) -> torch.Tensor:
+    """The whole file in one buffer, its CRC32C checked. A size no machine could hold (a sparse
+    file, say) is refused before anything is allocated."""
+    memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    if size > memory:
+        raise CorruptCheckpointError(
+            f"{file} is {size} bytes, more than this machine's {memory} bytes of memory"
+        )
+    try:
+        buf = torch.empty(size, dtype=torch.uint8)
+    except RuntimeError as exc:  # the allocator's "not enough memory"
+        raise CorruptCheckpointError(f"cannot allocate {size} bytes to read {file}") from exc
+    view = memoryview(buf.numpy()).cast("B") if size else memoryview(b"")  # type: ignore[arg-type,unused-ignore]
+    _check_crc(_read_with_crc(fd, view, file), entry, file)
+    return buf
+
+
+@dataclass
+class _Read:
+    manifest: Manifest
+    manifest_raw: bytes
+    tensors: dict[str, torch.Tensor] = field(default_factory=dict)
+    state: Any = None
+    doc: Any = None
+
+
+def _inspect(path: Path, step: int | None, depth: Depth) -> _Read:
+    """The one verdict: raises CorruptCheckpointError naming the first problem found.
+
+    ``step`` is the step the directory must hold; None takes it from the directory's name (a
+    staging directory of a download passes it explicitly)."""
+    if step is None:
+        step = step_of_dir(path.name)
+        if step is None:
+            raise CorruptCheckpointError(f"{path} is not named step-NNNNNNNN")
+    dir_fd = _open_dir(path)
+    opened: dict[str, tuple[int, int]] = {}
+    try:
+        try:
+            fd, size = _open_member(dir_fd, MANIFEST, path)
+        except CorruptCheckpointError as exc:
+            if os.path.lexists(path / MANIFEST):
+                raise
+            raise CorruptCheckpointError(
+                f"{path} has no {MANIFEST}: the save never committed",
+                hint="it is ignored for loading; 'spotwise ckpt list' shows the valid ones",
+            ) from exc
+        opened[MANIFEST] = (fd, size)
+        if size > MAX_MANIFEST_BYTES:
+            raise CorruptCheckpointError(f"{path / MANIFEST} is {size} bytes, over the limit")
+        raw = _pread_exact(fd, size, 0, path / MANIFEST)
+        manifest = parse_manifest(raw, str(path / MANIFEST))
+        if manifest.step != step:
+            raise CorruptCheckpointError(
+                f"{path} holds step {manifest.step} but is named for step {step}"
+            )
+        for name, entry in manifest.files.items():  # every type and size before any big read
+            opened[name] = _open_member(dir_fd, name, path)
+            if opened[name][1] != entry.size:
+                raise CorruptCheckpointError(
+                    f"{path / name} has {opened[name][1]} bytes, the manifest says "
+                    f"{entry.size} (truncated?)"
+                )
+        read = _Read(manifest, raw)
+        for name, entry in manifest.files.items():
+            fd, size = opened[name]
+            file = path / name
+            # the header first, from its few bytes: a bad one is refused before a big read
+            header = _tensor_header(fd, size, file) if name == TENSORS_FILE else None
+            if depth == Depth.LOAD and name in (TENSORS_FILE, STATE_FILE):
+                buf = _read_whole(fd, size, entry, file)
+                if header is not None:
+                    read.tensors = tensor_views(buf, header, str(file))
+                else:
+                    read.state = parse_state(buf.numpy().tobytes(), str(file))
+            elif depth >= Depth.CHECKSUMS:
+                _check_crc(_stream_crc(fd, size, file), entry, file)
+        if depth == Depth.LOAD:
+            read.doc = _decoded(read.state, read.tensors, path / STATE_FILE)
+        return read
+    finally:
+        for fd, _ in opened.values():
+            os.close(fd)
+        os.close(dir_fd)
+
+
+def _decoded(state: Any, tensors: Mapping[str, torch.Tensor], file: Path) -> Any:
+    try:
+        return decode(state, tensors)
+    except CorruptCheckpointError as exc:
+        raise CorruptCheckpointError(f"{file}: {exc.message}") from exc
+    except (TypeError, ValueError, KeyError, AttributeError) as exc:
+        raise CorruptCheckpointError(f"{file} does not decode ({type(exc).__name__})") from exc
+
+
+def _info(path: Path, read: _Read) -> CheckpointInfo:
+    m = read.manifest
+    total = m.data_bytes + len(read.manifest_raw)
+    return CheckpointInfo(m.step, path, m.wall_time, total, True, None, dict(m.metrics))
+
+
+def load_checkpoint(path: str | os.PathLike[str], *, step: int | None = None) -> LoadedCheckpoint:
+    """Read and verify one checkpoint; CorruptCheckpointError names what is wrong."""
+    path = Path(path)
+    read = _inspect(path, step, Depth.LOAD)
+    info = _info(path, read)
+    return LoadedCheckpoint(
+        info, read.tensors, read.state, read.doc, read.manifest, read.manifest_raw
+    )
+
+
+def check_bytes(path: Path, *, step: int | None = None) -> tuple[Manifest, bytes]:
+    """Check every byte of a checkpoint against its manifest in bounded memory (before an upload,
+    after a download); returns the manifest and its raw bytes. Raises CorruptCheckpointError."""
+    read = _inspect(path, step, Depth.CHECKSUMS)
+    return read.manifest, read.manifest_raw
+
+
+def verify_checkpoint(
+    path: str | os.PathLike[str], *, deep: bool = True, step: int | None = None
+) -> CheckpointInfo:
+    """The verdict on one checkpoint directory. ``deep`` is exactly what loading checks
+    (checksums, tensors, state); without it, everything but the bytes' content (manifest, file
+    types and sizes, the tensor header). Never raises for a bad checkpoint; the problem is in
+    the returned info."""
+    path = Path(path)
+    try:
+        return _info(path, _inspect(path, step, Depth.LOAD if deep else Depth.SIZES))
+    except CorruptCheckpointError as exc:
+        named = step_of_dir(path.name)
+        return CheckpointInfo(named if named is not None else -1, path, problem=exc.message)
+
+
+def _step_dirs(run_dir: Path) -> list[tuple[int, str]]:
+    """``(step, name)`` of every ``step-*`` entry of ``run_dir``, oldest first."""
+    try:
+        names = os.listdir(run_dir)
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    return sorted((s, n) for n in names if (s := step_of_dir(n)) is not None)
+
+
+def list_checkpoints(
+    run_dir: str | os.PathLike[str], *, deep: bool = False
+) -> list[CheckpointInfo]:
+    """Every ``step-*`` entry of ``run_dir``, oldest first, each verified (see
+    :func:`verify_checkpoint`). Temporary directories of unfinished saves are not listed."""
+    run_dir = Path(run_dir)
+    return [verify_checkpoint(run_dir / name, deep=deep) for _, name in _step_dirs(run_dir)]
+
+
+def _skip_warning(message: str) -> None:
+    log.warning(message)
+    warnings.warn(message, RuntimeWarning, stacklevel=3)
+
+
+def loadable_checkpoints(run_dir: str | os.PathLike[str]) -> Iterator[LoadedCheckpoint]:
+    """The checkpoints of ``run_dir`` that load, newest first, each read only when the caller
+    asks for the next one; each that does not load is skipped with a warning."""
+    run_dir = Path(run_dir)
+    found = _step_dirs(run_dir)
+    yielded = False
+    for _, name in reversed(found):
+        try:
+            loaded = load_checkpoint(run_dir / name)
+        except CorruptCheckpointError as exc:
+            _skip_warning(
+                f"skipping checkpoint {name}: {exc.message}; falling back to an older one"
+            )
+            continue
+        yielded = True
+        yield loaded
+    if found and not yielded:
+        _skip_warning(
+            f"no valid checkpoint in {run_dir} ({len(found)} invalid); starting from scratch"
+        )
+
+
+def load_newest_valid(run_dir: str | os.PathLike[str]) -> LoadedCheckpoint | None:
+    """The newest checkpoint that loads, warning about each newer one that does not."""
+    return next(iter(loadable_checkpoints(run_dir)), None)
+
+
+# --- removing ----------------------------------------------------------------------------------
+def clean_temporaries(run_dir: str | os.PathLike[str]) -> list[Path]:
+    """Remove the leftovers of saves that a crash interrupted (call only while no save runs)."""
+    run_dir = Path(run_dir)
+    try:
+        names = os.listdir(run_dir)
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    removed = [run_dir / n for n in names if n.startswith((TMP_PREFIX, TRASH_PREFIX))]
+    for path in removed:
+        remove_tree(path)
+    return removed
+
+
+def delete_checkpoint(path: Path) -> None:
+    """Remove the manifest first, so a half-deleted directory is never mistaken for valid. The
+    manifest is unlinked relative to the directory opened without following links, so a link in
+    place of the directory is removed itself and nothing it points to is touched."""
+    try:
+        dir_fd = os.open(path, _NOFOLLOW | os.O_DIRECTORY)
+    except OSError:  # gone, or not a real directory: remove_tree removes just the entry
+        remove_tree(path)
+        return
+    try:
+        os.unlink(MANIFEST, dir_fd=dir_fd)
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        log.warning("could not remove %s: %s", path / MANIFEST, exc)
+    finally:
+        os.close(dir_fd)
+    remove_tree(path)
+
+
+def retain(run_dir: str | os.PathLike[str], policy: RetentionPolicy) -> list[CheckpointInfo]:
+    """Apply ``policy`` to ``run_dir`` and return what was deleted. Call it after a commit."""
+    doomed = choose_deletions(list_checkpoints(run_dir), policy)
+    for info in doomed:
+        delete_checkpoint(info.path)
+    return doomed

@@ -1,0 +1,461 @@
+"""The checkpoint format: names, the safetensors layout, and parsers that stay within fixed limits.
+
+Layout of one checkpoint (``run_dir/step-00001200/``):
+
+- ``tensors.safetensors``: every tensor of the state, in one file (standard safetensors: 8-byte
+  little-endian header length, JSON header, raw bytes). One file instead of one per tensor keeps
+  a model with thousands of small parameters as fast to save as one large blob.
+- ``state.json``: everything else (counters, hyper-parameters, RNG words), referring to tensors by
+  name.
+- ``manifest.json``: written last; each file's size and CRC32C, the format version, the step, the
+  wall time and user metrics.
+
+Everything read back is treated as hostile: a run directory may be shared, and a buggy or
+malicious writer must cost a skipped checkpoint, never a hang, a traceback, unbounded memory or
+code execution. So every parser here checks sizes before reading, JSON nesting depth and string
+lengths after parsing, and every number's type and range before it is used. Nothing here does
+I/O (``commit.py`` reads and writes) and nothing pickles.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from operator import attrgetter
+from typing import Any, NamedTuple, TypeGuard
+
+import torch
+
+from spotwise.errors import CorruptCheckpointError, SaveError
+
+FORMAT = "spotwise-checkpoint"
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+TENSORS_FILE = "tensors.safetensors"
+STATE_FILE = "state.json"
+REQUIRED_FILES = (TENSORS_FILE, STATE_FILE)  # what loading needs; a manifest must list both
+STEP_DIR = re.compile(r"^step-(\d{8,15})$")
+
+# Limits on what a reader accepts. They sit far above anything spotwise writes (a manifest is a
+# few hundred bytes, a header a few hundred KiB for thousands of tensors) and far below what would
+# exhaust memory or the interpreter's recursion limit.
+MAX_MANIFEST_BYTES = 1 << 20
+MAX_MANIFEST_DEPTH = 8
+MAX_FILES = 1024
+MAX_NAME_CHARS = 255  # one path component, as on every common file system
+MAX_STRING_CHARS = 4096
+MAX_STEP = 10**15 - 1  # what a step directory name can hold
+MAX_FILE_BYTES = 1 << 50
+MAX_HEADER_BYTES = 100 << 20
+MAX_TENSORS = 1_000_000
+MAX_NDIM = 64
+MAX_STATE_BYTES = 1 << 30
+MAX_STATE_DEPTH = 64
+MAX_STATE_STRING_CHARS = 1 << 20
+
+
+def _dtype_table() -> dict[torch.dtype, str]:
+    names = {
+        "float64": "F64", "float32": "F32", "float16": "F16", "bfloat16": "BF16",
+        "int64": "I64", "int32": "I32", "int16": "I16", "int8": "I8", "uint8": "U8",
+        "uint16": "U16", "uint32": "U32", "uint64": "U64", "bool": "BOOL",
+        "float8_e4m3fn": "F8_E4M3", "float8_e5m2": "F8_E5M2",
+        "complex64": "C64",
+    }  # fmt: skip
+    return {getattr(torch, n): s for n, s in names.items() if hasattr(torch, n)}
+
+
+DTYPE_TO_ST: dict[torch.dtype, str] = _dtype_table()
+ST_TO_DTYPE: dict[str, torch.dtype] = {v: k for k, v in DTYPE_TO_ST.items()}
+
+
+def step_dir_name(step: int) -> str:
+    return f"step-{step:08d}"
+
+
+def step_of_dir(name: str) -> int | None:
+    """The step a checkpoint directory is named for, or None if ``name`` is not one."""
+    match = STEP_DIR.match(name)
+    return int(match.group(1)) if match else None
+
+
+# --- tensor payloads ---------------------------------------------------------------------------
+@dataclass(frozen=True)
+class TensorSpec:
+    name: str
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    nbytes: int
+
+
+@dataclass(frozen=True)
+class TensorLayout:
+    """Where each tensor lives in the data section: tensors with larger elements first, so every
+    offset is a multiple of its element size and a loaded tensor can be a view of one buffer."""
+
+    specs: tuple[TensorSpec, ...]  # in file order
+    offsets: tuple[int, ...]
+    header: bytes  # 8-byte length + JSON, padded so the data section starts 8-byte aligned
+    data_bytes: int
+
+    @staticmethod
+    def plan(specs: Iterable[TensorSpec]) -> TensorLayout:
+        ordered = sorted(specs, key=lambda s: -s.dtype.itemsize)  # stable: keeps given order
+        offsets, entries, pos = [], {}, 0
+        for spec in ordered:
+            if spec.dtype not in DTYPE_TO_ST:
+                raise SaveError(
+                    f"tensor {spec.name!r} has dtype {spec.dtype}, which safetensors cannot store",
+                    hint="convert it to a supported dtype before saving",
+                )
+            offsets.append(pos)
+            entries[spec.name] = {
+                "dtype": DTYPE_TO_ST[spec.dtype],
+                "shape": list(spec.shape),
+                "data_offsets": [pos, pos + spec.nbytes],
+            }
+            pos += spec.nbytes
+        header_obj: dict[str, Any] = {"__metadata__": {"format": "pt"}, **entries}
+        text = json.dumps(header_obj, separators=(",", ":")).encode()
+        text += b" " * (-(8 + len(text)) % 8)
+        header = len(text).to_bytes(8, "little") + text
+        return TensorLayout(tuple(ordered), tuple(offsets), header, pos)
+
+
+@dataclass(frozen=True)
+class TensorBlob:
+    """A safetensors file ready to be written: header plus data chunks in file order."""
+
+    layout: TensorLayout
+    chunks: tuple[memoryview, ...]
+
+    @property
+    def file_bytes(self) -> int:
+        return len(self.layout.header) + self.layout.data_bytes
+
+
+def spec_of(name: str, tensor: torch.Tensor) -> TensorSpec:
+    nbytes = tensor.numel() * tensor.element_size()
+    return TensorSpec(name, tensor.dtype, tuple(tensor.shape), nbytes)
+
+
+def byte_view(tensor: torch.Tensor) -> memoryview:
+    """The raw bytes of a contiguous, detached CPU tensor, without copying."""
+    if tensor.numel() == 0:
+        return memoryview(b"")
+    try:
+        array = tensor.numpy()  # the cheap path, for every dtype NumPy knows
+    except TypeError:  # bfloat16, float8...: reinterpret the bytes
+        array = tensor.view(-1).view(torch.uint8).numpy()
+    return memoryview(array).cast("B")  # type: ignore[arg-type]
+
+
+def _host(tensor: torch.Tensor) -> torch.Tensor:
+    tensor = tensor.detach()
+    if tensor.device.type != "cpu":
+        tensor = tensor.cpu()
+    return tensor if tensor.is_contiguous() else tensor.contiguous()
+
+
+def pack_tensors(tensors: Mapping[str, torch.Tensor]) -> TensorBlob:
+    """Zero-copy payload of live CPU tensors (device tensors are copied to the host first)."""
+    cpu = {n: _host(t) for n, t in tensors.items()}
+    layout = TensorLayout.plan(spec_of(n, t) for n, t in cpu.items())
+    return TensorBlob(layout, tuple(byte_view(cpu[s.name]) for s in layout.specs))
+
+
+# --- bounded JSON ------------------------------------------------------------------------------
+def _loads(raw: bytes | memoryview, where: str, max_bytes: int) -> Any:
+    """``json.loads`` of at most ``max_bytes``; its C parser guards its own recursion, so deep
+    nesting is a RecursionError here, never a crash."""
+    if len(raw) > max_bytes:
+        raise CorruptCheckpointError(f"{where} is {len(raw)} bytes, over the limit of {max_bytes}")
+    try:
+        return json.loads(bytes(raw))
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError, UnicodeDecodeError, big ints
+        raise CorruptCheckpointError(f"{where} is not valid JSON ({_short(exc)})") from exc
+
+
+def bounded_json(
+    raw: bytes | memoryview, where: str, *, max_bytes: int, max_depth: int, max_string: int
+) -> Any:
+    """Parse JSON that may be hostile and whose consumers recurse into it: size first, then the
+    depth and string lengths of the result (walked with an explicit stack, so deep nesting
+    cannot exhaust the interpreter's)."""
+    value = _loads(raw, where, max_bytes)
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, str):
+            if len(item) > max_string:
+                raise CorruptCheckpointError(f"{where} holds a string over {max_string} characters")
+            continue
+        if not isinstance(item, (dict, list)):
+            continue
+        if depth > max_depth:
+            raise CorruptCheckpointError(f"{where} is nested deeper than {max_depth} levels")
+        if isinstance(item, dict):
+            stack.extend((k, depth) for k in item)
+            stack.extend((v, depth + 1) for v in item.values())
+        else:
+            stack.extend((v, depth + 1) for v in item)
+    return value
+
+
+def _short(exc: BaseException) -> str:
+    text = str(exc) or type(exc).__name__
+    return text if len(text) <= 200 else text[:200] + "..."
+
+
+def _is_int(value: Any, low: int, high: int) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def check_file_name(name: Any) -> str | None:
+    """Why ``name`` cannot be a file of a checkpoint directory, or None if it can: one plain path
+    component, so a reader opening it relative to the directory cannot leave the directory."""
+    if not isinstance(name, str) or not name:
+        return "not a non-empty string"
+    if len(name) > MAX_NAME_CHARS:
+        return f"longer than {MAX_NAME_CHARS} characters"
+    if "\x00" in name or "/" in name or "\\" in name:
+        return "contains a NUL, '/' or '\\'"
+    if name in (".", "..") or name.startswith("."):
+        return "starts with '.'"
+    if name == MANIFEST:
+        return "is the manifest itself"
+    return None
+
+
+# --- manifest ----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class FileEntry:
+    size: int
+    crc32c: str  # 8 lower-case hex digits
+
+
+@dataclass(frozen=True)
+class Manifest:
+    step: int
+    wall_time: float | None
+    metrics: dict[str, float]
+    files: dict[str, FileEntry]
+
+    @property
+    def data_bytes(self) -> int:
+        return sum(f.size for f in self.files.values())
+
+
+_CRC = re.compile(r"^[0-9a-f]{8}$")
+
+
+def parse_manifest(raw: bytes | memoryview, where: str) -> Manifest:
+    """Validate manifest bytes (from disk or an object store); ``where`` names them in errors."""
+    doc = bounded_json(
+        raw,
+        where,
+        max_bytes=MAX_MANIFEST_BYTES,
+        max_depth=MAX_MANIFEST_DEPTH,
+        max_string=MAX_STRING_CHARS,
+    )
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+        raise CorruptCheckpointError(f"{where}: not a {FORMAT} manifest")
+    version = doc.get("version")
+    if not _is_int(version, 1, 10**6):
+        raise CorruptCheckpointError(f"{where}: format version {version!r} is not a version")
+    if version > FORMAT_VERSION:
+        raise CorruptCheckpointError(
+            f"{where}: format version {version} is newer than this spotwise understands "
+            f"({FORMAT_VERSION}); upgrade spotwise"
+        )
+    step = doc.get("step")
+    if not _is_int(step, 0, MAX_STEP):
+        raise CorruptCheckpointError(f"{where}: step {step!r} is not a step number")
+    wall = doc.get("wall_time")
+    if wall is not None and not (_is_number(wall) and 0 <= wall <= 1e11 and math.isfinite(wall)):
+        raise CorruptCheckpointError(f"{where}: wall_time {wall!r} is not a time")
+    metrics = doc.get("metrics", {})
+    if not isinstance(metrics, dict) or not all(_is_number(v) for v in metrics.values()):
+        raise CorruptCheckpointError(f"{where}: metrics must map names to numbers")
+    return Manifest(
+        step=step,
+        wall_time=float(wall) if wall else None,
+        metrics={k: float(v) for k, v in metrics.items()},
+        files=_parse_files(doc.get("files"), where),
+    )
+
+
+def _parse_files(files: Any, where: str) -> dict[str, FileEntry]:
+    if not isinstance(files, dict) or not files:
+        raise CorruptCheckpointError(f"{where}: 'files' must list the checkpoint's files")
+    if len(files) > MAX_FILES:
+        raise CorruptCheckpointError(f"{where}: lists {len(files)} files, over {MAX_FILES}")
+    out = {}
+    for name, entry in files.items():
+        problem = check_file_name(name)
+        if problem is not None:
+            raise CorruptCheckpointError(f"{where}: file name {name!r} {problem}")
+        if not isinstance(entry, dict):
+            raise CorruptCheckpointError(f"{where}: entry of {name!r} is not an object")
+        size, crc = entry.get("size"), entry.get("crc32c")
+        if not _is_int(size, 0, MAX_FILE_BYTES):
+            raise CorruptCheckpointError(f"{where}: size {size!r} of {name!r} is not a size")
+        if not isinstance(crc, str) or not _CRC.match(crc):
+            raise CorruptCheckpointError(f"{where}: crc32c {crc!r} of {name!r} is not a CRC32C")
+        out[name] = FileEntry(size, crc)
+    missing = [n for n in REQUIRED_FILES if n not in out]
+    if missing:
+        raise CorruptCheckpointError(f"{where} does not list {', '.join(missing)}")
+    return out
+
+
+# --- safetensors -------------------------------------------------------------------------------
+class _Entry(NamedTuple):  # a tuple: cheap to build thousands of times per load
+    name: str
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    start: int
+    end: int
+
+
+def header_length(first8: bytes | memoryview, file_size: int, where: str) -> int:
+    """The JSON header length from a safetensors file's first 8 bytes, checked against the
+    file's size and the header limit before anything is read."""
+    if file_size < 8 or len(first8) < 8:
+        raise CorruptCheckpointError(f"{where} is too short to be a safetensors file")
+    length = int.from_bytes(bytes(first8[:8]), "little")
+    if length > min(file_size - 8, MAX_HEADER_BYTES):
+        raise CorruptCheckpointError(f"{where} has an impossible header length {length}")
+    return length
+
+
+def parse_header(raw: bytes | memoryview, data_bytes: int, where: str) -> list[_Entry]:
+    """The tensor entries of a safetensors header, in file order. Each entry must have a known
+    dtype, a shape of non-negative ints whose product matches its byte length, and the entries
+    must tile the data section exactly (no gaps, overlaps or bytes outside it), as the
+    safetensors specification requires."""
+    doc = _loads(raw, where, MAX_HEADER_BYTES)  # every field is type-checked below, no walk
+    if not isinstance(doc, dict):
+        raise CorruptCheckpointError(f"{where} has a malformed header")
+    entries = []
+    for name, entry in doc.items():
+        if len(name) > MAX_STRING_CHARS:
+            raise CorruptCheckpointError(
+                f"{where} names a tensor with over {MAX_STRING_CHARS} characters"
+            )
+        if name == "__metadata__":
+            if not isinstance(entry, dict) or not all(
+                isinstance(v, str) and len(v) <= MAX_STRING_CHARS for v in entry.values()
+            ):
+                raise CorruptCheckpointError(f"{where}: __metadata__ must map strings to strings")
+            continue
+        entries.append(_header_entry(name, entry, data_bytes, where))
+    if len(entries) > MAX_TENSORS:
+        raise CorruptCheckpointError(f"{where} holds {len(entries)} tensors, over {MAX_TENSORS}")
+    entries.sort(key=attrgetter("start", "end"))
+    pos = 0
+    for e in entries:
+        if e.start != pos:
+            raise CorruptCheckpointError(
+                f"{where}: tensor {e.name!r} lies outside the file or overlaps another "
+                f"(starts at {e.start}, expected {pos})"
+            )
+        pos = e.end
+    if pos != data_bytes:
+        raise CorruptCheckpointError(
+            f"{where}: the tensors cover {pos} bytes, the data section holds {data_bytes} "
+            "(a tensor lies outside the file)"
+        )
+    return entries
+
+
+def _header_entry(name: str, entry: Any, data_bytes: int, where: str) -> _Entry:
+    if not isinstance(entry, dict):
+        raise CorruptCheckpointError(f"{where}: bad header entry for {name!r}")
+    code = entry.get("dtype")
+    dtype = ST_TO_DTYPE.get(code) if isinstance(code, str) else None
+    shape, offsets = entry.get("shape"), entry.get("data_offsets")
+    if dtype is None:
+        raise CorruptCheckpointError(f"{where}: tensor {name!r} has unknown dtype")
+    # exact type checks (bool is an int subclass; JSON gives plain ints): this runs per tensor
+    if (
+        type(shape) is not list
+        or len(shape) > MAX_NDIM
+        or not all(type(d) is int and 0 <= d <= MAX_FILE_BYTES for d in shape)
+    ):
+        raise CorruptCheckpointError(f"{where}: tensor {name!r} has a bad shape {shape!r}")
+    if (
+        type(offsets) is not list
+        or len(offsets) != 2
+        or not all(type(x) is int and 0 <= x <= data_bytes for x in offsets)
+        or offsets[0] > offsets[1]
+    ):
+        raise CorruptCheckpointError(f"{where}: tensor {name!r} lies outside the file")
+    count = math.prod(shape)
+    if offsets[1] - offsets[0] != count * dtype.itemsize:
+        raise CorruptCheckpointError(f"{where}: tensor {name!r} has the wrong byte length")
+    return _Entry(name, dtype, tuple(shape), offsets[0], offsets[1])
+
+
+@dataclass(frozen=True)
+class Header:
+    """A parsed safetensors header: its length, its bytes and its tensors in file order."""
+
+    length: int
+    raw: bytes
+    entries: list[_Entry]
+
+
+def parse_safetensors(buf: torch.Tensor, where: str) -> dict[str, torch.Tensor]:
+    """Tensors viewed out of a whole safetensors file held in ``buf`` (uint8), validating every
+    header field against the buffer first."""
+    size = buf.numel()
+    raw = memoryview(buf.numpy()) if size else memoryview(b"")  # type: ignore[arg-type,unused-ignore]
+    length = header_length(raw[:8], size, where)
+    header = bytes(raw[8 : 8 + length])
+    return tensor_views(buf, Header(length, header, parse_header(header, size - 8 - length, where)))
+
+
+def tensor_views(buf: torch.Tensor, header: Header, where: str = "") -> dict[str, torch.Tensor]:
+    """The tensors of ``header`` viewed out of the whole file held in ``buf``. Consecutive
+    tensors of one dtype are cut out of one typed view with a single ``split``, so thousands of
+    small tensors cost one call, not thousands of slice/view/reshape calls. ``header`` may have
+    been read separately (before the file, to refuse it early): the buffer must hold the same
+    header bytes."""
+    if bytes(buf[8 : 8 + header.length].numpy()) != header.raw:
+        raise CorruptCheckpointError(f"{where}: the header changed while the file was read")
+    entries = header.entries
+    data = buf[8 + header.length :]
+    out: dict[str, torch.Tensor] = {}
+    i = 0
+    while i < len(entries):
+        j = i
+        while j < len(entries) and entries[j].dtype == entries[i].dtype:
+            j += 1
+        run, dtype = entries[i:j], entries[i].dtype
+        flat = data[run[0].start : run[-1].end]
+        if flat.storage_offset() % dtype.itemsize:
+            flat = flat.clone()  # files from other writers may not align tensors
+        pieces = flat.view(dtype).split([math.prod(e.shape) for e in run])
+        for entry, piece in zip(run, pieces, strict=True):  # split gives 1-D pieces already
+            out[entry.name] = piece if len(entry.shape) == 1 else piece.view(entry.shape)
+        i = j
+    return out
+
+
+def parse_state(raw: bytes | memoryview, where: str) -> Any:
+    """The parsed ``state.json``, within the state limits."""
+    return bounded_json(
+        raw,
+        where,
+        max_bytes=MAX_STATE_BYTES,
+        max_depth=MAX_STATE_DEPTH,
+        max_string=MAX_STATE_STRING_CHARS,
+    )

@@ -1,0 +1,64 @@
+"""Which checkpoints to delete: a pure decision over what a listing found (no I/O here; the
+deletion itself is ``commit.retain``)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol, TypeVar
+
+
+class Listed(Protocol):
+    """What retention needs to know of one checkpoint (``CheckpointInfo`` has it, local or
+    remote)."""
+
+    @property
+    def step(self) -> int: ...
+
+    @property
+    def valid(self) -> bool: ...
+
+    @property
+    def metrics(self) -> Mapping[str, float]: ...
+
+
+C = TypeVar("C", bound=Listed)
+
+
+@dataclass(frozen=True)
+class RetentionPolicy:
+    keep_last: int = 3
+    keep_best: int = 0
+    best_metric: str | None = None
+    best_mode: str = "min"  # "min" or "max"
+    keep_every: int | None = None  # keep each checkpoint whose step is a multiple of this
+
+    def __post_init__(self) -> None:
+        if self.keep_last < 1:
+            raise ValueError("keep_last must be at least 1: the newest checkpoint is always kept")
+        if self.best_mode not in ("min", "max"):
+            raise ValueError("best_mode must be 'min' or 'max'")
+        if self.keep_best and not self.best_metric:
+            raise ValueError("keep_best needs best_metric, the metric name to rank by")
+
+
+def choose_deletions(checkpoints: Sequence[C], policy: RetentionPolicy) -> list[C]:
+    """Which checkpoints to delete. Only valid ones count; invalid ones older than the newest
+    valid are deleted too; invalid newer ones are left for inspection."""
+    valid = sorted((c for c in checkpoints if c.valid), key=lambda c: c.step)
+    if not valid:
+        return []
+    keep = {c.step for c in valid[-policy.keep_last :]}
+    if policy.keep_every:
+        keep |= {c.step for c in valid if c.step % policy.keep_every == 0}
+    if policy.keep_best and policy.best_metric:
+        metric = policy.best_metric
+        ranked = sorted(
+            (c for c in valid if metric in c.metrics),
+            key=lambda c: c.metrics[metric] if policy.best_mode == "min" else -c.metrics[metric],
+        )
+        keep |= {c.step for c in ranked[: policy.keep_best]}
+    newest = valid[-1].step
+    doomed = [c for c in valid if c.step not in keep]
+    doomed += [c for c in checkpoints if not c.valid and c.step < newest]
+    return sorted(doomed, key=lambda c: c.step)
