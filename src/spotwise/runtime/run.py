@@ -583,10 +583,10 @@ class Run:
         try:
             if self._batches is not None:
                 self._batches.load_state_dict(doc["sampler"])
-            restore_rng(doc["rng"])
             for kind in _SECTIONS:
                 for name, obj in getattr(self, kind).items():
                     obj.load_state_dict(doc[kind][name])
+            restore_rng(doc["rng"])
         except StateMismatchError:
             raise
         except (RuntimeError, ValueError, KeyError, TypeError, AttributeError, IndexError) as exc:
