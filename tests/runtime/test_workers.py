@@ -9,6 +9,8 @@ import fcntl
 import hashlib
 import os
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -89,9 +91,9 @@ def test_notice_signals_leave_the_workers_running_and_still_exit_75(tmp_path: Pa
     def signal_workers_then_self(run: Run) -> None:
         if run.step + 1 == 5:
             workers = workers_of_this_process()
-            for pid in workers:  # what a group signal does to them
-                os.kill(pid, signal.SIGTERM)
-                os.kill(pid, signal.SIGINT)
+            for pid in workers:  # what a group signal, sent by someone else, does to them
+                subprocess.run(["kill", "-TERM", str(pid)], check=True)
+                subprocess.run(["kill", "-INT", str(pid)], check=True)
             time.sleep(0.2)
             seen.extend(pid for pid in workers if alive(pid))
             assert len(seen) == 2, "a worker died of a notice signal"
@@ -142,3 +144,36 @@ def test_a_forked_child_neither_keeps_nor_weakens_the_lock(tmp_path: Path) -> No
     finally:
         os.write(go_on_w, b"x")
         os.waitpid(child, 0)
+
+
+PERSISTENT = """
+import sys, time, torch
+from torch.utils.data import DataLoader, TensorDataset
+from spotwise import Run
+data = TensorDataset(torch.randn(64, 4))
+loader = DataLoader(data, batch_size=4, shuffle=True, num_workers=2, persistent_workers=True)
+run = Run(sys.argv[1], model=torch.nn.Linear(4, 1), loader=loader, steps=10**6, every=None)
+for step, _batch in enumerate(run):
+    if step == 3:
+        print("ready", flush=True)
+    time.sleep(0.01)
+"""
+
+
+def test_persistent_workers_let_the_process_exit_after_a_group_sigterm(tmp_path: Path) -> None:
+    """Their iterator is still alive at interpreter exit, where multiprocessing terminate()s
+    and joins the workers: they must still end on the training process's own SIGTERM."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", PERSISTENT, str(tmp_path / "run")],
+        stdout=subprocess.PIPE, text=True, start_new_session=True,
+        env={**os.environ, "SPOTWISE_PLATFORM": "none"},
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
+        os.killpg(proc.pid, signal.SIGTERM)  # the whole group
+        assert proc.wait(timeout=60) == 75
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.stdout.close()
+    assert [c.step for c in list_checkpoints(tmp_path / "run") if c.valid]

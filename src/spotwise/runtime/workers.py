@@ -10,7 +10,11 @@ emergency save included: exit 1, no checkpoint. Three measures keep the notice p
 - workers ignore the signals that the training process takes as notices
   (:func:`spotwise.notices.signals.watched_signals`): :class:`WorkerInit` installs SIG_IGN for
   them before the user's ``worker_init_fn``; the training process saves, exits 75 and shuts the
-  workers down itself, as at the end of every epoch;
+  workers down itself, as at the end of every epoch. One exception keeps interpreter exit
+  working: a SIGTERM *from the training process* still ends a worker at once, as torch's own
+  worker handler does, because ``multiprocessing`` stops the workers of an iterator still alive
+  at exit (persistent workers, say) with ``terminate()`` and then waits for them. SIGTERM stays
+  blocked in the worker and a thread reads each one with its sender (``sigwaitinfo``);
 - workers are forked with those signals blocked (:meth:`LoaderWorkers.start`), so a group signal
   that comes before a new worker has reached its init stays pending and is then discarded by
   SIG_IGN, instead of killing the worker in its first milliseconds;
@@ -27,6 +31,7 @@ training process can neither block nor touch the restart.
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 import time
@@ -55,10 +60,27 @@ class WorkerInit:
     def __call__(self, worker_id: int) -> None:
         for signum in self.ignore:
             signal.signal(signum, signal.SIG_IGN)  # also discards one that is already pending
-        if self.unblock:
-            signal.pthread_sigmask(signal.SIG_UNBLOCK, self.unblock)
+        unblock = set(self.unblock)
+        if signal.SIGTERM in self.ignore:
+            # blocked in every thread (threads started from now on inherit the mask), a SIGTERM
+            # is queued despite SIG_IGN and waits for the reader thread
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+            unblock.discard(signal.SIGTERM)
+            threading.Thread(
+                target=_exit_on_terminate, name="spotwise-worker-sigterm", daemon=True
+            ).start()
+        if unblock:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, unblock)
         if self.user is not None:
             self.user(worker_id)
+
+
+def _exit_on_terminate() -> None:
+    """In a worker: end on the parent's SIGTERM (``Process.terminate()``), drop the others."""
+    while True:
+        info = signal.sigwaitinfo({signal.SIGTERM})
+        if info.si_pid == os.getppid():
+            os._exit(0)  # what torch's worker handler does for its parent's SIGTERM
 
 
 class _ChildGuard:
