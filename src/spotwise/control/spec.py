@@ -71,6 +71,9 @@ class JobSpec(BaseModel):
     policy: str = "uniform-progress"  # used when market is auto
     deadline_s: float | None = None  # after launch
     expected_runtime_s: float | None = None  # compute time without interruptions (estimates)
+    steps: int | None = Field(default=None, ge=1)  # total steps: progress = committed steps
+    changeover_s: float | None = None  # losing a machine -> training again (policy's d)
+    decision_interval_s: float | None = Field(default=None, gt=0)  # policy tick, wall seconds
     budget_usd: float | None = Field(default=None, gt=0)
     max_restarts: int = Field(default=0, ge=0, le=1000)  # on errors (exit not 0/75)
     restart_backoff_s: float = Field(default=2.0, ge=0)
@@ -93,10 +96,22 @@ class JobSpec(BaseModel):
         return argv
 
     @field_validator("deadline_s", "expected_runtime_s", "restart_backoff_s",
-                     "control_plane_timeout_s", "zone_cooldown_s", mode="before")
+                     "control_plane_timeout_s", "zone_cooldown_s", "changeover_s",
+                     "decision_interval_s", mode="before")
     @classmethod
     def _duration(cls, v: Any) -> float | None:
         return None if v is None else parse_duration_s(v)
+
+    @field_validator("policy")
+    @classmethod
+    def _policy(cls, v: str) -> str:
+        """A registry policy that decides from the present alone (``optimal`` needs the future)."""
+        from spotwise.market.policies import POLICIES
+
+        live = [n for n in POLICIES.names() if not hasattr(POLICIES.load(n), "plan")]
+        if v not in live:
+            raise ValueError(f"unknown policy {v!r} (allowed: {', '.join(live)})")
+        return v
 
     @field_validator("env", mode="before")
     @classmethod
@@ -127,7 +142,8 @@ class JobSpec(BaseModel):
 _ALIASES = {"deadline": "deadline_s", "expected_runtime": "expected_runtime_s",
             "restart_backoff": "restart_backoff_s", "budget": "budget_usd",
             "checkpoint": "checkpoint_dir", "control_plane_timeout": "control_plane_timeout_s",
-            "zone_cooldown": "zone_cooldown_s"}
+            "zone_cooldown": "zone_cooldown_s", "changeover": "changeover_s",
+            "decision_interval": "decision_interval_s"}
 
 
 def _allowed(loc: tuple[Any, ...]) -> str:
@@ -137,7 +153,8 @@ def _allowed(loc: tuple[Any, ...]) -> str:
         return " (allowed: " + ", ".join(MARKETS) + ")"
     if field == "provider" and "name" in loc:
         return " (allowed: " + ", ".join(PROVIDERS) + ")"
-    if loc and loc[-1] in {"deadline_s", "expected_runtime_s", "restart_backoff_s"}:
+    if loc and loc[-1] in {"deadline_s", "expected_runtime_s", "restart_backoff_s",
+                           "changeover_s", "decision_interval_s"}:
         return " (a duration such as 90s, 15m, 2h)"
     return ""
 

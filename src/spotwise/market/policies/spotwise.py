@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+from typing import Any
 
 import numpy as np
 
@@ -181,6 +182,7 @@ class SpotwisePolicy(BasePolicy):
         past = np.zeros((zones, 0), bool) if history is None else np.asarray(history, bool)
         self._past = [list(past[z, -keep:]) if keep else [] for z in range(zones)]
         self._plan_tick = -1
+        self._plan: dict[str, Any] | None = None
         self._table: np.ndarray | None = None
 
     # -- learning and planning -------------------------------------------------------------
@@ -192,18 +194,49 @@ class SpotwisePolicy(BasePolicy):
         chosen = order[: self.max_zones]
         if obs.market is Market.SPOT and obs.zone is not None and obs.zone not in chosen:
             chosen = [obs.zone, *chosen[: self.max_zones - 1]]
-        self._zones = tuple(chosen)
-        horizon = max(1, math.ceil(self.replan_h * 3600.0 / obs.gap_s))
+        self._plan = {
+            "tick": obs.tick,
+            "zones": list(chosen),
+            "hazards": [_quantize(estimates[z]) for z in chosen],
+            "prices": [obs.spot_prices[z] for z in chosen],
+        }
+        self._load_plan()
+
+    def _load_plan(self) -> None:
+        """The plan's decision table from its inputs (recomputed, not stored: it is derived)."""
+        plan = self._plan
+        assert plan is not None
+        horizon = max(1, math.ceil(self.replan_h * 3600.0 / self.gap_s))
+        self._zones = tuple(int(z) for z in plan["zones"])
+        hazards = tuple(tuple(tuple(float(p) for p in row) for row in z) for z in plan["hazards"])
         self._table, self._lattice = plan_table(
             self._plan_problem,
-            obs.gap_s,
-            tuple(_quantize(estimates[z]) for z in chosen),
-            tuple(obs.spot_prices[z] for z in chosen),
-            obs.tick,
+            self.gap_s,
+            hazards,
+            tuple(float(p) for p in plan["prices"]),
+            int(plan["tick"]),
             horizon,
         )
-        self._plan_tick = obs.tick
-        self._plan_until = obs.tick + horizon
+        self._plan_tick = int(plan["tick"])
+        self._plan_until = self._plan_tick + horizon
+
+    def state(self) -> dict[str, Any]:
+        """Committed flag, the availability seen (one '0'/'1' string per zone) and the current
+        plan's inputs; the plan itself is recomputed from them on load."""
+        return {
+            **super().state(),
+            "past": ["".join("1" if x else "0" for x in seq) for seq in self._past],
+            "plan": self._plan,
+        }
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        super().load_state(state)
+        self._past = [[c == "1" for c in seq] for seq in state["past"]]
+        self._plan = state.get("plan")
+        if self._plan is None:
+            self._plan_tick, self._table = -1, None
+        else:
+            self._load_plan()
 
     def _planned(self, obs: Observation) -> Decision:
         if self._plan_tick < 0 or obs.tick >= self._plan_until:
