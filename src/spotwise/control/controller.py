@@ -38,6 +38,7 @@ from spotwise.control.decisions import (
 from spotwise.control.progress import Committed, compute_s, progress_s, read_committed
 from spotwise.control.providers import (
     AttemptStatus,
+    Handle,
     LaunchRequest,
     Phase,
     Placement,
@@ -179,35 +180,46 @@ class Controller:
                 self.sleep(self.provider.features.poll_s)
 
     def step(self, job: Job) -> None:
-        """One pass: look at the job and its open attempt, do the next thing."""
-        open_attempt = self._open_attempt()
+        """One pass: what the open attempt is doing, the policy's decision at a tick boundary,
+        then the next thing to do (launch, adopt, or wait)."""
         now = self.clock()
         if job.cancel_requested and job.stop_reason != "cancel":
             self.store.update_job(self.job_id, stop_reason="cancel")
             job.stop_reason = "cancel"
-        if job.stop_reason in ("", "switch"):
-            self._decide(job, open_attempt, now)
-        if open_attempt is None:
+        attempt = self._open_attempt()
+        if attempt is not None and attempt.handle is not None:
+            self._watch(job, attempt, now)
+            job, attempt = self.store.job(self.job_id), self._open_attempt()
+            if job.state.terminal:
+                return
+        if job.stop_reason == "":
+            self._decide(job, attempt, now)
+            if job.stop_reason == "switch" and attempt is not None and attempt.handle:
+                self._stop(attempt.n, attempt.handle, now)  # the notice now, not at the next poll
+                self._watch(job, attempt, now)
+                job, attempt = self.store.job(self.job_id), self._open_attempt()
+        if attempt is None:
             if job.stop_reason == "cancel":
                 self._set(JobState.CANCELLED, "cancelled by the user")
             elif job.state in (JobState.PENDING, JobState.RECOVERING, JobState.PREEMPTED,
                                JobState.LAUNCHING, JobState.RUNNING):
-                self._maybe_launch(self.store.job(self.job_id), now)
-            return
-        if open_attempt.handle is None:
-            self._launch_or_adopt(job, open_attempt)
-            return
+                self._maybe_launch(job, now)
+        elif attempt.handle is None:
+            self._launch_or_adopt(job, attempt)
+
+    def _watch(self, job: Job, attempt: Attempt, now: float) -> None:
+        assert attempt.handle is not None
         try:
-            status = self.provider.status(open_attempt.handle)
+            status = self.provider.status(attempt.handle)
         except TransientProviderError:
             raise
         except (ProviderError, OSError) as exc:
             # An unanswered status says nothing about the attempt: never an end, never a
             # relaunch. Only a confirmed end (exit code, machine gone) ends it; an outage
             # longer than control_plane_timeout fails the job (docs/control.md).
-            raise TransientProviderError(f"status of attempt {open_attempt.n} failed: "
+            raise TransientProviderError(f"status of attempt {attempt.n} failed: "
                                          f"{exc}") from exc
-        self._observe(self.store.job(self.job_id), open_attempt, status, now)
+        self._observe(job, attempt, status, now)
 
     # --- launching -------------------------------------------------------------------------
     def _maybe_launch(self, job: Job, now: float) -> None:
@@ -321,10 +333,13 @@ class Controller:
                 self._set(JobState.RUNNING, f"attempt {attempt.n} running")
             self._check_budget(job, attempt, now)
         if job.stop_reason and now - self._terminate_sent.get(attempt.n, -1e18) > 10.0:
-            self._terminate_sent[attempt.n] = now  # repeated, in case one was missed
-            self.provider.terminate(attempt.handle)
+            self._stop(attempt.n, attempt.handle, now)  # repeated, in case one was missed
         if status.phase in (Phase.EXITED, Phase.LOST):
             self._end_attempt(job, attempt, status, classify(status, job.stop_reason), now=now)
+
+    def _stop(self, n: int, handle: Handle, now: float) -> None:
+        self._terminate_sent[n] = now
+        self.provider.terminate(handle)
 
     def _check_budget(self, job: Job, attempt: Attempt, now: float) -> None:
         if self.spec.budget_usd is None or job.stop_reason:
@@ -412,9 +427,13 @@ class Controller:
         return self._driver
 
     def _decide(self, job: Job, attempt: Attempt | None, now: float) -> None:
-        """At each tick boundary ask the job's policy, once, with what is known now; when it
-        wants another placement, stop the attempt (notice: it saves and exits 75) so that the
-        new one is launched as soon as it has ended."""
+        """At each tick boundary ask the job's policy, once, with what is known now (the
+        simulator's observation: placement, changeover left, committed progress, availability
+        and prices per zone, a preemption since the last boundary). When it wants another
+        placement, stop the attempt (notice: it saves and exits 75); the new placement is
+        launched as soon as that attempt has ended. The policy prices the changeover a switch
+        costs (Uniform Progress's hysteresis, the spotwise plan's expected cost), so a switch
+        happens only when the policy expects it to pay."""
         driver = self._load_driver(job)
         if driver is None:
             return
@@ -424,21 +443,16 @@ class Controller:
         zones = self.provider.features.zones or ("",)
         prices = [self.provider.pricing(Placement("spot", z)) for z in zones]
         scale = prices[0].time_scale
-        switching = job.stop_reason == "switch"
         here = None if attempt is None else Placement(attempt.market, attempt.zone)
-        current = here
-        since = attempt.started_at if attempt is not None else now
-        if switching and driver.decision is not None:  # the move under way counts as made
-            current, since = decision_placement(driver.decision, zones), now
         market, zone, left = Market.IDLE, None, 0.0
-        if current is not None:
-            market = Market.SPOT if current.market == "spot" else Market.ONDEMAND
-            zone = zones.index(current.zone) if market is Market.SPOT else None
-            left = max(0.0, driver.problem.changeover_s - (now - since) * scale)
+        if attempt is not None and here is not None:
+            market = Market.SPOT if here.market == "spot" else Market.ONDEMAND
+            zone = zones.index(here.zone) if market is Market.SPOT else None
+            left = max(0.0, driver.problem.changeover_s - (now - attempt.started_at) * scale)
         available = tuple((p.available and job.blocked.get(z, 0.0) <= now) or z_i == zone
                           for z_i, (z, p) in enumerate(zip(zones, prices, strict=True)))
         last = self._boundary_wall(job, driver.tick)
-        preempted = current is None and any(
+        preempted = attempt is None and any(
             a.reason in (Reason.PREEMPTED.value, Reason.LOST.value) and (a.ended_at or 0) > last
             for a in self.store.attempts(self.job_id))
         done = self.read_progress(self._checkpoint_dir(job))
@@ -455,9 +469,8 @@ class Controller:
                      f"(progress {progress / 3600:.2f} of {driver.problem.compute_h:.2f} h)")
         self.store.update_job(self.job_id, policy=driver.to_json(), event=event)
         want = decision_placement(decision, zones)
-        if here is None or switching or _same_place(here, want):
+        if attempt is None or here is None or _same_place(here, want):
             return
-        assert attempt is not None
         moving = f"{want.market} {want.zone}".rstrip() if want else "idle"
         self.store.update_job(self.job_id, stop_reason="switch", event=(
             "switch", f"attempt {attempt.n}: {here.market} {here.zone} -> {moving} "

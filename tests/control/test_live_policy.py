@@ -1,0 +1,143 @@
+"""The job's one policy in the live loop, on a process-free sim double with an injected clock:
+the same decisions as the simulator, mid-run switches, kill-and-resume, status outages."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+from spotwise.control.controller import Controller, job_summary
+from spotwise.control.decisions import live_problem
+from spotwise.control.store import JobState, Store
+from spotwise.errors import TransientProviderError
+from spotwise.market.policies import make_policy
+from spotwise.market.simulate import Markets, simulate_run
+
+from .clocksim import Clock, ClockSim, job_for
+
+
+class Killed(Exception):
+    """Stands for SIGKILL: the controller object is gone; only the store remains."""
+
+
+def _sim(available: np.ndarray, work_s: float = 10.0, **kw: Any) -> ClockSim:
+    zones = tuple("abcdefgh"[: available.shape[0]])
+    return ClockSim(Clock(), zones, available, gap_s=600.0, compression=600.0, work_s=work_s,
+                    changeover_s=0.5, **kw)
+
+
+def _run(sim: ClockSim, store: Store, job_id: str, *, until: float | None = None,
+         seen: list[dict[str, Any]] | None = None) -> JobState | None:
+    """Run a controller on the double; ``until``: "kill" it at that wall time."""
+
+    def update(job, attempts) -> None:
+        if seen is not None and job.policy is not None and (
+                not seen or seen[-1]["tick"] != job.policy["tick"]):
+            seen.append(job.policy)
+        if until is not None and sim.clock() >= until:
+            raise Killed
+
+    ctl = Controller(store, job_id, clock=sim.clock, sleep=sim.clock.sleep, provider=sim,
+                     read_progress=sim.read_progress, on_update=update)
+    try:
+        return ctl.run()
+    except Killed:
+        return None
+
+
+def _segments(timeline) -> list[tuple[str, int | None]]:
+    """The simulator's placements in order (consecutive ticks in one placement are one)."""
+    names = {1: "on-demand", 2: "spot"}
+    out, prev = [], (0, -1)
+    for m, z in zip(timeline.market, timeline.zone, strict=True):
+        if (m, z) != prev and m:
+            out.append((names[m], z if m == 2 else None))
+        prev = (m, z)
+    return out
+
+
+def _simulated(sim: ClockSim, policy: str, deadline_wall_s: float):
+    problem, gap = live_problem(sim.work_s, deadline_wall_s, sim.changeover_s,
+                                sim.gap_s / sim.compression, sim.compression,
+                                sim.spot_usd_per_hour, sim.ondemand_usd_per_hour)
+    markets = Markets(gap, sim.available, sim.zones)
+    return simulate_run(make_policy(policy), problem, markets, sim.start_tick, record=True)
+
+
+@pytest.mark.parametrize(("policy", "up", "down", "work", "deadline"), [
+    ("uniform-progress", 3, 7, 10, 20),
+    ("spotwise", 2, 8, 16, 24),  # it waits out most of the outage, then buys on-demand
+])
+def test_spot_comes_back_after_on_demand_and_the_live_loop_follows_the_simulator(
+        policy, up, down, work, deadline):
+    sim = _sim(np.array([[1] * up + [0] * down + [1] * 40], bool), work_s=work)
+    store = Store()
+    job, _ = job_for(sim, store, policy=policy, deadline=deadline)
+    assert _run(sim, store, job.id) is JobState.SUCCEEDED
+    summary = job_summary(store, store.job(job.id), now=sim.clock())
+    expected = _simulated(sim, policy, deadline)
+    live = [(a["market"], "abc".index(a["zone"]) if a["market"] == "spot" else None)
+            for a in summary["attempts"]]
+    assert live == _segments(expected.timeline)
+    assert [a["reason"] for a in summary["attempts"]] == ["preempted", "switched", "succeeded"]
+    assert summary["switches"] == 1 and summary["preemptions"] == 1
+    assert summary["cost_usd"] == pytest.approx(expected.cost_usd, rel=1e-6)
+    finish = summary["attempts"][-1]["end"] - job.created_at
+    assert finish == pytest.approx(expected.finish_h * 3600 / sim.compression, abs=1e-6)
+    assert finish <= deadline
+    assert summary["policy"]["name"] == policy
+
+
+def test_a_controller_killed_between_decisions_resumes_with_the_same_beliefs():
+    rng = np.random.default_rng(3)
+    avail = rng.random((3, 60)) < 0.7
+    reference: list[dict[str, Any]] = []
+    sim = _sim(avail, work_s=14.0)
+    store = Store()
+    job, _ = job_for(sim, store, policy="spotwise", deadline=30)
+    assert _run(sim, store, job.id, seen=reference) is JobState.SUCCEEDED
+
+    resumed: list[dict[str, Any]] = []
+    sim2 = _sim(avail, work_s=14.0)
+    job2, _ = job_for(sim2, store, policy="spotwise", deadline=30)
+    for kill_at in (sim2.clock() + 3.3, sim2.clock() + 7.8, sim2.clock() + 12.1):
+        assert _run(sim2, store, job2.id, until=kill_at, seen=resumed) is None
+    assert _run(sim2, store, job2.id, seen=resumed) is JobState.SUCCEEDED
+    # every decision and every learned state equals the uninterrupted controller's
+    assert [d["tick"] for d in resumed] == [d["tick"] for d in reference]
+    assert resumed == reference
+    assert len(reference[-1]["state"]["past"][0]) == len(reference)  # it learned every tick
+    a1 = [(a.market, a.zone, a.reason) for a in store.attempts(job.id)]
+    assert a1 == [(a.market, a.zone, a.reason) for a in store.attempts(job2.id)]
+
+
+@pytest.mark.parametrize(("failures", "error"), [(1, TimeoutError), (25, TimeoutError),
+                                                 (25, TransientProviderError)])
+def test_status_outage_never_relaunches_a_healthy_attempt(failures, error):
+    sim = _sim(np.ones((1, 60), bool), work_s=20.0, failing=failures, failure=error)
+    store = Store()
+    job, _ = job_for(sim, store, deadline=40)
+    sim.outage_at = job.created_at + 3  # once the attempt is training
+    assert _run(sim, store, job.id) is JobState.SUCCEEDED
+    attempts = store.attempts(job.id)
+    assert [(a.market, a.reason) for a in attempts] == [("spot", "succeeded")]
+    assert sim.failing == 0 and len(sim.attempts) == 1  # every failure was seen, no relaunch
+    outages = [e for e in store.events(job.id) if e["kind"] == "control-plane"]
+    assert outages and "timed out" in outages[0]["message"]
+    # billed once, from launch to the end of the work: nothing paid twice
+    assert attempts[0].ended_at - attempts[0].started_at == pytest.approx(20.5)
+
+
+def test_preempted_in_one_zone_the_next_attempt_is_elsewhere():
+    avail = np.ones((3, 60), bool)
+    avail[0, 4:] = False  # zone a loses its capacity at tick 4; b and c stay free
+    sim = _sim(avail, work_s=12.0)
+    store = Store()
+    job, _ = job_for(sim, store, policy="spotwise", deadline=30, zone_cooldown=5)
+    assert _run(sim, store, job.id) is JobState.SUCCEEDED
+    attempts = store.attempts(job.id)
+    assert (attempts[0].zone, attempts[0].reason) == ("a", "preempted")
+    assert attempts[1].market == "spot" and attempts[1].zone != "a"
+    assert store.job(job.id).blocked["a"] == pytest.approx(attempts[0].ended_at + 5)
