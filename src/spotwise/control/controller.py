@@ -35,7 +35,13 @@ from spotwise.control.decisions import (
     live_problem,
     stop_for_budget,
 )
-from spotwise.control.progress import Committed, compute_s, progress_s, read_committed
+from spotwise.control.progress import (
+    Committed,
+    compute_s,
+    load_readers,
+    progress_s,
+    read_committed,
+)
 from spotwise.control.providers import (
     AttemptStatus,
     Handle,
@@ -104,8 +110,10 @@ def submit(store: Store, spec: JobSpec, spec_path: str | None = None) -> Job:
                 f"budget ${spec.budget_usd:.2f} is below the estimated ${cheapest:.2f} for "
                 f"{spec.expected_runtime_s:.0f}s of {market} on {spec.provider.name}",
                 hint=f"raise budget_usd to at least {cheapest:.2f} or shorten the job")
-    if plans(spec, provider) and spec.expected_runtime_s:
-        build_driver(spec, provider, spec.expected_runtime_s)  # bad terms fail here, not later
+    if plans(spec, provider):
+        load_readers()
+        if spec.expected_runtime_s:
+            build_driver(spec, provider, spec.expected_runtime_s)  # bad terms fail here
     return store.create_job(spec.name, spec.model_dump(mode="json"), spec_path)
 
 
@@ -162,6 +170,8 @@ class Controller:
         with controller_lock(job):
             self.store.event(self.job_id, "controller", f"controller {os.getpid()} started "
                              f"in state {job.state.value}")
+            if plans(self.spec, self.provider):
+                load_readers()
             while True:
                 job = self.store.job(self.job_id)
                 if job.state.terminal:
@@ -203,7 +213,7 @@ class Controller:
                 self._set(JobState.CANCELLED, "cancelled by the user")
             elif job.state in (JobState.PENDING, JobState.RECOVERING, JobState.PREEMPTED,
                                JobState.LAUNCHING, JobState.RUNNING):
-                self._maybe_launch(job, now)
+                self._maybe_launch(job, self.clock())  # billed from now, after the decision
         elif attempt.handle is None:
             self._launch_or_adopt(job, attempt)
 

@@ -51,6 +51,13 @@ def _event_points(events: list[dict[str, Any]]) -> list[tuple[float, int, bool]]
     ]
 
 
+def load_readers() -> None:
+    """Import the runtime's checkpoint readers (they bring in torch: seconds on a busy machine)
+    before a job's clock starts, so that its first tick boundary is not spent importing."""
+    import spotwise.runtime.checkpoint
+    import spotwise.runtime.tiered  # noqa: F401
+
+
 def read_committed(checkpoint_dir: str | os.PathLike[str]) -> Committed:
     """The newest committed step and the measured step rate of a run directory or URI.
 
