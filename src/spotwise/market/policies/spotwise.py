@@ -194,6 +194,9 @@ class SpotwisePolicy(BasePolicy):
         chosen = order[: self.max_zones]
         if obs.market is Market.SPOT and obs.zone is not None and obs.zone not in chosen:
             chosen = [obs.zone, *chosen[: self.max_zones - 1]]
+        elif self._stranded(obs, chosen):  # plan over the best zone that has spot now
+            up = next(z for z in order if obs.available[z])
+            chosen = [up, *chosen[: self.max_zones - 1]]
         self._plan = {
             "tick": obs.tick,
             "zones": list(chosen),
@@ -238,8 +241,22 @@ class SpotwisePolicy(BasePolicy):
         else:
             self._load_plan()
 
+    @staticmethod
+    def _stranded(obs: Observation, zones: list[int] | tuple[int, ...]) -> bool:
+        """Idle, every planned zone out of spot, and another zone has some: a zone that just
+        lost its capacity is not waited for while spot is there elsewhere."""
+        return (
+            obs.market is Market.IDLE
+            and not any(obs.available[z] for z in zones)
+            and any(obs.available)
+        )
+
     def _planned(self, obs: Observation) -> Decision:
-        if self._plan_tick < 0 or obs.tick >= self._plan_until:
+        if (
+            self._plan_tick < 0
+            or obs.tick >= self._plan_until
+            or self._stranded(obs, self._zones)
+        ):
             self._replan(obs)
         lat: Lattice = self._lattice
         cell = waste_cell(lat, obs)
