@@ -32,8 +32,6 @@ from spotwise.control.spec import JobSpec, parse_spec
 from spotwise.control.store import Job, Store
 from spotwise.errors import CapacityError, TransientProviderError
 
-STEPS_PER_S = 1000  # committed "steps" per wall second of work
-
 
 class Clock:
     """Wall time that moves only when the controller sleeps."""
@@ -157,7 +155,8 @@ class ClockSim:
         return total
 
     def read_progress(self, checkpoint_dir: str) -> Committed:
-        return Committed(math.floor(self.committed_work() * STEPS_PER_S + 1e-6), STEPS_PER_S)
+        """One step per second of trace time: the committed work, counted as the runtime would."""
+        return Committed(round(self.committed_work() * self.compression), self.compression)
 
 
 def job_for(sim: ClockSim, store: Store, **fields: Any) -> tuple[Job, JobSpec]:
@@ -165,7 +164,7 @@ def job_for(sim: ClockSim, store: Store, **fields: Any) -> tuple[Job, JobSpec]:
     doc: dict[str, Any] = {
         "name": "clock", "command": "python train.py", "market": "auto",
         "policy": "uniform-progress", "provider": "sim", "zone_cooldown": 0,
-        "steps": round(sim.work_s * STEPS_PER_S), "expected_runtime": sim.work_s,
+        "steps": round(sim.work_s * sim.compression), "expected_runtime": sim.work_s,
         "changeover": sim.changeover_s, "decision_interval": sim.gap_s / sim.compression,
         "control_plane_timeout": "1h",
     }
