@@ -92,8 +92,11 @@ def planning_problem(problem: Problem, gap_s: float, max_cells: int) -> Problem:
     if exact.cells <= max_cells:
         return problem
     slack = problem.deadline_s - problem.compute_s
+    gap_ms = round(gap_s * 1000)
     k = max(1, math.floor(gap_s * max_cells / slack))
-    unit = gap_s / k
+    while gap_ms % k:  # G/k on the millisecond grid, so the planned lattice is exact
+        k -= 1
+    unit = gap_ms // k / 1000
     d = problem.changeover_s
     whole = math.floor(d / gap_s + 1e-9) * gap_s
     part = d - whole
