@@ -141,3 +141,46 @@ def test_preempted_in_one_zone_the_next_attempt_is_elsewhere():
     assert (attempts[0].zone, attempts[0].reason) == ("a", "preempted")
     assert attempts[1].market == "spot" and attempts[1].zone != "a"
     assert store.job(job.id).blocked["a"] == pytest.approx(attempts[0].ended_at + 5)
+
+
+def test_without_expected_runtime_the_policy_starts_from_the_measured_step_rate():
+    sim = _sim(np.ones((1, 40), bool), work_s=6.0)
+    store = Store()
+    job, _ = job_for(sim, store, deadline=20, expected_runtime=None)
+    assert _run(sim, store, job.id) is JobState.SUCCEEDED
+    problem = store.job(job.id).policy["problem"]
+    assert problem["compute_h"] * 3600 == pytest.approx(6.0 * sim.compression)  # steps / rate
+
+
+def test_job_file_terms_of_the_live_policy():
+    from spotwise.control.spec import parse_spec
+    from spotwise.errors import ConfigError
+
+    spec = parse_spec({"command": "python t.py", "steps": 400, "changeover": "3s",
+                       "decision_interval": "0.78s", "policy": "spotwise"})
+    assert (spec.steps, spec.changeover_s, spec.decision_interval_s) == (400, 3.0, 0.78)
+    with pytest.raises(ConfigError, match=r"unknown policy 'optimal' \(allowed: .*spotwise"):
+        parse_spec({"command": "python t.py", "policy": "optimal"})  # it needs the future
+    with pytest.raises(ConfigError, match="decision_interval_s"):
+        parse_spec({"command": "python t.py", "decision_interval": "soon"})
+
+
+def test_an_older_job_database_gains_the_policy_column(tmp_path, monkeypatch):
+    import sqlite3
+
+    monkeypatch.setenv("SPOTWISE_HOME", str(tmp_path))
+    db = sqlite3.connect(tmp_path / "spotwise.db")
+    db.execute("CREATE TABLE jobs (id TEXT PRIMARY KEY, name TEXT NOT NULL, spec_json TEXT NOT "
+               "NULL, spec_path TEXT, state TEXT NOT NULL, created_at REAL NOT NULL, updated_at "
+               "REAL NOT NULL, cancel_requested INTEGER NOT NULL DEFAULT 0, next_launch_at REAL "
+               "NOT NULL DEFAULT 0, errors_used INTEGER NOT NULL DEFAULT 0, message TEXT NOT "
+               "NULL DEFAULT '', blocked_json TEXT NOT NULL DEFAULT '{}', control_error_since "
+               "REAL, stop_reason TEXT NOT NULL DEFAULT '')")
+    db.execute("INSERT INTO jobs (id, name, spec_json, state, created_at, updated_at) VALUES "
+               "('old-1', 'old', '{}', 'SUCCEEDED', 0, 0)")
+    db.commit()
+    db.close()
+    store = Store()
+    assert store.job("old-1").policy is None
+    store.update_job("old-1", policy={"policy": "greedy", "tick": 3})
+    assert Store().job("old-1").policy == {"policy": "greedy", "tick": 3}
