@@ -19,10 +19,10 @@ ROOT = Path(__file__).resolve().parents[2]
 TRAIN = ROOT / "examples" / "digits" / "train.py"
 SPOTWISE = [sys.executable, "-c", "from spotwise.cli.main import main; main()"]
 GAP_S, COMPRESSION = 60, 60  # one trace tick per wall second
-# spot for 8 ticks, gone for 15 (the job falls behind and buys on-demand), then back for good:
+# spot for 10 ticks, gone for 15 (the job falls behind and buys on-demand), then back for good:
 # Uniform Progress goes spot -> on-demand -> spot
-TRACE = [1] * 8 + [0] * 15 + [1] * 400
-COST_TOLERANCE = 0.35  # relative; see docs/control.md "launch and simulate agree"
+TRACE = [1] * 10 + [0] * 15 + [1] * 400
+COST_TOLERANCE = 0.5  # relative; see docs/control.md "Launch and simulate agree"
 
 
 def _segments(timeline: list[int]) -> list[str]:
@@ -45,7 +45,9 @@ def test_launch_and_simulate_agree_on_one_trace(tmp_path: Path):
         "name": "agree", "market": "auto", "policy": "uniform-progress",
         "command": ["python", str(TRAIN), "--run-dir", "$SPOTWISE_CHECKPOINT_DIR",
                     "--steps", "400", "--save-every", "10", "--step-sleep", "0.04"],
-        "steps": 400, "expected_runtime": "18s", "deadline": "60s", "changeover": "4s",
+        # no expected_runtime: the policy starts from the measured step rate (C = steps / rate),
+        # so both sides plan the job this machine actually runs
+        "steps": 400, "deadline": "60s", "changeover": "4s",
         "decision_interval": f"{GAP_S / COMPRESSION}s", "zone_cooldown": 0,
         "provider": {"name": "sim", "trace": str(traces), "time_compression": COMPRESSION,
                      "notice_s": 1, "boot_s": 0.05, "spot_usd_per_hour": 1.0,
