@@ -85,8 +85,14 @@ class ClockSim:
 
     def bind(self, job: Job) -> None:
         """Start the market at the job's creation, as the sim provider does."""
-        self.market = SimMarket(self.zones, self.available, self.gap_s, self.compression,
-                                job.created_at, self.start_tick * self.gap_s)
+        self.market = SimMarket(
+            self.zones,
+            self.available,
+            self.gap_s,
+            self.compression,
+            job.created_at,
+            self.start_tick * self.gap_s,
+        )
 
     # --- the Provider protocol ------------------------------------------------------------------
     def check(self) -> None:
@@ -96,8 +102,12 @@ class ClockSim:
         assert self.market is not None
         spot = placement.market == "spot"
         available = not spot or self.market.is_available(placement.zone, self.clock())
-        return Pricing(self.spot_usd_per_hour if spot else self.ondemand_usd_per_hour,
-                       self.ondemand_usd_per_hour, self.compression, available)
+        return Pricing(
+            self.spot_usd_per_hour if spot else self.ondemand_usd_per_hour,
+            self.ondemand_usd_per_hour,
+            self.compression,
+            available,
+        )
 
     def launch(self, req: LaunchRequest) -> Handle:
         assert self.market is not None
@@ -123,8 +133,9 @@ class ClockSim:
         self._settle(a, now)
         running_at = a.start + self.changeover_s
         if a.ended is not None:
-            return AttemptStatus(Phase.EXITED, exit_code=a.ended[1], ended_at=a.ended[0],
-                                 running_at=running_at)
+            return AttemptStatus(
+                Phase.EXITED, exit_code=a.ended[1], ended_at=a.ended[0], running_at=running_at
+            )
         phase = Phase.RUNNING if now >= running_at else Phase.STARTING
         return AttemptStatus(phase, running_at=running_at if phase is Phase.RUNNING else None)
 
@@ -162,10 +173,16 @@ class ClockSim:
 def job_for(sim: ClockSim, store: Store, **fields: Any) -> tuple[Job, JobSpec]:
     """A job on ``sim`` created at the clock's time, the policy ticking with the trace."""
     doc: dict[str, Any] = {
-        "name": "clock", "command": "python train.py", "market": "auto",
-        "policy": "uniform-progress", "provider": "sim", "zone_cooldown": 0,
-        "steps": round(sim.work_s * sim.compression), "expected_runtime": sim.work_s,
-        "changeover": sim.changeover_s, "decision_interval": sim.gap_s / sim.compression,
+        "name": "clock",
+        "command": "python train.py",
+        "market": "auto",
+        "policy": "uniform-progress",
+        "provider": "sim",
+        "zone_cooldown": 0,
+        "steps": round(sim.work_s * sim.compression),
+        "expected_runtime": sim.work_s,
+        "changeover": sim.changeover_s,
+        "decision_interval": sim.gap_s / sim.compression,
         "control_plane_timeout": "1h",
     }
     doc.update(fields)

@@ -24,23 +24,47 @@ class Killed(Exception):
 
 def _sim(available: np.ndarray, work_s: float = 10.0, **kw: Any) -> ClockSim:
     zones = tuple("abcdefgh"[: available.shape[0]])
-    return ClockSim(Clock(), zones, available, gap_s=600.0, compression=600.0, work_s=work_s,
-                    changeover_s=0.5, **kw)
+    return ClockSim(
+        Clock(),
+        zones,
+        available,
+        gap_s=600.0,
+        compression=600.0,
+        work_s=work_s,
+        changeover_s=0.5,
+        **kw,
+    )
 
 
-def _run(sim: ClockSim, store: Store, job_id: str, *, until: float | None = None,
-         seen: list[dict[str, Any]] | None = None) -> JobState | None:
+def _run(
+    sim: ClockSim,
+    store: Store,
+    job_id: str,
+    *,
+    until: float | None = None,
+    seen: list[dict[str, Any]] | None = None,
+) -> JobState | None:
     """Run a controller on the double; ``until``: "kill" it at that wall time."""
 
     def update(job, attempts) -> None:
-        if seen is not None and job.policy is not None and (
-                not seen or seen[-1]["tick"] != job.policy["tick"]):
+        if (
+            seen is not None
+            and job.policy is not None
+            and (not seen or seen[-1]["tick"] != job.policy["tick"])
+        ):
             seen.append(job.policy)
         if until is not None and sim.clock() >= until:
             raise Killed
 
-    ctl = Controller(store, job_id, clock=sim.clock, sleep=sim.clock.sleep, provider=sim,
-                     read_progress=sim.read_progress, on_update=update)
+    ctl = Controller(
+        store,
+        job_id,
+        clock=sim.clock,
+        sleep=sim.clock.sleep,
+        provider=sim,
+        read_progress=sim.read_progress,
+        on_update=update,
+    )
     try:
         return ctl.run()
     except Killed:
@@ -59,27 +83,39 @@ def _segments(timeline) -> list[tuple[str, int | None]]:
 
 
 def _simulated(sim: ClockSim, policy: str, deadline_wall_s: float):
-    problem, gap = live_problem(sim.work_s, deadline_wall_s, sim.changeover_s,
-                                sim.gap_s / sim.compression, sim.compression,
-                                sim.spot_usd_per_hour, sim.ondemand_usd_per_hour)
+    problem, gap = live_problem(
+        sim.work_s,
+        deadline_wall_s,
+        sim.changeover_s,
+        sim.gap_s / sim.compression,
+        sim.compression,
+        sim.spot_usd_per_hour,
+        sim.ondemand_usd_per_hour,
+    )
     markets = Markets(gap, sim.available, sim.zones)
     return simulate_run(make_policy(policy), problem, markets, sim.start_tick, record=True)
 
 
-@pytest.mark.parametrize(("policy", "up", "down", "work", "deadline"), [
-    ("uniform-progress", 3, 7, 10, 20),
-    ("spotwise", 2, 8, 16, 24),  # it waits out most of the outage, then buys on-demand
-])
+@pytest.mark.parametrize(
+    ("policy", "up", "down", "work", "deadline"),
+    [
+        ("uniform-progress", 3, 7, 10, 20),
+        ("spotwise", 2, 8, 16, 24),  # it waits out most of the outage, then buys on-demand
+    ],
+)
 def test_spot_comes_back_after_on_demand_and_the_live_loop_follows_the_simulator(
-        policy, up, down, work, deadline):
+    policy, up, down, work, deadline
+):
     sim = _sim(np.array([[1] * up + [0] * down + [1] * 40], bool), work_s=work)
     store = Store()
     job, _ = job_for(sim, store, policy=policy, deadline=deadline)
     assert _run(sim, store, job.id) is JobState.SUCCEEDED
     summary = job_summary(store, store.job(job.id), now=sim.clock())
     expected = _simulated(sim, policy, deadline)
-    live = [(a["market"], "abc".index(a["zone"]) if a["market"] == "spot" else None)
-            for a in summary["attempts"]]
+    live = [
+        (a["market"], "abc".index(a["zone"]) if a["market"] == "spot" else None)
+        for a in summary["attempts"]
+    ]
     assert live == _segments(expected.timeline)
     assert [a["reason"] for a in summary["attempts"]] == ["preempted", "switched", "succeeded"]
     assert summary["switches"] == 1 and summary["preemptions"] == 1
@@ -113,8 +149,9 @@ def test_a_controller_killed_between_decisions_resumes_with_the_same_beliefs():
     assert a1 == [(a.market, a.zone, a.reason) for a in store.attempts(job2.id)]
 
 
-@pytest.mark.parametrize(("failures", "error"), [(1, TimeoutError), (25, TimeoutError),
-                                                 (25, TransientProviderError)])
+@pytest.mark.parametrize(
+    ("failures", "error"), [(1, TimeoutError), (25, TimeoutError), (25, TransientProviderError)]
+)
 def test_status_outage_never_relaunches_a_healthy_attempt(failures, error):
     sim = _sim(np.ones((1, 60), bool), work_s=20.0, failing=failures, failure=error)
     store = Store()
@@ -156,8 +193,15 @@ def test_job_file_terms_of_the_live_policy():
     from spotwise.control.spec import parse_spec
     from spotwise.errors import ConfigError
 
-    spec = parse_spec({"command": "python t.py", "steps": 400, "changeover": "3s",
-                       "decision_interval": "0.78s", "policy": "spotwise"})
+    spec = parse_spec(
+        {
+            "command": "python t.py",
+            "steps": 400,
+            "changeover": "3s",
+            "decision_interval": "0.78s",
+            "policy": "spotwise",
+        }
+    )
     assert (spec.steps, spec.changeover_s, spec.decision_interval_s) == (400, 3.0, 0.78)
     with pytest.raises(ConfigError, match=r"unknown policy 'optimal' \(allowed: .*spotwise"):
         parse_spec({"command": "python t.py", "policy": "optimal"})  # it needs the future
@@ -170,14 +214,18 @@ def test_an_older_job_database_gains_the_policy_column(tmp_path, monkeypatch):
 
     monkeypatch.setenv("SPOTWISE_HOME", str(tmp_path))
     db = sqlite3.connect(tmp_path / "spotwise.db")
-    db.execute("CREATE TABLE jobs (id TEXT PRIMARY KEY, name TEXT NOT NULL, spec_json TEXT NOT "
-               "NULL, spec_path TEXT, state TEXT NOT NULL, created_at REAL NOT NULL, updated_at "
-               "REAL NOT NULL, cancel_requested INTEGER NOT NULL DEFAULT 0, next_launch_at REAL "
-               "NOT NULL DEFAULT 0, errors_used INTEGER NOT NULL DEFAULT 0, message TEXT NOT "
-               "NULL DEFAULT '', blocked_json TEXT NOT NULL DEFAULT '{}', control_error_since "
-               "REAL, stop_reason TEXT NOT NULL DEFAULT '')")
-    db.execute("INSERT INTO jobs (id, name, spec_json, state, created_at, updated_at) VALUES "
-               "('old-1', 'old', '{}', 'SUCCEEDED', 0, 0)")
+    db.execute(
+        "CREATE TABLE jobs (id TEXT PRIMARY KEY, name TEXT NOT NULL, spec_json TEXT NOT "
+        "NULL, spec_path TEXT, state TEXT NOT NULL, created_at REAL NOT NULL, updated_at "
+        "REAL NOT NULL, cancel_requested INTEGER NOT NULL DEFAULT 0, next_launch_at REAL "
+        "NOT NULL DEFAULT 0, errors_used INTEGER NOT NULL DEFAULT 0, message TEXT NOT "
+        "NULL DEFAULT '', blocked_json TEXT NOT NULL DEFAULT '{}', control_error_since "
+        "REAL, stop_reason TEXT NOT NULL DEFAULT '')"
+    )
+    db.execute(
+        "INSERT INTO jobs (id, name, spec_json, state, created_at, updated_at) VALUES "
+        "('old-1', 'old', '{}', 'SUCCEEDED', 0, 0)"
+    )
     db.commit()
     db.close()
     store = Store()

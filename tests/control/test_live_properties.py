@@ -28,13 +28,24 @@ def live_jobs(draw):
     n = start + int(deadline) + 4
     avail = (np.cumsum(rng.random((zones, n)) < flip, axis=1) + rng.integers(0, 2, (zones, 1))) % 2
     policy = draw(st.sampled_from(["greedy", "uniform-progress", "spotwise"]))
-    sim = ClockSim(Clock(), tuple("ab"[:zones]), avail.astype(bool), gap_s=600.0,
-                   compression=600.0, work_s=work, changeover_s=changeover, start_tick=start)
+    sim = ClockSim(
+        Clock(),
+        tuple("ab"[:zones]),
+        avail.astype(bool),
+        gap_s=600.0,
+        compression=600.0,
+        work_s=work,
+        changeover_s=changeover,
+        start_tick=start,
+    )
     return sim, policy, deadline
 
 
-@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow,
-                                                                 HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=100,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
 @given(live_jobs())
 def test_live_loop_never_misses_a_feasible_deadline_and_matches_the_simulator(case):
     sim, policy, deadline = case
@@ -47,7 +58,9 @@ def test_live_loop_never_misses_a_feasible_deadline_and_matches_the_simulator(ca
     if policy == "spotwise" and sim.start_tick > 0:
         return  # the simulator shows it the trace before the start; a live job has none
     expected = _simulated(sim, policy, deadline)
-    live = [(a["market"], "ab".index(a["zone"]) if a["market"] == "spot" else None)
-            for a in summary["attempts"]]
+    live = [
+        (a["market"], "ab".index(a["zone"]) if a["market"] == "spot" else None)
+        for a in summary["attempts"]
+    ]
     assert live == _segments(expected.timeline)
     assert summary["cost_usd"] == pytest.approx(expected.cost_usd, rel=1e-6, abs=1e-9)

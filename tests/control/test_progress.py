@@ -13,12 +13,14 @@ from spotwise.control.progress import Committed, compute_s, progress_s, read_com
 from spotwise.runtime import Run
 
 
-def _train(run_dir: str, steps: int, stop_after: int | None = None,
-           local: Path | None = None) -> None:
+def _train(
+    run_dir: str, steps: int, stop_after: int | None = None, local: Path | None = None
+) -> None:
     model = nn.Linear(4, 2)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    run = Run(run_dir, model=model, optimizer=opt, steps=steps, every=5, notices=None,
-              local_dir=local)
+    run = Run(
+        run_dir, model=model, optimizer=opt, steps=steps, every=5, notices=None, local_dir=local
+    )
     for _ in run:
         loss = model(torch.randn(8, 4)).pow(2).mean()
         opt.zero_grad()
@@ -30,8 +32,13 @@ def _train(run_dir: str, steps: int, stop_after: int | None = None,
 
 
 def test_step_rate_counts_training_stretches_not_the_gaps_between_them():
-    points = [(0.0, 0, True), (1.0, 10, False), (2.0, 20, False),  # 10 steps/s
-              (50.0, 20, True), (54.0, 40, False)]  # resumed much later: 5 steps/s
+    points = [
+        (0.0, 0, True),
+        (1.0, 10, False),
+        (2.0, 20, False),  # 10 steps/s
+        (50.0, 20, True),
+        (54.0, 40, False),
+    ]  # resumed much later: 5 steps/s
     assert step_rate(points) == pytest.approx(40 / 6)
     assert step_rate([(0.0, 0, True)]) is None  # started, nothing committed yet
     assert step_rate([]) is None

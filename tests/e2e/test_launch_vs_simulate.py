@@ -41,18 +41,42 @@ def test_launch_and_simulate_agree_on_one_trace(tmp_path: Path):
     traces.mkdir()
     trace = traces / "za_v100_1.json"
     trace.write_text(json.dumps({"metadata": {"gap_seconds": GAP_S}, "data": TRACE}))
-    spec = parse_spec({
-        "name": "agree", "market": "auto", "policy": "uniform-progress",
-        "command": ["python", str(TRAIN), "--run-dir", "$SPOTWISE_CHECKPOINT_DIR",
-                    "--steps", "400", "--save-every", "10", "--step-sleep", "0.04"],
-        # no expected_runtime: the policy starts from the measured step rate (C = steps / rate),
-        # so both sides plan the job this machine actually runs
-        "steps": 400, "deadline": "60s", "changeover": "4s",
-        "decision_interval": f"{GAP_S / COMPRESSION}s", "zone_cooldown": 0,
-        "provider": {"name": "sim", "trace": str(traces), "time_compression": COMPRESSION,
-                     "notice_s": 1, "boot_s": 0.05, "spot_usd_per_hour": 1.0,
-                     "ondemand_usd_per_hour": 3.0},
-    }, base_dir=tmp_path)
+    spec = parse_spec(
+        {
+            "name": "agree",
+            "market": "auto",
+            "policy": "uniform-progress",
+            "command": [
+                "python",
+                str(TRAIN),
+                "--run-dir",
+                "$SPOTWISE_CHECKPOINT_DIR",
+                "--steps",
+                "400",
+                "--save-every",
+                "10",
+                "--step-sleep",
+                "0.04",
+            ],
+            # no expected_runtime: the policy starts from the measured step rate (C = steps / rate),
+            # so both sides plan the job this machine actually runs
+            "steps": 400,
+            "deadline": "60s",
+            "changeover": "4s",
+            "decision_interval": f"{GAP_S / COMPRESSION}s",
+            "zone_cooldown": 0,
+            "provider": {
+                "name": "sim",
+                "trace": str(traces),
+                "time_compression": COMPRESSION,
+                "notice_s": 1,
+                "boot_s": 0.05,
+                "spot_usd_per_hour": 1.0,
+                "ondemand_usd_per_hour": 3.0,
+            },
+        },
+        base_dir=tmp_path,
+    )
     store = Store()
     job = submit(store, spec)
     assert Controller(store, job.id).run() is JobState.SUCCEEDED
@@ -61,12 +85,31 @@ def test_launch_and_simulate_agree_on_one_trace(tmp_path: Path):
     assert job.policy is not None
     problem = job.policy["problem"]
 
-    out = subprocess.run([*SPOTWISE, "simulate", "--trace", str(trace), "--policy",
-                          "uniform-progress", "--compute-h", str(problem["compute_h"]),
-                          "--deadline-h", str(problem["deadline_h"]),
-                          "--changeover-h", str(problem["changeover_h"]),
-                          "--spot-price", "1.0", "--ondemand-price", "3.0", "--json"],
-                         capture_output=True, text=True, timeout=120, check=True)
+    out = subprocess.run(
+        [
+            *SPOTWISE,
+            "simulate",
+            "--trace",
+            str(trace),
+            "--policy",
+            "uniform-progress",
+            "--compute-h",
+            str(problem["compute_h"]),
+            "--deadline-h",
+            str(problem["deadline_h"]),
+            "--changeover-h",
+            str(problem["changeover_h"]),
+            "--spot-price",
+            "1.0",
+            "--ondemand-price",
+            "3.0",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
     simulated = json.loads(out.stdout)["runs"][0]
     assert simulated["deadline_met"]
 
@@ -74,8 +117,13 @@ def test_launch_and_simulate_agree_on_one_trace(tmp_path: Path):
     from spotwise.market.simulate import Markets, simulate_run
     from spotwise.market.traces import load_trace
 
-    replay = simulate_run(make_policy("uniform-progress"), Problem(**problem),
-                          Markets.from_traces([load_trace(trace)]), 0, record=True)
+    replay = simulate_run(
+        make_policy("uniform-progress"),
+        Problem(**problem),
+        Markets.from_traces([load_trace(trace)]),
+        0,
+        record=True,
+    )
     assert replay.cost_usd == pytest.approx(simulated["cost_usd"])
     placements = [a["market"] for a in live["attempts"]]
     assert placements == _segments(replay.timeline.market) == ["spot", "on-demand", "spot"]
@@ -87,9 +135,17 @@ def test_launch_and_simulate_agree_on_one_trace(tmp_path: Path):
     finish_s = live["attempts"][-1]["end"] - job.created_at
     assert finish_s <= spec.deadline_s
     ratio = live["cost_usd"] / simulated["cost_usd"]
-    print(f"launch-vs-simulate: {ratio:.3f} (live ${live['cost_usd']:.4f}, "
-          f"simulated ${simulated['cost_usd']:.4f})")
-    timings = [(a["market"], round(a["start"] - job.created_at, 2),
-                round((a["running_at"] or a["start"]) - job.created_at, 2),
-                round(a["end"] - job.created_at, 2)) for a in live["attempts"]]
+    print(
+        f"launch-vs-simulate: {ratio:.3f} (live ${live['cost_usd']:.4f}, "
+        f"simulated ${simulated['cost_usd']:.4f})"
+    )
+    timings = [
+        (
+            a["market"],
+            round(a["start"] - job.created_at, 2),
+            round((a["running_at"] or a["start"]) - job.created_at, 2),
+            round(a["end"] - job.created_at, 2),
+        )
+        for a in live["attempts"]
+    ]
     assert abs(ratio - 1) <= COST_TOLERANCE, (timings, replay.timeline.market, problem)
