@@ -232,3 +232,61 @@ def test_an_older_job_database_gains_the_policy_column(tmp_path, monkeypatch):
     assert store.job("old-1").policy is None
     store.update_job("old-1", policy={"policy": "greedy", "tick": 3})
     assert Store().job("old-1").policy == {"policy": "greedy", "tick": 3}
+
+
+def test_controller_sigkilled_between_decisions_resumes_the_persisted_policy(workdir, kit):
+    """A real controller process killed with SIGKILL; `spotwise resume` continues the policy
+    from its stored state (what it learned so far), not from a cold prior."""
+    import json as _json
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    traces = workdir / "traces"
+    traces.mkdir()
+    for zone in ("za", "zb"):
+        (traces / f"{zone}_v100_1.json").write_text(
+            _json.dumps({"metadata": {"gap_seconds": 10}, "data": [1] * 5000})
+        )
+    spec = kit.spec(
+        workdir, command="python standin.py 0 6", market="auto", policy="spotwise",
+        deadline="60s", expected_runtime="6s", changeover="1s", decision_interval="0.5s",
+        provider={"name": "sim", "trace": str(traces), "zones": ["za", "zb"],
+                  "time_compression": 20, "boot_s": 0, "spot_usd_per_hour": 1.0,
+                  "ondemand_usd_per_hour": 3.0},
+    )  # fmt: skip
+    from spotwise.control.controller import submit
+
+    store = Store()
+    job = submit(store, spec)
+
+    def controller() -> subprocess.Popen:
+        return subprocess.Popen(
+            [sys.executable, "-c", "from spotwise.cli.main import main; main()", "resume",
+             job.id, "--quiet"], start_new_session=True, stdout=subprocess.DEVNULL)  # fmt: skip
+
+    def wait_tick(least: int) -> dict[str, Any]:
+        deadline = time.time() + 60
+        while True:
+            doc = store.job(job.id).policy
+            if doc is not None and doc["tick"] >= least:
+                return doc
+            assert time.time() < deadline, "the policy never reached that tick"
+            time.sleep(0.05)
+
+    first = controller()
+    wait_tick(3)
+    first.send_signal(signal.SIGKILL)
+    first.wait()
+    kept = store.job(job.id).policy
+    assert kept is not None
+    seen = kept["state"]["past"]
+    time.sleep(1.2)  # boundaries pass with no controller
+    second = controller()
+    after = wait_tick(kept["tick"] + 1)
+    # the restored policy appended to what it had learned: one more tick, the same history
+    assert [p[: len(s)] for p, s in zip(after["state"]["past"], seen, strict=True)] == seen
+    assert len(after["state"]["past"][0]) == len(seen[0]) + 1
+    assert second.wait(timeout=120) == 0
+    assert store.job(job.id).state is JobState.SUCCEEDED
