@@ -10,26 +10,40 @@ Prints, measured in this run:
 3. with ``--multizone``: spotwise over several zones of the 2023 traces against the multi-zone
    optimum and single-zone Uniform Progress;
 4. with ``--reference``: the spec's reference table (greedy / UP / optimal / spotwise, $ and
-   on-demand compute hours; 300 starts per 2022 trace, 100 per 2023 trace: takes ~15 min).
+   on-demand compute hours; 300 starts per 2022 trace, 100 per 2023 trace: takes ~15 min);
+5. with ``--fine``: the ``spotwise`` policy's time and peak traced memory on a 34 s-tick AWS
+   preemption trace (6,353 ticks per 60 h run), two runs, against the optimal DP's costs in the
+   same run (``ratio-spotwise-time-vs-optimal``, ``spotwise-peak-mib``);
+6. with ``--live``: ``spotwise launch``'s decision loop (the real Controller, an injected clock,
+   the process-free sim double of ``tests/control/clocksim.py``) against ``simulate_run`` on the
+   shipped traces, same policy, trace, start and terms (``launch-vs-simulate``: mean live cost
+   over mean simulated cost).
 
     .venv/bin/python benchmarks/bench_policies.py [--starts 100] [--multizone] [--reference]
+        [--fine] [--live]
 """
 
 from __future__ import annotations
 
 import argparse
 import glob
+import os
+import sys
+import tempfile
 import time
+import tracemalloc
 from pathlib import Path
 
 import numpy as np
 
-from spotwise.market.policies import Problem
+from spotwise.market.policies import Problem, make_policy
 from spotwise.market.policies.optimal import optimal_costs
-from spotwise.market.simulate import Markets, run_ticks, simulate, start_ticks
+from spotwise.market.simulate import Markets, run_ticks, simulate, simulate_run, start_ticks
 from spotwise.market.traces import load_trace
 
-SHARED = Path(__file__).resolve().parents[1] / "../shared/data/traces/availability/1-node"
+ROOT = Path(__file__).resolve().parents[1]
+SHARED = ROOT / "../shared/data/traces/availability/1-node"
+FINE = ROOT / "../shared/data/traces/preemption/1-node/aws-04-19-2023/us-east-1b_intel_64.json"
 PAPER = Problem(compute_h=48, deadline_h=60, changeover_h=0.2)
 REFERENCE = {  # the spec's table: group -> (starts, greedy $, UP $, optimal $, OD compute h x3)
     "aws-10-26-2022": (300, 108.90, 102.91, 92.80, (29.4, 25.3, 21.3)),
@@ -147,15 +161,93 @@ def reference() -> None:
     print(f"  on-demand only: ${(48 + 0.2) * 3.06:.2f}\n")
 
 
+def _timed(work):
+    """(seconds, peak traced MiB, result) of ``work()``; numpy reports to tracemalloc."""
+    tracemalloc.start()
+    t0 = time.perf_counter()
+    out = work()
+    dt = time.perf_counter() - t0
+    peak = tracemalloc.get_traced_memory()[1] / 2**20
+    tracemalloc.stop()
+    return dt, peak, out
+
+
+def fine() -> None:
+    m = Markets.from_traces([load_trace(FINE)])
+    ticks = run_ticks(PAPER, m.gap_s)
+    offs = start_ticks(m.n_ticks, ticks, 2)
+    print(f"== {FINE.name}: {m.gap_s:.0f} s ticks, {ticks} per run, starts {offs} ==")
+    opt_s, opt_mib, opt = _timed(
+        lambda: optimal_costs(PAPER, m.available, 0.918, m.gap_s, offs, ticks)
+    )
+    sw_s, sw_mib, sw = _timed(lambda: simulate("spotwise", PAPER, m, offs))
+    print(f"optimal DP (costs)  {opt_s:7.1f} s  peak {opt_mib:7.0f} MiB  ${np.mean(opt):.2f}")
+    print(f"spotwise (2 runs)   {sw_s:7.1f} s  peak {sw_mib:7.0f} MiB  ${sw.mean_cost_usd:.2f}")
+    print(f"ratio-spotwise-time-vs-optimal: {sw_s / opt_s:.2f}")
+    print(f"spotwise-peak-mib: {sw_mib:.0f}")
+    print(f"optimal-peak-mib: {opt_mib:.0f}\n")
+
+
+def live(starts: int) -> None:
+    """The controller's loop against the simulator on the shipped 2023 traces, 8 h of compute
+    due in 10 h (the paper's ratio), d = 0.2 h, one trace tick per wall second."""
+    sys.path.insert(0, str(ROOT))
+    from tests.control.clocksim import Clock, ClockSim, job_for
+
+    from spotwise.control.controller import Controller, job_summary
+    from spotwise.control.decisions import live_problem
+    from spotwise.control.store import Store
+
+    os.environ["SPOTWISE_HOME"] = tempfile.mkdtemp(prefix="spotwise-bench-")
+    store = Store()
+    files = sorted(glob.glob(str(ROOT / "src/spotwise/data/traces/aws-02-15-2023-first30d/*")))
+    print(f"== launch vs simulate: {len(files)} traces x {starts} starts, C 8 h, R 10 h ==")
+    for policy in ("uniform-progress", "spotwise"):
+        live_usd, sim_usd, agree, t0 = [], [], 0, time.perf_counter()
+        for f in files:
+            trace = load_trace(f)
+            gap = trace.gap_s
+            work_s, deadline_s, d_s = 8 * 3600 / gap, 10 * 3600 / gap, 720 / gap
+            n = trace.n_ticks
+            for start in start_ticks(n, int(deadline_s) + 2, starts):
+                sim = ClockSim(Clock(), ("z",), trace.available(1)[None, :n], gap_s=gap,
+                               compression=gap, work_s=work_s, changeover_s=d_s,
+                               start_tick=start)
+                job, _ = job_for(sim, store, policy=policy, deadline=deadline_s)
+                Controller(store, job.id, clock=sim.clock, sleep=sim.clock.sleep,
+                           provider=sim, read_progress=sim.read_progress).run()
+                got = job_summary(store, store.job(job.id), now=sim.clock())["cost_usd"]
+                problem, g = live_problem(work_s, deadline_s, d_s, 1.0, gap, 0.918, 3.06)
+                want = simulate_run(make_policy(policy), problem,
+                                    Markets(g, sim.available, ("z",)), start).cost_usd
+                live_usd.append(got)
+                sim_usd.append(want)
+                agree += abs(got - want) <= 1e-6 * want
+        ratio = np.mean(live_usd) / np.mean(sim_usd)
+        print(f"{policy:18s} live ${np.mean(live_usd):.2f}  simulated ${np.mean(sim_usd):.2f}  "
+              f"runs equal {agree}/{len(live_usd)}  ({time.perf_counter() - t0:.0f} s)")
+        print(f"launch-vs-simulate: {ratio:.4f}  ({policy})")
+    print()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--starts", type=int, default=100)
     parser.add_argument("--multizone", action="store_true")
     parser.add_argument("--multizone-starts", type=int, default=12)
     parser.add_argument("--reference", action="store_true")
+    parser.add_argument("--fine", action="store_true")
+    parser.add_argument("--live", action="store_true")
+    parser.add_argument("--live-starts", type=int, default=3)
+    parser.add_argument("--only", action="store_true", help="skip the default sections")
     args = parser.parse_args()
-    costs_vs_optimum(args.starts)
-    speed(args.starts)
+    if not args.only:
+        costs_vs_optimum(args.starts)
+        speed(args.starts)
+    if args.fine:
+        fine()
+    if args.live:
+        live(args.live_starts)
     if args.multizone:
         multizone(args.multizone_starts)
     if args.reference:

@@ -4,11 +4,11 @@ import pytest
 
 from spotwise.control.decisions import (
     Next,
-    Progress,
     Reason,
     after_attempt,
     choose_placement,
     classify,
+    live_problem,
     stop_for_budget,
     zone_order,
 )
@@ -57,35 +57,35 @@ def test_zone_order_puts_the_lost_zone_last_and_skips_blocked():
     assert zone_order(ZONES, {"a": 10, "b": 10, "c": 10}, "c", now=1) == []
 
 
-def _progress(elapsed, done, deadline=600.0, runtime=60.0):
-    return Progress(elapsed, done, deadline, runtime, changeover_s=5.0)
-
-
 def test_markets_spot_and_on_demand_are_obeyed():
-    p = _progress(0, 0)
-    assert choose_placement("spot", "greedy", ZONES, {}, "a", 0, p, 1, 3) == Placement("spot", "b")
-    assert choose_placement("spot", "greedy", ZONES, {z: 9 for z in ZONES}, "a", 0, p, 1, 3) \
-        is None
-    assert choose_placement("on-demand", "greedy", ZONES, {}, "", 0, p, 1, 3).market == "on-demand"
-    assert choose_placement("auto", "greedy", ZONES, {}, "", 0, p, 1, 3,
-                            spot_supported=False).market == "on-demand"
+    assert choose_placement("spot", ZONES, {}, "a", 0) == Placement("spot", "b")
+    assert choose_placement("spot", ZONES, {z: 9 for z in ZONES}, "a", 0) is None
+    assert choose_placement("on-demand", ZONES, {}, "", 0).market == "on-demand"
+    assert choose_placement("auto", ZONES, {}, "", 0, spot_supported=False).market == "on-demand"
 
 
-@pytest.mark.parametrize("policy", ["greedy", "uniform-progress"])
-def test_auto_asks_the_policy(policy):
-    # plenty of slack: spot in a zone other than the one just lost
-    assert choose_placement("auto", policy, ZONES, {"a": 99}, "a", 10, _progress(10, 5), 1, 3) \
-        == Placement("spot", "b")
-    # slack nearly gone (R - C < 2d): the Safety Net puts the job on on-demand
-    late = _progress(elapsed=560, done=28)
-    assert choose_placement("auto", policy, ZONES, {}, "a", 560, late, 1, 3).market == "on-demand"
-
-
-def test_auto_without_deadline_falls_back_to_on_demand_only_when_all_zones_are_out():
-    p = Progress(0, 0, None, None, 5.0)
-    assert choose_placement("auto", "greedy", ZONES, {}, "", 0, p, 1, 3).market == "spot"
+def test_auto_without_a_policy_falls_back_to_on_demand_only_when_all_zones_are_out():
+    assert choose_placement("auto", ZONES, {}, "", 0) == Placement("spot", "a")
     all_out = {z: 99.0 for z in ZONES}
-    assert choose_placement("auto", "greedy", ZONES, all_out, "", 0, p, 1, 3).market == "on-demand"
+    assert choose_placement("auto", ZONES, all_out, "", 0).market == "on-demand"
+
+
+def test_a_switch_we_asked_for_is_neither_a_preemption_nor_an_error():
+    for status in (AttemptStatus(Phase.EXITED, 75), AttemptStatus(Phase.LOST)):
+        assert classify(status, "switch") is Reason.SWITCHED
+    assert classify(AttemptStatus(Phase.EXITED, 0), "switch") is Reason.SUCCEEDED
+    assert classify(AttemptStatus(Phase.EXITED, 1), "switch") is Reason.ERROR
+    d = after_attempt(Reason.SWITCHED, 0, max_restarts=0)
+    assert d.next is Next.RECOVER and not d.counts_as_error
+
+
+def test_live_problem_is_in_the_markets_time_on_a_coarse_grid():
+    # 10 wall minutes of deadline at 250x = 41.67 h of trace time; 0.78 s ticks = 195 s
+    problem, gap = live_problem(50, 600, 3.0012, 0.78, 250, 0.9, 3.06)
+    assert gap == 195.0
+    assert problem.deadline_s == pytest.approx(150_000)
+    assert problem.compute_s == pytest.approx(12_500)
+    assert problem.changeover_s == 750.0  # whole seconds: 750.3 -> 750
 
 
 def test_budget_stop_leaves_room_for_the_save():

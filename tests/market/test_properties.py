@@ -16,7 +16,7 @@ POLICIES = ["on-demand", "greedy", "uniform-progress", "spotwise", "optimal"]
 
 @st.composite
 def scenarios(draw):
-    gap = draw(st.sampled_from([195.0, 600.0, 900.0]))
+    gap = draw(st.sampled_from([34.0, 195.0, 600.0, 900.0]))
     d_s = draw(st.sampled_from([0.0, 180.0, 720.0]))
     compute_h = draw(st.sampled_from([0.5, 1.0, 1.5, 2.5]))
     deadline_h = compute_h * draw(st.sampled_from([1.0, 1.1, 1.3, 1.6, 2.2]))

@@ -41,7 +41,8 @@ def _view(summary: dict[str, Any]) -> Table:
     attempts = summary["attempts"]
     last = attempts[-1] if attempts else None
     table.add_row("state", f"[bold]{summary['state']}[/] {summary['message']}")
-    table.add_row("attempt", f"{len(attempts)} ({summary['preemptions']} preempted)")
+    table.add_row("attempt", f"{len(attempts)} ({summary['preemptions']} preempted, "
+                  f"{summary['switches']} switched)")
     table.add_row("placement", f"{last['market']} {last['zone']}" if last else "-")
     table.add_row("progress", _progress(Path(summary["log"])))
     table.add_row("cost", f"${summary['cost_usd']:.2f} (on-demand would be "

@@ -26,16 +26,25 @@ from typing import Any
 
 from spotwise.control.decisions import (
     Next,
-    Progress,
     Reason,
     after_attempt,
     choose_placement,
     classify,
+    decision_placement,
     estimate_cost_usd,
+    live_problem,
     stop_for_budget,
+)
+from spotwise.control.progress import (
+    Committed,
+    compute_s,
+    load_readers,
+    progress_s,
+    read_committed,
 )
 from spotwise.control.providers import (
     AttemptStatus,
+    Handle,
     LaunchRequest,
     Phase,
     Placement,
@@ -51,14 +60,38 @@ from spotwise.errors import (
     ProviderError,
     TransientProviderError,
 )
+from spotwise.market.policies import Market, make_policy
+from spotwise.market.policies.driver import PolicyDriver
 
 Clock = Callable[[], float]
+ProgressReader = Callable[[str], Committed]
 
 
 def provider_for(job: Job) -> Provider:
     spec = JobSpec.model_validate(job.spec)
     return make_provider(spec.provider.name, spec.provider.options, epoch=job.created_at,
                          instance_type=spec.resources.instance_type)
+
+
+DEFAULT_DECISION_S = 60.0  # wall seconds between policy decisions (decision_interval)
+DEFAULT_CHANGEOVER_S = 60.0  # wall seconds from losing a machine to training again (changeover)
+
+
+def plans(spec: JobSpec, provider: Provider) -> bool:
+    """Whether the job's policy decides its placements: market auto, a deadline, spot."""
+    return spec.market == "auto" and spec.deadline_s is not None and provider.features.spot
+
+
+def build_driver(spec: JobSpec, provider: Provider, compute_wall_s: float) -> PolicyDriver:
+    """The job's policy object, reset for its terms in the market's time (``live_problem``)."""
+    zones = provider.features.zones or ("",)
+    spot = provider.pricing(Placement("spot", zones[0]))
+    assert spec.deadline_s is not None
+    changeover = DEFAULT_CHANGEOVER_S if spec.changeover_s is None else spec.changeover_s
+    problem, gap_s = live_problem(compute_wall_s, spec.deadline_s, changeover,
+                                  spec.decision_interval_s or DEFAULT_DECISION_S,
+                                  spot.time_scale, spot.usd_per_hour, spot.ondemand_usd_per_hour)
+    return PolicyDriver(make_policy(spec.policy), problem, gap_s, len(zones), name=spec.policy)
 
 
 def submit(store: Store, spec: JobSpec, spec_path: str | None = None) -> Job:
@@ -77,6 +110,10 @@ def submit(store: Store, spec: JobSpec, spec_path: str | None = None) -> Job:
                 f"budget ${spec.budget_usd:.2f} is below the estimated ${cheapest:.2f} for "
                 f"{spec.expected_runtime_s:.0f}s of {market} on {spec.provider.name}",
                 hint=f"raise budget_usd to at least {cheapest:.2f} or shorten the job")
+    if plans(spec, provider):
+        load_readers()
+        if spec.expected_runtime_s:
+            build_driver(spec, provider, spec.expected_runtime_s)  # bad terms fail here
     return store.create_job(spec.name, spec.model_dump(mode="json"), spec_path)
 
 
@@ -112,7 +149,9 @@ class Controller:
 
     def __init__(self, store: Store, job_id: str, *, clock: Clock = time.time,
                  sleep: Callable[[float], None] = time.sleep,
-                 on_update: Callable[[Job, list[Attempt]], None] | None = None) -> None:
+                 on_update: Callable[[Job, list[Attempt]], None] | None = None,
+                 provider: Provider | None = None,
+                 read_progress: ProgressReader = read_committed) -> None:
         self.store = store
         self.job_id = store.job(job_id).id
         self.clock = clock
@@ -120,8 +159,10 @@ class Controller:
         self.on_update = on_update
         job = store.job(self.job_id)
         self.spec = JobSpec.model_validate(job.spec)
-        self.provider = provider_for(job)
+        self.provider = provider or provider_for(job)
+        self.read_progress = read_progress
         self._terminate_sent: dict[int, float] = {}  # attempt -> when we asked it to stop
+        self._driver: PolicyDriver | None = None  # the job's policy, restored from the store
 
     # --- the loop --------------------------------------------------------------------------
     def run(self) -> JobState:
@@ -129,6 +170,8 @@ class Controller:
         with controller_lock(job):
             self.store.event(self.job_id, "controller", f"controller {os.getpid()} started "
                              f"in state {job.state.value}")
+            if plans(self.spec, self.provider):
+                load_readers()
             while True:
                 job = self.store.job(self.job_id)
                 if job.state.terminal:
@@ -147,24 +190,46 @@ class Controller:
                 self.sleep(self.provider.features.poll_s)
 
     def step(self, job: Job) -> None:
-        """One pass: look at the job and its open attempt, do the next thing."""
-        open_attempt = self._open_attempt()
+        """One pass: what the open attempt is doing, the policy's decision at a tick boundary,
+        then the next thing to do (launch, adopt, or wait)."""
         now = self.clock()
         if job.cancel_requested and job.stop_reason != "cancel":
             self.store.update_job(self.job_id, stop_reason="cancel")
             job.stop_reason = "cancel"
-        if open_attempt is None:
+        attempt = self._open_attempt()
+        if attempt is not None and attempt.handle is not None:
+            self._watch(job, attempt, now)
+            job, attempt = self.store.job(self.job_id), self._open_attempt()
+            if job.state.terminal:
+                return
+        if job.stop_reason == "":
+            self._decide(job, attempt, now)
+            if job.stop_reason == "switch" and attempt is not None and attempt.handle:
+                self._stop(attempt.n, attempt.handle, now)  # the notice now, not at the next poll
+                self._watch(job, attempt, now)
+                job, attempt = self.store.job(self.job_id), self._open_attempt()
+        if attempt is None:
             if job.stop_reason == "cancel":
                 self._set(JobState.CANCELLED, "cancelled by the user")
             elif job.state in (JobState.PENDING, JobState.RECOVERING, JobState.PREEMPTED,
                                JobState.LAUNCHING, JobState.RUNNING):
-                self._maybe_launch(job, now)
-            return
-        if open_attempt.handle is None:
-            self._launch_or_adopt(job, open_attempt)
-            return
-        status = self.provider.status(open_attempt.handle)
-        self._observe(job, open_attempt, status, now)
+                self._maybe_launch(job, self.clock())  # billed from now, after the decision
+        elif attempt.handle is None:
+            self._launch_or_adopt(job, attempt)
+
+    def _watch(self, job: Job, attempt: Attempt, now: float) -> None:
+        assert attempt.handle is not None
+        try:
+            status = self.provider.status(attempt.handle)
+        except TransientProviderError:
+            raise
+        except (ProviderError, OSError) as exc:
+            # An unanswered status says nothing about the attempt: never an end, never a
+            # relaunch. Only a confirmed end (exit code, machine gone) ends it; an outage
+            # longer than control_plane_timeout fails the job (docs/control.md).
+            raise TransientProviderError(f"status of attempt {attempt.n} failed: "
+                                         f"{exc}") from exc
+        self._observe(job, attempt, status, now)
 
     # --- launching -------------------------------------------------------------------------
     def _maybe_launch(self, job: Job, now: float) -> None:
@@ -180,12 +245,18 @@ class Controller:
                 self._set(JobState.FAILED, f"budget ${self.spec.budget_usd:.2f} spent "
                           f"(${spent:.2f}); state saved")
                 return
-        placement = choose_placement(
-            self.spec.market, self.spec.policy, self.provider.features.zones, job.blocked,
-            attempts[-1].zone if attempts else "", now, self._progress(job, attempts, now),
-            *self._prices(), spot_supported=self.provider.features.spot)
+        if self._driver is not None and self._driver.decision is not None:
+            placement = (None if self._stale(job, attempts) else
+                         decision_placement(self._driver.decision, self.provider.features.zones))
+            retry_at = self._boundary_wall(job, self._driver.tick + 1)
+        else:
+            placement = choose_placement(
+                self.spec.market, self.provider.features.zones, job.blocked,
+                attempts[-1].zone if attempts else "", now,
+                spot_supported=self.provider.features.spot)
+            retry_at = now + 1.0
         if placement is None:
-            self.store.update_job(self.job_id, next_launch_at=now + 1.0)
+            self.store.update_job(self.job_id, next_launch_at=retry_at)
             return
         pricing = self.provider.pricing(placement)
         attempt = self.store.open_attempt(
@@ -210,8 +281,13 @@ class Controller:
             except CapacityError as exc:
                 self.store.discard_attempt(self.job_id, attempt.n, exc.message)
                 blocked = dict(job.blocked)
-                blocked[attempt.zone] = self.clock() + self.spec.zone_cooldown_s
+                now = self.clock()
+                blocked[attempt.zone] = now + self.spec.zone_cooldown_s
+                # with a policy, the next try is its next decision (at the next boundary)
+                retry_at = (self._boundary_wall(job, self._driver.tick + 1)
+                            if self._driver is not None else now)
                 self.store.update_job(self.job_id, blocked=blocked, state=JobState.RECOVERING,
+                                      next_launch_at=retry_at,
                                       message=f"{exc.message}; trying elsewhere")
                 return
             except TransientProviderError:
@@ -267,10 +343,13 @@ class Controller:
                 self._set(JobState.RUNNING, f"attempt {attempt.n} running")
             self._check_budget(job, attempt, now)
         if job.stop_reason and now - self._terminate_sent.get(attempt.n, -1e18) > 10.0:
-            self._terminate_sent[attempt.n] = now  # repeated, in case one was missed
-            self.provider.terminate(attempt.handle)
+            self._stop(attempt.n, attempt.handle, now)  # repeated, in case one was missed
         if status.phase in (Phase.EXITED, Phase.LOST):
             self._end_attempt(job, attempt, status, classify(status, job.stop_reason), now=now)
+
+    def _stop(self, n: int, handle: Handle, now: float) -> None:
+        self._terminate_sent[n] = now
+        self.provider.terminate(handle)
 
     def _check_budget(self, job: Job, attempt: Attempt, now: float) -> None:
         if self.spec.budget_usd is None or job.stop_reason:
@@ -305,12 +384,13 @@ class Controller:
             blocked = dict(job.blocked)
             delay = 0.0
             if reason in (Reason.PREEMPTED, Reason.LOST):
-                blocked[attempt.zone] = now + self.spec.zone_cooldown_s
+                if attempt.market == "spot":
+                    blocked[attempt.zone] = now + self.spec.zone_cooldown_s
                 self._set(JobState.PREEMPTED, decision.message, blocked=blocked)
-            else:
+            elif reason is not Reason.SWITCHED:
                 delay = self.spec.restart_backoff_s * 2 ** max(0, errors_used - 1)
             self._set(JobState.RECOVERING, decision.message, errors_used=errors_used,
-                      next_launch_at=now + delay)
+                      next_launch_at=now + delay, stop_reason="")
 
     def _control_plane_error(self, job: Job, exc: TransientProviderError) -> None:
         now = self.clock()
@@ -333,17 +413,87 @@ class Controller:
         self.store.update_job(self.job_id, state=state, message=message,
                               event=("state", f"{state.value}: {message}"), **fields)
 
-    def _prices(self) -> tuple[float, float]:
-        zone = self.provider.features.zones[0] if self.provider.features.zones else ""
-        pricing = self.provider.pricing(Placement("spot", zone))
-        return pricing.usd_per_hour, pricing.ondemand_usd_per_hour
+    # --- the job's policy ------------------------------------------------------------------
+    def _tick_wall_s(self) -> float:
+        return self.spec.decision_interval_s or DEFAULT_DECISION_S
 
-    def _progress(self, job: Job, attempts: list[Attempt], now: float) -> Progress:
-        ran = sum(((a.ended_at or now) - a.running_at) for a in attempts if a.running_at)
-        delays = [a.running_at - a.started_at for a in attempts if a.running_at]
-        changeover = (sum(delays) / len(delays) if delays else 1.0) + 1.0
-        return Progress(now - job.created_at, ran, self.spec.deadline_s,
-                        self.spec.expected_runtime_s, changeover)
+    def _boundary_wall(self, job: Job, tick: int) -> float:
+        return job.created_at + tick * self._tick_wall_s()
+
+    def _checkpoint_dir(self, job: Job) -> str:
+        return self.spec.checkpoint_dir or str(job.dir / "checkpoint")
+
+    def _load_driver(self, job: Job) -> PolicyDriver | None:
+        """The job's one policy object: restored from the store, else created once the job's
+        compute time is known; None when no policy plans this job."""
+        if self._driver is None and job.policy is not None:
+            self._driver = PolicyDriver.from_json(job.policy)
+        if self._driver is not None or not plans(self.spec, self.provider):
+            return self._driver
+        done = self.read_progress(self._checkpoint_dir(job))
+        total = compute_s(self.spec.steps, self.spec.expected_runtime_s, done.step_rate)
+        if total > 0:
+            self._driver = build_driver(self.spec, self.provider, total)
+        return self._driver
+
+    def _decide(self, job: Job, attempt: Attempt | None, now: float) -> None:
+        """At each tick boundary ask the job's policy, once, with what is known now (the
+        simulator's observation: placement, changeover left, committed progress, availability
+        and prices per zone, a preemption since the last boundary). When it wants another
+        placement, stop the attempt (notice: it saves and exits 75); the new placement is
+        launched as soon as that attempt has ended. The policy prices the changeover a switch
+        costs (Uniform Progress's hysteresis, the spotwise plan's expected cost), so a switch
+        happens only when the policy expects it to pay."""
+        driver = self._load_driver(job)
+        if driver is None:
+            return
+        tick = int((now - job.created_at) // self._tick_wall_s())
+        if tick <= driver.tick:
+            return
+        zones = self.provider.features.zones or ("",)
+        prices = [self.provider.pricing(Placement("spot", z)) for z in zones]
+        scale = prices[0].time_scale
+        here = None if attempt is None else Placement(attempt.market, attempt.zone)
+        market, zone, left = Market.IDLE, None, 0.0
+        if attempt is not None and here is not None:
+            market = Market.SPOT if here.market == "spot" else Market.ONDEMAND
+            zone = zones.index(here.zone) if market is Market.SPOT else None
+            left = max(0.0, driver.problem.changeover_s - (now - attempt.started_at) * scale)
+        available = tuple((p.available and job.blocked.get(z, 0.0) <= now) or z_i == zone
+                          for z_i, (z, p) in enumerate(zip(zones, prices, strict=True)))
+        last = self._boundary_wall(job, driver.tick)
+        preempted = attempt is None and any(
+            a.reason in (Reason.PREEMPTED.value, Reason.LOST.value) and (a.ended_at or 0) > last
+            for a in self.store.attempts(self.job_id))
+        done = self.read_progress(self._checkpoint_dir(job))
+        total_wall = driver.problem.compute_s / scale
+        progress = min(driver.problem.compute_s,
+                       progress_s(done, self.spec.steps, total_wall) * scale)
+        before = driver.decision
+        decision = driver.decide(tick, progress, market, zone, left, available,
+                                 tuple(p.usd_per_hour for p in prices),
+                                 prices[0].ondemand_usd_per_hour, preempted)
+        event = None
+        if decision != before:
+            event = ("decision", f"policy {driver.name} at tick {tick}: {decision} "
+                     f"(progress {progress / 3600:.2f} of {driver.problem.compute_h:.2f} h)")
+        self.store.update_job(self.job_id, policy=driver.to_json(), event=event)
+        want = decision_placement(decision, zones)
+        if attempt is None or here is None or _same_place(here, want):
+            return
+        moving = f"{want.market} {want.zone}".rstrip() if want else "idle"
+        self.store.update_job(self.job_id, stop_reason="switch", event=(
+            "switch", f"attempt {attempt.n}: {here.market} {here.zone} -> {moving} "
+            f"(policy {driver.name}, tick {tick}): saving and stopping it"))
+        job.stop_reason = "switch"
+
+    def _stale(self, job: Job, attempts: list[Attempt]) -> bool:
+        """Whether the policy's last decision predates the end of the last attempt (a
+        preemption or an error after it): then the next boundary decides again."""
+        assert self._driver is not None
+        last = attempts[-1] if attempts else None
+        return (last is not None and last.reason != Reason.SWITCHED.value
+                and (last.ended_at or 0.0) > self._boundary_wall(job, self._driver.tick))
 
     def _cleanup(self, job: Job) -> None:
         """A finished job leaves nothing running: end any attempt still open."""
@@ -375,9 +525,24 @@ def job_summary(store: Store, job: Job, now: float | None = None) -> dict[str, A
         "attempts": [a.as_dict(now) for a in attempts],
         "preemptions": sum(a.reason in (Reason.PREEMPTED.value, Reason.LOST.value)
                            for a in attempts),
+        "switches": sum(a.reason == Reason.SWITCHED.value for a in attempts),
+        "policy": _policy_summary(job.policy),
         "errors": job.errors_used,
         "cost_usd": round(cost, 6), "ondemand_cost_usd": round(ondemand, 6),
         "savings_usd": round(ondemand - cost, 6),
         "budget_usd": spec.budget_usd, "log": str(job.log_path),
         "controller_alive": controller_alive(job),
     }
+
+
+def _same_place(here: Placement, want: Placement | None) -> bool:
+    return want is not None and here.market == want.market and (
+        want.market != "spot" or want.zone == here.zone)
+
+
+def _policy_summary(doc: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The job's policy in ``status --json``: name, last boundary decided and its decision."""
+    if doc is None:
+        return None
+    return {"name": doc["policy"], "tick": doc["tick"], "gap_s": doc["gap_s"],
+            "decision": doc["decision"]}

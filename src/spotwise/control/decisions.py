@@ -10,6 +10,7 @@ import enum
 from dataclasses import dataclass
 
 from spotwise.control.providers.base import AttemptStatus, Phase, Placement, Pricing
+from spotwise.market.policies.base import Decision, Market, Problem
 
 EXIT_PREEMPTED = 75  # EX_TEMPFAIL: interrupted with state saved, restart me
 
@@ -21,6 +22,7 @@ class Reason(str, enum.Enum):
     ERROR = "error"  # the command failed (user error): retried only as configured
     CANCELLED = "cancelled"
     BUDGET = "budget"
+    SWITCHED = "switched"  # stopped by the controller (saved) to move to a better placement
 
 
 def classify(status: AttemptStatus, stop_reason: str = "") -> Reason:
@@ -31,6 +33,9 @@ def classify(status: AttemptStatus, stop_reason: str = "") -> Reason:
         return Reason.CANCELLED
     if stop_reason == "budget":
         return Reason.BUDGET
+    if stop_reason == "switch" and (status.phase is Phase.LOST
+                                    or status.exit_code == EXIT_PREEMPTED):
+        return Reason.SWITCHED
     if status.phase is Phase.LOST:
         return Reason.LOST
     if status.exit_code == EXIT_PREEMPTED:
@@ -62,6 +67,8 @@ def after_attempt(reason: Reason, errors_used: int, max_restarts: int) -> AfterA
         return AfterAttempt(Next.FAIL, message="stopped before exceeding the budget; state saved")
     if reason in (Reason.PREEMPTED, Reason.LOST):
         return AfterAttempt(Next.RECOVER, message=f"attempt {reason.value}; relaunching")
+    if reason is Reason.SWITCHED:
+        return AfterAttempt(Next.RECOVER, message="attempt stopped to move; launching the next")
     if errors_used < max_restarts:
         return AfterAttempt(Next.RECOVER, counts_as_error=True,
                             message=f"command failed; restart {errors_used + 1}/{max_restarts}")
@@ -89,50 +96,46 @@ def zone_order(zones: tuple[str, ...], blocked: dict[str, float], last_zone: str
     return [z for z in zones if blocked.get(z, 0.0) <= now]
 
 
-@dataclass(frozen=True)
-class Progress:
-    elapsed_s: float  # since the job was created
-    progress_s: float  # compute done (time spent running)
-    deadline_s: float | None
-    expected_runtime_s: float | None
-    changeover_s: float
+def choose_placement(mode: str, zones: tuple[str, ...], blocked: dict[str, float],
+                     last_zone: str, now: float, spot_supported: bool = True) -> Placement | None:
+    """The next attempt's placement when no policy plans the job; None means wait and ask again.
 
-
-def choose_placement(mode: str, policy_name: str, zones: tuple[str, ...],
-                     blocked: dict[str, float], last_zone: str, now: float, progress: Progress,
-                     spot_usd_per_hour: float, ondemand_usd_per_hour: float,
-                     spot_supported: bool = True) -> Placement | None:
-    """Spot (in which zone) or on-demand for the next attempt; None means wait and ask again.
-
-    ``mode`` is the job's market: ``spot`` and ``on-demand`` are obeyed; ``auto`` asks the
-    deadline-aware policy (spotwise.market.policies) with the zones believed available.
+    ``mode`` is the job's market: ``spot`` and ``on-demand`` are obeyed; ``auto`` without a
+    deadline to protect (or before the job's compute time is known) takes spot where it can and
+    on-demand when every zone is out. With a deadline, the job's policy decides instead
+    (``PolicyDriver``, one per job, asked at every tick boundary).
     """
     usable = zone_order(zones, blocked, last_zone, now)
     if not spot_supported or mode == "on-demand":
         return Placement("on-demand", (usable or list(zones))[0])
     if mode == "spot":
         return Placement("spot", usable[0]) if usable else None
-    if progress.deadline_s is None or progress.expected_runtime_s is None:
-        # no deadline to protect: spot where we can, on-demand when every zone is out
-        return Placement("spot", usable[0]) if usable else Placement("on-demand", zones[0])
-    from spotwise.market.policies import Market, Observation, Problem, make_policy
+    return Placement("spot", usable[0]) if usable else Placement("on-demand", zones[0])
 
-    compute_s = max(progress.expected_runtime_s, 1e-3)
-    problem = Problem(compute_h=compute_s / 3600, deadline_h=max(progress.deadline_s, 1e-3) / 3600,
-                      changeover_h=progress.changeover_s / 3600,
+
+def live_problem(compute_wall_s: float, deadline_wall_s: float, changeover_wall_s: float,
+                 tick_wall_s: float, time_scale: float, spot_usd_per_hour: float,
+                 ondemand_usd_per_hour: float) -> tuple[Problem, float]:
+    """The policy's job terms and tick length (seconds of *billed* time, wall x ``time_scale``,
+    the time the market's rates and the simulator's traces are in) for a live job.
+
+    The tick is kept on a millisecond grid and the changeover rounded to whole seconds, so the
+    planning lattice stays coarse enough to solve (``optimal.Lattice``).
+    """
+    gap_s = max(0.001, round(tick_wall_s * time_scale, 3))
+    changeover_s = float(round(changeover_wall_s * time_scale))
+    problem = Problem(compute_h=max(compute_wall_s * time_scale, 1.0) / 3600.0,
+                      deadline_h=max(deadline_wall_s * time_scale, 1.0) / 3600.0,
+                      changeover_h=changeover_s / 3600.0,
                       spot_price_usd_per_hour=spot_usd_per_hour,
                       ondemand_price_usd_per_hour=ondemand_usd_per_hour)
-    policy = make_policy(policy_name)
-    policy.reset(problem, progress.changeover_s or 1.0, 1, None)
-    obs = Observation(
-        tick=0, elapsed_s=progress.elapsed_s, progress_s=min(progress.progress_s, compute_s),
-        market=Market.IDLE, zone=None, changeover_left_s=0.0, available=(bool(usable),),
-        spot_prices=(spot_usd_per_hour,), ondemand_price=ondemand_usd_per_hour,
-        compute_s=problem.compute_s, deadline_s=problem.deadline_s,
-        changeover_s=problem.changeover_s, gap_s=progress.changeover_s or 1.0, preempted=False)
-    decision = policy.decide(obs)
+    return problem, gap_s
+
+
+def decision_placement(decision: Decision, zones: tuple[str, ...]) -> Placement | None:
+    """Where a policy's decision runs the job (None: idle)."""
     if decision.market is Market.ONDEMAND:
-        return Placement("on-demand", (usable or list(zones))[0])
-    if decision.market is Market.SPOT and usable:
-        return Placement("spot", usable[0])
+        return Placement("on-demand", zones[0] if zones else "")
+    if decision.market is Market.SPOT:
+        return Placement("spot", zones[decision.zone or 0])
     return None

@@ -125,6 +125,9 @@ class JobSpec(BaseModel):
     policy: str = "uniform-progress"  # used when market is auto
     deadline_s: float | None = None  # after launch
     expected_runtime_s: float | None = None  # compute time without interruptions (estimates)
+    steps: int | None = Field(default=None, ge=1)  # total steps: progress = committed steps
+    changeover_s: float | None = None  # losing a machine -> training again (policy's d)
+    decision_interval_s: float | None = Field(default=None, gt=0)  # policy tick, wall seconds
     budget_usd: float | None = Field(default=None, gt=0)
     max_restarts: int = Field(default=0, ge=0, le=1000)  # on errors (exit not 0/75)
     restart_backoff_s: float = Field(default=2.0, ge=0)
@@ -147,7 +150,8 @@ class JobSpec(BaseModel):
         return argv
 
     @field_validator("deadline_s", "expected_runtime_s", "restart_backoff_s",
-                     "control_plane_timeout_s", "zone_cooldown_s", mode="before")
+                     "control_plane_timeout_s", "zone_cooldown_s", "changeover_s",
+                     "decision_interval_s", mode="before")
     @classmethod
     def _duration(cls, v: Any) -> float | None:
         return None if v is None else parse_duration_s(v)
@@ -162,6 +166,9 @@ class JobSpec(BaseModel):
             POLICIES.check(v)
         except UnknownBackendError as exc:
             raise ValueError(f"{exc.message}; {exc.hint}" if exc.hint else exc.message) from None
+        if hasattr(POLICIES.load(v), "plan"):
+            raise ValueError(f"policy {v!r} needs the future (hindsight only): use it in "
+                             "`spotwise simulate`; for a job choose uniform-progress or spotwise")
         return v
 
     @field_validator("env", mode="before")
@@ -193,7 +200,8 @@ class JobSpec(BaseModel):
 _ALIASES = {"deadline": "deadline_s", "expected_runtime": "expected_runtime_s",
             "restart_backoff": "restart_backoff_s", "budget": "budget_usd",
             "checkpoint": "checkpoint_dir", "control_plane_timeout": "control_plane_timeout_s",
-            "zone_cooldown": "zone_cooldown_s"}
+            "zone_cooldown": "zone_cooldown_s", "changeover": "changeover_s",
+            "decision_interval": "decision_interval_s"}
 
 
 def _allowed(loc: tuple[Any, ...]) -> str:

@@ -47,7 +47,7 @@ CREATE TABLE IF NOT EXISTS jobs (
   cancel_requested INTEGER NOT NULL DEFAULT 0, next_launch_at REAL NOT NULL DEFAULT 0,
   errors_used INTEGER NOT NULL DEFAULT 0, message TEXT NOT NULL DEFAULT '',
   blocked_json TEXT NOT NULL DEFAULT '{}', control_error_since REAL,
-  stop_reason TEXT NOT NULL DEFAULT ''
+  stop_reason TEXT NOT NULL DEFAULT '', policy_json TEXT
 );
 CREATE TABLE IF NOT EXISTS attempts (
   job_id TEXT NOT NULL REFERENCES jobs(id), n INTEGER NOT NULL,
@@ -63,6 +63,8 @@ CREATE TABLE IF NOT EXISTS events (
 );
 CREATE INDEX IF NOT EXISTS events_job ON events(job_id, id);
 """
+# Columns added after the first release: (table, column, declaration), added to older databases.
+_ADDED = (("jobs", "policy_json", "TEXT"),)
 
 
 @dataclass
@@ -121,7 +123,8 @@ class Job:
     message: str
     blocked: dict[str, float] = field(default_factory=dict)  # zone -> blocked until (wall)
     control_error_since: float | None = None
-    stop_reason: str = ""  # why the controller is stopping the current attempt: cancel | budget
+    stop_reason: str = ""  # why the controller stops the attempt: cancel | budget | switch
+    policy: dict[str, Any] | None = None  # the job's policy driver (PolicyDriver.to_json)
 
     @property
     def dir(self) -> Path:
@@ -140,6 +143,7 @@ def _row_job(r: sqlite3.Row) -> Job:
         errors_used=r["errors_used"], message=r["message"],
         blocked=json.loads(r["blocked_json"]), control_error_since=r["control_error_since"],
         stop_reason=r["stop_reason"],
+        policy=json.loads(r["policy_json"]) if r["policy_json"] else None,
     )
 
 
@@ -167,6 +171,14 @@ class Store:
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=NORMAL")
             self._db.executescript(_SCHEMA)
+            for table, column, decl in _ADDED:
+                have = {r["name"] for r in self._db.execute(f"PRAGMA table_info({table})")}
+                if column not in have:
+                    try:
+                        self._db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {decl}")
+                    except sqlite3.OperationalError as exc:  # another process just added it
+                        if "duplicate column" not in str(exc):
+                            raise
         except sqlite3.Error as exc:
             raise ControlError(f"cannot open the job database {self.path}: {exc}",
                                hint="check SPOTWISE_HOME and its permissions") from exc
@@ -220,8 +232,9 @@ class Store:
         """Change job fields (and log one event) in one transaction."""
         now = time.time() if now is None else now
         cols = {k: (v.value if isinstance(v, Enum) else v) for k, v in fields.items()}
-        if "blocked" in cols:
-            cols["blocked_json"] = json.dumps(cols.pop("blocked"))
+        for name in ("blocked", "policy"):
+            if name in cols:
+                cols[f"{name}_json"] = json.dumps(cols.pop(name))
         cols["updated_at"] = now
         sets = ", ".join(f"{k} = ?" for k in cols)
         with self.tx() as db:

@@ -17,7 +17,8 @@ from typing import Any
 import numpy as np
 
 from spotwise.errors import ConfigError, MarketError
-from spotwise.market.policies.base import Decision, Market, Observation, Policy, Problem
+from spotwise.market.policies.base import Decision, Market, Policy, Problem
+from spotwise.market.policies.driver import PolicyDriver
 from spotwise.market.traces import Trace
 
 MARKET_CODE = {Market.IDLE: 0, Market.ONDEMAND: 1, Market.SPOT: 2}
@@ -133,7 +134,7 @@ def simulate_run(
         )
     avail = markets.available[:, start : start + ticks]
     prices = markets.prices(problem, start, ticks)
-    policy.reset(problem, gap, markets.zones, markets.available[:, :start])
+    driver = PolicyDriver(policy, problem, gap, markets.zones, markets.available[:, :start])
     plan = getattr(policy, "plan", None)
     if callable(plan):  # the omniscient optimum alone is shown the future
         plan(avail, prices)
@@ -154,23 +155,16 @@ def simulate_run(
         if preempted:
             market, zone, changeover_left = Market.IDLE, -1, 0.0
             preemptions += 1
-        decision = policy.decide(
-            Observation(
-                tick=k,
-                elapsed_s=now,
-                progress_s=progress,
-                market=market,
-                zone=zone if zone >= 0 else None,
-                changeover_left_s=changeover_left,
-                available=here,
-                spot_prices=price_rows[k],
-                ondemand_price=od_price,
-                compute_s=c_s,
-                deadline_s=r_s,
-                changeover_s=d_s,
-                gap_s=gap,
-                preempted=preempted,
-            )
+        decision = driver.decide(
+            k,
+            progress,
+            market,
+            zone if zone >= 0 else None,
+            changeover_left,
+            here,
+            price_rows[k],
+            od_price,
+            preempted,
         )
         new_zone = _check(decision, here, policy)
         if decision.market is not market or new_zone != zone:

@@ -65,6 +65,9 @@ class Pricing:
     usd_per_hour: float = 0.0
     ondemand_usd_per_hour: float = 0.0
     time_scale: float = 1.0
+    # False when the provider knows this placement has no capacity right now (the sim's trace);
+    # True when it has some or cannot tell (a cloud: only a launch finds out)
+    available: bool = True
 
 
 @dataclass(frozen=True)

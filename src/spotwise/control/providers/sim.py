@@ -140,8 +140,10 @@ class SimProvider(ProcessBacked):
 
     def pricing(self, placement: Placement) -> Pricing:
         zone = placement.zone or self.market.zones[0]
+        available = placement.market != "spot" or self.market.is_available(
+            zone, time.time() + self.boot_s)
         return Pricing(self._price(placement.market, zone), self._price("on-demand", zone),
-                       self.market.compression)
+                       self.market.compression, available)
 
     def launch(self, req: LaunchRequest) -> Handle:
         now = time.time()

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -157,6 +157,14 @@ class Policy(Protocol):
 
     def decide(self, obs: Observation) -> Decision: ...
 
+    def state(self) -> dict[str, Any]:
+        """What the policy has learned and committed to since ``reset``, as plain JSON values."""
+        ...
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        """Continue from ``state()`` (after the same ``reset``), as if never interrupted."""
+        ...
+
 
 class BasePolicy:
     """Common plumbing: remembers the terms of the run and whether the Safety Net has fired."""
@@ -175,6 +183,12 @@ class BasePolicy:
 
     def decide(self, obs: Observation) -> Decision:
         raise NotImplementedError
+
+    def state(self) -> dict[str, Any]:
+        return {"committed": self.committed}
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        self.committed = bool(state.get("committed", False))
 
     def _safety_net(self, obs: Observation) -> bool:
         """Fire (for good) when idle and the Safety Net condition holds; stay fired."""
