@@ -49,7 +49,9 @@ class Backend:
 
     def request(self, n: int, market: str = "on-demand") -> LaunchRequest:
         code, run_s = self.plan[n - 1]
-        env = dict(os.environ, SPOTWISE_PLATFORM="none")
+        # as the controller does: a remote machine gets none of this host's environment
+        env = dict(os.environ) if self.provider.features.same_host else {}
+        env["SPOTWISE_PLATFORM"] = "none"
         return LaunchRequest(
             job_id=self.job_id,
             n=n,
@@ -81,7 +83,26 @@ def _slurm(request: pytest.FixtureRequest, tmp: Path, plan: Plan) -> Backend:
     return _made("slurm", {"signal_s": 30}, tmp, plan)
 
 
+def _aws(request: pytest.FixtureRequest, tmp: Path, plan: Plan) -> Backend:
+    """moto (EC2 + S3) on loopback with the EC2 data-plane emulator running the instances."""
+    import boto3
+
+    from spotwise.emulators.ec2 import Ec2DataPlane
+
+    endpoint = request.getfixturevalue("aws_env")
+    bucket = f"contract-{uuid.uuid4().hex[:12]}"
+    boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket=bucket)
+    ami = boto3.client("ec2", endpoint_url=endpoint).describe_images()["Images"][0]["ImageId"]
+    plane = Ec2DataPlane(endpoint, workdir=tmp / "ec2", stop_grace_s=3.0, poll_s=0.1).start()
+    request.addfinalizer(plane.stop)
+    options = {"region": "us-east-1", "s3": f"s3://{bucket}/jobs", "image_id": ami,
+               "zones": ["us-east-1a", "us-east-1b"], "instance_type": "g4dn.xlarge",
+               "poll_s": 0.1, "grace_s": 5.0}
+    return _made("aws", options, tmp, plan)
+
+
 BACKENDS: dict[str, Factory] = {
+    "aws": _aws,
     "fake": lambda request, tmp, plan: _made(
         "fake",
         {"exits": [c for c, _ in plan], "run_s": [s for _, s in plan], "boot_s": 0.05},

@@ -227,15 +227,16 @@ class Controller:
 
     def _request(self, job: Job, attempt: Attempt) -> LaunchRequest:
         ckpt = self.spec.checkpoint_dir or str(job.dir / "checkpoint")
-        env = dict(os.environ)
-        if self.provider.features.platform is not None:
-            env["SPOTWISE_PLATFORM"] = self.provider.features.platform
+        features = self.provider.features
+        env = dict(os.environ) if features.same_host else {}
+        if features.platform is not None:
+            env["SPOTWISE_PLATFORM"] = features.platform
         env.update(self.spec.env)
         env.update(SPOTWISE_JOB_ID=job.id, SPOTWISE_ATTEMPT=str(attempt.n),
                    SPOTWISE_CHECKPOINT_DIR=ckpt,
                    SPOTWISE_GRACE_S=f"{self.provider.features.grace_s:g}")
         argv = [string.Template(a).safe_substitute(env) for a in self.spec.command]
-        if argv[0] in ("python", "python3"):
+        if argv[0] in ("python", "python3") and features.same_host:
             argv[0] = sys.executable  # the interpreter spotwise runs in (its virtualenv)
         return LaunchRequest(
             job_id=job.id, n=attempt.n, argv=tuple(argv), workdir=Path(self.spec.workdir),

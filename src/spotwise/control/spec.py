@@ -170,8 +170,8 @@ def _normalize(doc: dict[str, Any], base_dir: Path) -> dict[str, Any]:
         doc["deadline_s"] = max(0.0, when.timestamp() - datetime.now(timezone.utc).timestamp())
     workdir = Path(str(doc.get("workdir", "."))).expanduser()
     doc["workdir"] = str((base_dir / workdir).resolve())
-    if doc.get("checkpoint_dir") is not None:
-        ckpt = Path(str(doc["checkpoint_dir"])).expanduser()
+    if doc.get("checkpoint_dir") is not None and "://" not in str(doc["checkpoint_dir"]):
+        ckpt = Path(str(doc["checkpoint_dir"])).expanduser()  # (an s3:// URI stays as given)
         doc["checkpoint_dir"] = str((Path(doc["workdir"]) / ckpt).resolve())
     return doc
 

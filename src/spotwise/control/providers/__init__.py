@@ -19,11 +19,12 @@ from spotwise.control.providers.base import (
     Provider,
     parse_options,
 )
-from spotwise.registry import Registry
+from spotwise.registry import Entry, Registry
 
 PROVIDERS: Registry[Any] = Registry(
     "provider",
     {
+        "aws": Entry("spotwise.control.providers.aws:AwsProvider", "aws"),
         "fake": "spotwise.control.providers.fake:FakeProvider",
         "local": "spotwise.control.providers.local:LocalProvider",
         "sim": "spotwise.control.providers.sim:SimProvider",

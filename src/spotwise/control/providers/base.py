@@ -104,6 +104,10 @@ class Features:
     # SPOTWISE_PLATFORM for the attempt: "none" where it runs on no cloud (never probe metadata),
     # None to let the runtime detect the platform it lands on.
     platform: str | None = None
+    # Attempts run on the controller's own host: they get its environment and interpreter. A
+    # remote machine gets only the job's ``env`` and SPOTWISE_* (never the controller's
+    # credentials) and runs ``python`` as found there.
+    same_host: bool = True
 
     def __post_init__(self) -> None:
         if not self.zones:
