@@ -324,3 +324,34 @@ def test_a_spot_interruption_without_an_exit_record_is_a_lost_machine(aws, tmp_p
             assert time.time() < deadline
             time.sleep(0.1)
     assert status.phase.value == "lost" and "spot interruption" in status.detail
+
+
+def test_describe_spot_price_history_feeds_the_price_store_and_the_estimates(aws):
+    from spotwise.control.pricing import catalog_usd_per_hour
+    from spotwise.market.prices import PriceStore
+    from spotwise.market.sources import PriceRecord
+
+    p = make_provider("aws", aws["options"], epoch=0.0, preflight=True)
+    with PriceStore() as store:
+        seen = store.history(instance_type="g4dn.xlarge", market="spot", region="us-east-1")
+    assert {"us-east-1a", "us-east-1b"} <= {r.zone for r in seen}  # recorded at submit
+    catalog = catalog_usd_per_hour("g4dn.xlarge", "us-east-1a", "spot")
+    # moto's prices are dated 2006: too old to estimate with, so the catalog's stands
+    assert p.prices.of(Placement("spot", "us-east-1a")).usd_per_hour == catalog
+    fresh = PriceRecord(
+        "aws",
+        "us-east-1",
+        "us-east-1a",
+        "g4dn.xlarge",
+        "spot",
+        0.1234,
+        int(time.time()) - 60,
+        "test",
+    )
+    with PriceStore() as store:
+        store.upsert([fresh])
+    p = make_provider("aws", aws["options"], epoch=0.0)
+    assert p.prices.of(Placement("spot", "us-east-1a")).usd_per_hour == 0.1234
+    assert p.prices.of(Placement("spot", "us-east-1b")).usd_per_hour == catalog_usd_per_hour(
+        "g4dn.xlarge", "us-east-1b", "spot"
+    )

@@ -97,11 +97,14 @@ class Ec2DataPlane:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
+        self._foreign: set[str] = set()
         self.errors: list[str] = []
 
     # --- lifecycle -------------------------------------------------------------------------
     def start(self) -> Ec2DataPlane:
         self.workdir.mkdir(parents=True, exist_ok=True)
+        # instances from before this plane started were never its machines: leave them be
+        self._foreign = set(self._states())
         self._thread = threading.Thread(target=self._loop, name="ec2-data-plane", daemon=True)
         self._thread.start()
         return self
@@ -136,7 +139,11 @@ class Ec2DataPlane:
         states = self._states()
         with self._lock:
             for instance_id, state in states.items():
-                if state == "running" and instance_id not in self.machines:
+                if (
+                    state == "running"
+                    and instance_id not in self.machines
+                    and instance_id not in self._foreign
+                ):
                     self.machines[instance_id] = self._boot(instance_id, now)
             for m in self.machines.values():
                 if not m.ended:

@@ -29,7 +29,7 @@ import shlex
 import sys
 import time
 from collections.abc import Callable
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -69,6 +69,7 @@ CAPACITY_CODES = frozenset({
 })  # fmt: skip
 # Errors that no retry fixes and that name a setting: raised at preflight before paying.
 QUOTA_CODES = frozenset({"VcpuLimitExceeded", "InstanceLimitExceeded"})
+PRICE_FRESH_S = 7 * 86400.0  # an older observed spot price is not used for estimates
 LIVE_STATES = ["pending", "running", "stopping", "stopped", "shutting-down"]
 # Never written into user-data: the instance profile gives the instance its own credentials.
 _SECRET_ENV = re.compile(r"^AWS_(ACCESS_KEY_ID|SECRET_ACCESS_KEY|SESSION_TOKEN|SECURITY_TOKEN)$")
@@ -158,13 +159,6 @@ class AwsProvider:
             grace_s=self.opts.grace_s,
             same_host=False,
         )
-        self.prices = Prices(
-            {
-                (m, z): Pricing(self._price(m, z), self._price("on-demand", z))
-                for m in MARKETS
-                for z in zones
-            }
-        )
         from spotwise.storage.s3 import RetryPolicy, parse_s3_uri
 
         self.bucket, self.prefix = parse_s3_uri(self.opts.s3)
@@ -192,13 +186,54 @@ class AwsProvider:
         self.s3 = session.client("s3", config=config)
         if preflight:
             self._preflight()
+            self._record_spot_prices()
+        observed = self._observed_spot_prices()
+        self.prices = Prices(
+            {
+                (m, z): Pricing(self._price(m, z, observed), self._price("on-demand", z, {}))
+                for m in MARKETS
+                for z in zones
+            }
+        )
 
-    def _price(self, market: str, zone: str) -> float:
+    def _price(self, market: str, zone: str, observed: dict[str, float]) -> float:
+        """Given in the job file, else the zone's recent spot price, else the catalog's."""
         given = self.opts.spot_usd_per_hour if market == "spot" else self.opts.ondemand_usd_per_hour
         if given is not None:
             return given
+        if market == "spot" and zone in observed:
+            return observed[zone]
         assert self.instance_type is not None
         return catalog_usd_per_hour(self.instance_type, zone, market)
+
+    def _record_spot_prices(self) -> None:
+        """At submit: DescribeSpotPriceHistory of the last day into the price store (which the
+        advisor and ``spotwise prices`` read too)."""
+        from spotwise.market.prices import PriceStore, ingest
+        from spotwise.market.sources.aws import AwsSpotPriceSource
+
+        assert self.instance_type is not None
+        source = AwsSpotPriceSource(
+            regions=[self.opts.region],
+            instance_types=[self.instance_type],
+            start=datetime.now(timezone.utc) - timedelta(days=1),
+        )
+        with PriceStore() as store:
+            ingest(store, source)
+
+    def _observed_spot_prices(self) -> dict[str, float]:
+        """The price store's newest spot price per zone, if seen within PRICE_FRESH_S."""
+        from spotwise.market.prices import PriceStore
+
+        assert self.instance_type is not None
+        with PriceStore() as store:
+            rows = store.latest([("aws", self.instance_type)])
+        fresh = time.time() - PRICE_FRESH_S
+        return {
+            r.zone: r.usd_per_hour
+            for r in rows
+            if r.region == self.opts.region and r.market == "spot" and r.zone and r.ts >= fresh
+        }
 
     # --- calls -----------------------------------------------------------------------------
     def _call(self, what: str, fn: Callable[[], T]) -> T:
@@ -363,12 +398,13 @@ class AwsProvider:
             self._copy_log(handle)
             if state not in ("shutting-down", "terminated"):  # done: stop paying for it
                 self.terminate(handle)
-            return AttemptStatus(
-                Phase.EXITED,
-                exit_code=int(record["exit_code"]),
-                ended_at=float(record["ended_at"]),
-                running_at=float(record.get("started_at", launched)),
-            )
+            code, ended = int(record["exit_code"]), float(record["ended_at"])
+            started = float(record.get("started_at", launched))
+            if record.get("stopping") and code > 128:  # killed by the shutdown's SIGTERM
+                return AttemptStatus(
+                    Phase.LOST, code, ended, started, detail="stopped before it could save"
+                )
+            return AttemptStatus(Phase.EXITED, exit_code=code, ended_at=ended, running_at=started)
         if state == "pending":
             return AttemptStatus(Phase.STARTING, detail=state)
         reason = instance.get("StateReason", {}) or {}
@@ -566,12 +602,13 @@ cd {shlex.quote(workdir)} || exit 1
 exec {shlex.join(argv)}
 ) >"$LOG" 2>&1 &
 PID=$!
-trap ':' TERM  # the platform signals every process; this shell must live on to report
+STOPPING=0  # the platform signals every process; this shell must live on to report
+trap 'STOPPING=1' TERM
 CODE=0
 wait "$PID" || CODE=$?
 while kill -0 "$PID" 2>/dev/null; do wait "$PID"; CODE=$?; done
 {shlex.quote(self.opts.python)} -m spotwise.control.providers.aws report {shlex.quote(report)} \\
-  --exit-code "$CODE" --started "$STARTED" --log "$LOG"
+  --exit-code "$CODE" --started "$STARTED" --stopping "$STOPPING" --log "$LOG"
 if [ -d /var/lib/cloud/instance ] && [ "${{SPOTWISE_EC2_EMULATED:-0}}" != 1 ]; then
   shutdown -h now
 fi
@@ -586,7 +623,8 @@ fi
             record: dict[str, Any] = json.loads(body)
             int(record["exit_code"]), float(record["ended_at"])
         except (ValueError, KeyError, TypeError):
-            raise ProviderError(f"exit record of attempt {handle['n']} is malformed") from None
+            # S3 writes are whole, so this is not ours: no exit is known (lost, once it is gone)
+            return None
         return record
 
     def _get(self, handle: Handle, name: str) -> bytes:
@@ -621,6 +659,7 @@ def report(argv: list[str] | None = None) -> int:
     parser.add_argument("uri")
     parser.add_argument("--exit-code", type=int, required=True)
     parser.add_argument("--started", type=float, required=True)
+    parser.add_argument("--stopping", type=int, default=0, help="1: the machine was shutting down")
     parser.add_argument("--log", type=Path)
     args = parser.parse_args(argv)
     store = S3Storage.from_uri(args.uri)
@@ -630,7 +669,12 @@ def report(argv: list[str] | None = None) -> int:
     store.put_bytes(
         "exit.json",
         json.dumps(
-            {"exit_code": args.exit_code, "started_at": args.started, "ended_at": time.time()}
+            {
+                "exit_code": args.exit_code,
+                "started_at": args.started,
+                "ended_at": time.time(),
+                "stopping": bool(args.stopping),
+            }
         ).encode(),
     )
     return 0
