@@ -13,18 +13,20 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from spotwise.control.progress import Committed
 from spotwise.control.providers.base import (
+    MARKETS,
     AttemptStatus,
     Features,
     Handle,
     LaunchRequest,
     Phase,
-    Placement,
+    Prices,
     Pricing,
 )
 from spotwise.control.providers.sim import SimMarket
@@ -59,7 +61,7 @@ class _Attempt:
 
 @dataclass
 class ClockSim:
-    """``name``/``features``/``check``/``pricing``/``launch``/``find``/``status``/``terminate``."""
+    """``name``/``features``/``prices``/``launch``/``find``/``status``/``terminate``."""
 
     clock: Clock
     zones: tuple[str, ...]
@@ -95,19 +97,20 @@ class ClockSim:
         )
 
     # --- the Provider protocol ------------------------------------------------------------------
-    def check(self) -> None:
-        """Always reachable."""
+    @property
+    def prices(self) -> Prices:
+        """Fixed prices; spot capacity from the trace at the controller's clock."""
 
-    def pricing(self, placement: Placement) -> Pricing:
-        assert self.market is not None
-        spot = placement.market == "spot"
-        available = not spot or self.market.is_available(placement.zone, self.clock())
-        return Pricing(
-            self.spot_usd_per_hour if spot else self.ondemand_usd_per_hour,
-            self.ondemand_usd_per_hour,
-            self.compression,
-            available,
-        )
+        def pricing(market: str) -> Pricing:
+            spot = market == "spot"
+            usd = self.spot_usd_per_hour if spot else self.ondemand_usd_per_hour
+            return Pricing(usd, self.ondemand_usd_per_hour, self.compression)
+
+        def capacity(zone: str, at_s: float) -> bool:
+            assert self.market is not None
+            return self.market.is_available(zone, at_s)
+
+        return Prices({(m, z): pricing(m) for m in MARKETS for z in self.zones}, capacity)
 
     def launch(self, req: LaunchRequest) -> Handle:
         assert self.market is not None
@@ -118,10 +121,17 @@ class ClockSim:
                 raise CapacityError(f"no spot capacity in {p.zone}")
             lost_at = self.market.loss_wall(p.zone, now)
         self.attempts[req.key] = _Attempt(p.market, p.zone, now, lost_at, self.committed_work())
-        return {"key": req.key}
+        return {"key": req.key, "n": req.n, "id": req.key}
 
-    def find(self, req: LaunchRequest) -> Handle | None:
-        return {"key": req.key} if req.key in self.attempts else None
+    def find(self, job_id: str, attempts_dir: Path) -> list[Handle]:
+        """The attempts not yet ended (this double holds one job)."""
+        now = self.clock()
+        live = []
+        for key, a in self.attempts.items():
+            self._settle(a, now)
+            if a.ended is None:
+                live.append({"key": key, "n": int(key.rsplit("-", 1)[1]), "id": key})
+        return live
 
     def status(self, handle: Handle) -> AttemptStatus:
         self.status_calls += 1

@@ -25,7 +25,7 @@ def test_example_job_file_is_valid():
     ("doc", "needles"),
     [
         ({"command": "x", "market": "cheap"}, ["market", "spot, on-demand, auto", "'cheap'"]),
-        ({"command": "x", "provider": "aws"}, ["provider.name", "local, sim, slurm", "'aws'"]),
+        ({"command": "x", "provider": "gce"}, ["provider.name", "local, sim, slurm", "'gce'"]),
         ({"command": "x", "deadline": "soon"}, ["deadline:", "duration", "ISO-8601", "'soon'"]),
         ({"command": "x", "deadline_s": "soon"}, ["deadline_s:", "duration", "'soon'"]),
         ({"command": "x", "expected_runtime": "long"}, ["expected_runtime:", "'long'"]),

@@ -51,6 +51,7 @@ from spotwise.control.providers import (
     Provider,
     make_provider,
 )
+from spotwise.control.providers.base import adoptable, orphans
 from spotwise.control.spec import JobSpec
 from spotwise.control.store import Attempt, Job, JobState, Store
 from spotwise.errors import (
@@ -85,7 +86,7 @@ def plans(spec: JobSpec, provider: Provider) -> bool:
 def build_driver(spec: JobSpec, provider: Provider, compute_wall_s: float) -> PolicyDriver:
     """The job's policy object, reset for its terms in the market's time (``live_problem``)."""
     zones = provider.features.zones or ("",)
-    spot = provider.pricing(Placement("spot", zones[0]))
+    spot = provider.prices.of(Placement("spot", zones[0]))
     assert spec.deadline_s is not None
     changeover = DEFAULT_CHANGEOVER_S if spec.changeover_s is None else spec.changeover_s
     problem, gap_s = live_problem(compute_wall_s, spec.deadline_s, changeover,
@@ -97,14 +98,13 @@ def build_driver(spec: JobSpec, provider: Provider, compute_wall_s: float) -> Po
 def submit(store: Store, spec: JobSpec, spec_path: str | None = None) -> Job:
     """Check the job can run (provider reachable, budget covers the estimate), then record it."""
     provider = make_provider(spec.provider.name, spec.provider.options, epoch=time.time(),
-                             instance_type=spec.resources.instance_type)
-    provider.check()
+                             instance_type=spec.resources.instance_type, preflight=True)
     if spec.budget_usd is not None and spec.expected_runtime_s is not None:
-        zone = provider.features.zones[0] if provider.features.zones else ""
+        zone = provider.features.zones[0]
         market = "on-demand" if spec.market == "on-demand" or not provider.features.spot \
             else "spot"
         cheapest = estimate_cost_usd(spec.expected_runtime_s,
-                                     provider.pricing(Placement(market, zone)))
+                                     provider.prices.of(Placement(market, zone)))
         if cheapest > spec.budget_usd:
             raise BudgetError(
                 f"budget ${spec.budget_usd:.2f} is below the estimated ${cheapest:.2f} for "
@@ -159,7 +159,7 @@ class Controller:
         self.on_update = on_update
         job = store.job(self.job_id)
         self.spec = JobSpec.model_validate(job.spec)
-        self.provider = provider or provider_for(job)
+        self.provider = provider if provider is not None else provider_for(job)
         self.read_progress = read_progress
         self._terminate_sent: dict[int, float] = {}  # attempt -> when we asked it to stop
         self._driver: PolicyDriver | None = None  # the job's policy, restored from the store
@@ -170,6 +170,7 @@ class Controller:
         with controller_lock(job):
             self.store.event(self.job_id, "controller", f"controller {os.getpid()} started "
                              f"in state {job.state.value}")
+            self._sweep(job)  # machines a crashed controller left behind
             if plans(self.spec, self.provider):
                 load_readers()
             while True:
@@ -258,7 +259,7 @@ class Controller:
         if placement is None:
             self.store.update_job(self.job_id, next_launch_at=retry_at)
             return
-        pricing = self.provider.pricing(placement)
+        pricing = self.provider.prices.of(placement)
         attempt = self.store.open_attempt(
             self.job_id, provider=self.provider.name, market=placement.market,
             zone=placement.zone, usd_per_hour=pricing.usd_per_hour,
@@ -271,7 +272,7 @@ class Controller:
     def _launch_or_adopt(self, job: Job, attempt: Attempt) -> None:
         """Start the attempt, unless a previous controller already did (crash recovery)."""
         req = self._request(job, attempt)
-        handle = self.provider.find(req)
+        handle = adoptable(self.provider.find(job.id, self._attempts_dir(job)), attempt.n)
         if handle is not None:
             self.store.event(self.job_id, "adopt", f"attempt {attempt.n} was already launched; "
                              "adopting it")
@@ -300,19 +301,20 @@ class Controller:
 
     def _request(self, job: Job, attempt: Attempt) -> LaunchRequest:
         ckpt = self.spec.checkpoint_dir or str(job.dir / "checkpoint")
-        env = dict(os.environ)
-        if self.provider.name in ("local", "sim"):
-            env["SPOTWISE_PLATFORM"] = "none"  # a local process is on no cloud: never probe
+        features = self.provider.features
+        env = dict(os.environ) if features.same_host else {}
+        if features.platform is not None:
+            env["SPOTWISE_PLATFORM"] = features.platform
         env.update(self.spec.env)
         env.update(SPOTWISE_JOB_ID=job.id, SPOTWISE_ATTEMPT=str(attempt.n),
                    SPOTWISE_CHECKPOINT_DIR=ckpt,
                    SPOTWISE_GRACE_S=f"{self.provider.features.grace_s:g}")
         argv = [string.Template(a).safe_substitute(env) for a in self.spec.command]
-        if argv[0] in ("python", "python3"):
+        if argv[0] in ("python", "python3") and features.same_host:
             argv[0] = sys.executable  # the interpreter spotwise runs in (its virtualenv)
         return LaunchRequest(
             job_id=job.id, n=attempt.n, argv=tuple(argv), workdir=Path(self.spec.workdir),
-            env=env, log_path=job.log_path, attempt_dir=job.dir / "attempts" / str(attempt.n),
+            env=env, log_path=job.log_path, attempt_dir=self._attempts_dir(job) / str(attempt.n),
             placement=Placement(attempt.market, attempt.zone),
             grace_s=self.provider.features.grace_s)
 
@@ -451,7 +453,7 @@ class Controller:
         if tick <= driver.tick:
             return
         zones = self.provider.features.zones or ("",)
-        prices = [self.provider.pricing(Placement("spot", z)) for z in zones]
+        prices = [self.provider.prices.of(Placement("spot", z)) for z in zones]
         scale = prices[0].time_scale
         here = None if attempt is None else Placement(attempt.market, attempt.zone)
         market, zone, left = Market.IDLE, None, 0.0
@@ -459,8 +461,10 @@ class Controller:
             market = Market.SPOT if here.market == "spot" else Market.ONDEMAND
             zone = zones.index(here.zone) if market is Market.SPOT else None
             left = max(0.0, driver.problem.changeover_s - (now - attempt.started_at) * scale)
-        available = tuple((p.available and job.blocked.get(z, 0.0) <= now) or z_i == zone
-                          for z_i, (z, p) in enumerate(zip(zones, prices, strict=True)))
+        prices_now = self.provider.prices
+        available = tuple(
+            (prices_now.has_capacity(z, now) and job.blocked.get(z, 0.0) <= now) or z_i == zone
+            for z_i, z in enumerate(zones))
         last = self._boundary_wall(job, driver.tick)
         preempted = attempt is None and any(
             a.reason in (Reason.PREEMPTED.value, Reason.LOST.value) and (a.ended_at or 0) > last
@@ -496,19 +500,42 @@ class Controller:
                 and (last.ended_at or 0.0) > self._boundary_wall(job, self._driver.tick))
 
     def _cleanup(self, job: Job) -> None:
-        """A finished job leaves nothing running: end any attempt still open."""
+        """A finished job leaves nothing running: end any attempt still open, sweep the rest."""
         attempt = self._open_attempt()
-        if attempt is None:
+        if attempt is not None:
+            if attempt.handle is not None:
+                self._terminate_and_wait(attempt.handle)
+            self.store.update_attempt(self.job_id, attempt.n, state="ended",
+                                      ended_at=self.clock(), reason=job.state.value.lower())
+        self._sweep(job)
+
+    def _terminate_and_wait(self, handle: Handle) -> None:
+        """Terminate a machine and wait (up to a minute) until the provider reports it ended."""
+        self.provider.terminate(handle)
+        for _ in range(600):
+            if self.provider.status(handle).phase in (Phase.EXITED, Phase.LOST):
+                return
+            self.sleep(0.1)
+
+    def _attempts_dir(self, job: Job) -> Path:
+        return job.dir / "attempts"
+
+    def _sweep(self, job: Job) -> None:
+        """Terminate every machine of the job that no open attempt owns (found by the
+        provider's own bookkeeping: tags, job names, attempt directories)."""
+        attempt = None if job.state.terminal else self._open_attempt()
+        try:
+            found = self.provider.find(job.id, self._attempts_dir(job))
+        except TransientProviderError as exc:  # the next start or the job's end sweeps again
+            self.store.event(self.job_id, "control-plane", f"orphan sweep not possible now: "
+                             f"{exc.message}")
             return
-        if attempt.handle is not None:
-            self.provider.terminate(attempt.handle)
-            for _ in range(600):
-                status = self.provider.status(attempt.handle)
-                if status.phase in (Phase.EXITED, Phase.LOST):
-                    break
-                self.sleep(0.1)
-        self.store.update_attempt(self.job_id, attempt.n, state="ended",
-                                  ended_at=self.clock(), reason=job.state.value.lower())
+        for handle in orphans(found, attempt.n if attempt else None,
+                              attempt.handle if attempt else None):
+            if self.provider.status(handle).phase not in (Phase.EXITED, Phase.LOST):
+                self.store.event(self.job_id, "orphan", f"terminating {handle['id']} "
+                                 f"(attempt {handle['n']}), which no live attempt owns")
+                self._terminate_and_wait(handle)
 
 
 def job_summary(store: Store, job: Job, now: float | None = None) -> dict[str, Any]:

@@ -18,13 +18,12 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from spotwise.errors import ConfigError, UnknownBackendError
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|sec|m|min|h|hr|d)?\s*$", re.IGNORECASE)
 _UNIT_S = {"ms": 0.001, "s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600, "hr": 3600, "d": 86400}
-PROVIDERS = ("local", "sim", "slurm")
 MARKETS = ("spot", "on-demand", "auto")
 
 
@@ -104,11 +103,34 @@ class Resources(BaseModel):
 
 
 class ProviderSpec(BaseModel):
-    """Which provider runs the attempts and its own options (checked by the provider)."""
+    """Which provider runs the attempts and its options, typed by that provider's ``Options``
+    model from the provider registry (so a plugin provider's options are checked too)."""
 
     model_config = ConfigDict(extra="forbid")
-    name: Literal["local", "sim", "slurm"] = "local"
+    name: str = "local"
     options: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("name")
+    @classmethod
+    def _known(cls, v: str) -> str:
+        from spotwise.control.providers import PROVIDERS
+
+        if v not in PROVIDERS:
+            try:
+                PROVIDERS.load(v)
+            except UnknownBackendError as exc:  # names the known ones and the closest match
+                raise ValueError(exc.message + (f"; {exc.hint}" if exc.hint else "")) from None
+        return v
+
+    @model_validator(mode="after")
+    def _options(self) -> ProviderSpec:
+        from spotwise.control.providers import check_options
+
+        try:
+            check_options(self.name, self.options)
+        except ConfigError as exc:  # already names provider.<name>.<option>
+            raise ValueError(exc.message + (f" ({exc.hint})" if exc.hint else "")) from None
+        return self
 
 
 class JobSpec(BaseModel):
@@ -209,8 +231,6 @@ def _allowed(loc: tuple[Any, ...]) -> str:
     field = loc[0] if loc else None
     if field == "market":
         return " (allowed: " + ", ".join(MARKETS) + ")"
-    if field == "provider" and "name" in loc:
-        return " (allowed: " + ", ".join(PROVIDERS) + ")"
     return ""
 
 
@@ -255,8 +275,8 @@ def _normalize(
         problems.append(f"{keys.get('workdir', 'workdir')}: {workdir} {what} (given: "
                         f"{written!r}; a relative workdir starts at the job file's folder)")
     doc["workdir"] = str(workdir)
-    if doc.get("checkpoint_dir") is not None:
-        ckpt = Path(str(doc["checkpoint_dir"])).expanduser()
+    if doc.get("checkpoint_dir") is not None and "://" not in str(doc["checkpoint_dir"]):
+        ckpt = Path(str(doc["checkpoint_dir"])).expanduser()  # (an s3:// URI stays as given)
         doc["checkpoint_dir"] = str((workdir / ckpt).resolve())
     return doc
 
@@ -294,9 +314,11 @@ def parse_spec(
 def _error_line(err: Any, keys: dict[str, str]) -> str:
     """One pydantic error as ``key: what is wrong (allowed) (given)``, in the user's key."""
     loc = tuple(err["loc"])
+    detail = err["msg"].removeprefix("Value error, ")
+    if loc == ("provider",) and detail.startswith("provider."):
+        return str(detail)  # a provider's own options, already in the job file's words
     written = (keys.get(str(loc[0]), str(loc[0])), *map(str, loc[1:])) if loc else ()
     field = ".".join(written) or "(top level)"
-    detail = err["msg"].removeprefix("Value error, ")
     if err["type"] == "extra_forbidden":
         detail = "unknown field" + _did_you_mean(loc)
     elif err["type"] == "missing":
