@@ -1,4 +1,4 @@
-"""``spotwise emulate aws|gcp|azure``: rehearse a preemption on a laptop.
+"""``spotwise emulate aws|gcp|azure|kubernetes``: rehearse a preemption on a laptop.
 
 Starts a loopback metadata server that announces an interruption after ``--notice-after``
 seconds; point the training process at it with the printed environment variable.
@@ -28,6 +28,9 @@ def register(app: typer.Typer) -> None:
         no_args_is_help=True,
     )
     app.add_typer(emulate, name="emulate")
+    from spotwise.cli._emulate_k8s import kubernetes
+
+    emulate.command("kubernetes")(kubernetes)
 
     @emulate.command("aws")
     def aws(

@@ -545,6 +545,8 @@ class Cluster:
             "HOME": os.environ.get("HOME", "/tmp"),
             "HOSTNAME": pod["metadata"]["name"],
         }
+        if "PYTHONPATH" in os.environ:  # the "image" is this environment, imports included
+            env["PYTHONPATH"] = os.environ["PYTHONPATH"]
         fields = {
             "metadata.name": pod["metadata"]["name"],
             "metadata.namespace": ns,
