@@ -2,12 +2,15 @@
 
 Adding a backend is one new file plus one line in its kind's table. Nothing is imported until a
 name is asked for, so an optional SDK that is missing only matters when its backend is used.
+Another package can add a backend without touching this one by declaring a Python entry point in
+the kind's group (e.g. ``[project.entry-points."spotwise.providers"] mine = "pkg.mod:Class"``).
 """
 
 from __future__ import annotations
 
 import difflib
 import importlib
+import importlib.metadata
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
@@ -26,16 +29,29 @@ class Entry:
 class Registry(Generic[T]):
     """A lazy table of one kind of backend (storage, detector, provider, price source)."""
 
-    def __init__(self, kind: str, entries: dict[str, Entry | str]) -> None:
+    def __init__(self, kind: str, entries: dict[str, Entry | str],
+                 group: str | None = None) -> None:
         self.kind = kind
+        self.group = group  # entry-point group read for plugins, once, on first use
+        self._plugins_read = group is None
         self._entries = {
             name: (e if isinstance(e, Entry) else Entry(e)) for name, e in entries.items()
         }
 
+    def _read_plugins(self) -> None:
+        """Add the backends other installed packages declare; built-in names win."""
+        if self._plugins_read or self.group is None:
+            return
+        self._plugins_read = True
+        for ep in importlib.metadata.entry_points(group=self.group):
+            self._entries.setdefault(ep.name, Entry(ep.value))
+
     def names(self) -> list[str]:
+        self._read_plugins()
         return sorted(self._entries)
 
     def __contains__(self, name: object) -> bool:
+        self._read_plugins()
         return name in self._entries
 
     def __iter__(self) -> Iterator[str]:
@@ -46,6 +62,7 @@ class Registry(Generic[T]):
         self._entries[name] = Entry(target, extra)
 
     def load(self, name: str) -> Any:
+        self._read_plugins()
         entry = self._entries.get(name)
         if entry is None:
             close = difflib.get_close_matches(name, self.names(), n=3)

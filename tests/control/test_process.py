@@ -14,7 +14,7 @@ from spotwise.control.providers.process import ProcessMachines, lock_held
 def _req(tmp_path: Path, code: str) -> LaunchRequest:
     return LaunchRequest(job_id="j", n=1, argv=(sys.executable, "-c", code), workdir=tmp_path,
                          env=dict(os.environ), log_path=tmp_path / "log",
-                         attempt_dir=tmp_path / "a1", placement=Placement("on-demand"))
+                         attempt_dir=tmp_path / "attempts" / "1", placement=Placement("on-demand"))
 
 
 def _wait_end(m: ProcessMachines, handle, timeout_s: float = 60):
@@ -39,10 +39,10 @@ def test_terminate_right_after_launch_still_stops_it(tmp_path: Path):
 def test_find_and_exit_code_without_being_the_parent(tmp_path: Path):
     m = ProcessMachines()
     req = _req(tmp_path, "import sys, time; time.sleep(0.5); sys.exit(75)")
-    assert m.find(req) is None
+    assert m.find(tmp_path / "attempts") == []
     handle = m.launch(req)
-    found = m.find(req)
-    assert found is not None and found["pid"] == handle["pid"]
+    found = m.find(tmp_path / "attempts")
+    assert [(h["n"], h["pid"]) for h in found] == [(1, handle["pid"])]
     status = _wait_end(m, handle)
     assert (status.phase, status.exit_code) == (Phase.EXITED, 75)
     assert status.ended_at is not None and status.running_at is not None

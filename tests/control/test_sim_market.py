@@ -36,7 +36,7 @@ def test_shipped_trace_and_catalog_prices():
     assert p.features.zones == ("us-east-1d", "us-west-2a")
     from spotwise.control.providers.base import Placement
 
-    spot = p.pricing(Placement("spot", "us-east-1d"))
+    spot = p.prices.of(Placement("spot", "us-east-1d"))
     assert 0 < spot.usd_per_hour < spot.ondemand_usd_per_hour
     assert spot.ondemand_usd_per_hour == pytest.approx(3.06)
     assert spot.time_scale == 300

@@ -36,12 +36,14 @@ from spotwise.control.decisions import (
 )
 from spotwise.control.providers import (
     AttemptStatus,
+    Handle,
     LaunchRequest,
     Phase,
     Placement,
     Provider,
     make_provider,
 )
+from spotwise.control.providers.base import adoptable, orphans
 from spotwise.control.spec import JobSpec
 from spotwise.control.store import Attempt, Job, JobState, Store
 from spotwise.errors import (
@@ -64,14 +66,13 @@ def provider_for(job: Job) -> Provider:
 def submit(store: Store, spec: JobSpec, spec_path: str | None = None) -> Job:
     """Check the job can run (provider reachable, budget covers the estimate), then record it."""
     provider = make_provider(spec.provider.name, spec.provider.options, epoch=time.time(),
-                             instance_type=spec.resources.instance_type)
-    provider.check()
+                             instance_type=spec.resources.instance_type, preflight=True)
     if spec.budget_usd is not None and spec.expected_runtime_s is not None:
-        zone = provider.features.zones[0] if provider.features.zones else ""
+        zone = provider.features.zones[0]
         market = "on-demand" if spec.market == "on-demand" or not provider.features.spot \
             else "spot"
         cheapest = estimate_cost_usd(spec.expected_runtime_s,
-                                     provider.pricing(Placement(market, zone)))
+                                     provider.prices.of(Placement(market, zone)))
         if cheapest > spec.budget_usd:
             raise BudgetError(
                 f"budget ${spec.budget_usd:.2f} is below the estimated ${cheapest:.2f} for "
@@ -112,7 +113,8 @@ class Controller:
 
     def __init__(self, store: Store, job_id: str, *, clock: Clock = time.time,
                  sleep: Callable[[float], None] = time.sleep,
-                 on_update: Callable[[Job, list[Attempt]], None] | None = None) -> None:
+                 on_update: Callable[[Job, list[Attempt]], None] | None = None,
+                 provider: Provider | None = None) -> None:
         self.store = store
         self.job_id = store.job(job_id).id
         self.clock = clock
@@ -120,7 +122,7 @@ class Controller:
         self.on_update = on_update
         job = store.job(self.job_id)
         self.spec = JobSpec.model_validate(job.spec)
-        self.provider = provider_for(job)
+        self.provider = provider if provider is not None else provider_for(job)
         self._terminate_sent: dict[int, float] = {}  # attempt -> when we asked it to stop
 
     # --- the loop --------------------------------------------------------------------------
@@ -129,6 +131,7 @@ class Controller:
         with controller_lock(job):
             self.store.event(self.job_id, "controller", f"controller {os.getpid()} started "
                              f"in state {job.state.value}")
+            self._sweep(job)  # machines a crashed controller left behind
             while True:
                 job = self.store.job(self.job_id)
                 if job.state.terminal:
@@ -187,7 +190,7 @@ class Controller:
         if placement is None:
             self.store.update_job(self.job_id, next_launch_at=now + 1.0)
             return
-        pricing = self.provider.pricing(placement)
+        pricing = self.provider.prices.of(placement)
         attempt = self.store.open_attempt(
             self.job_id, provider=self.provider.name, market=placement.market,
             zone=placement.zone, usd_per_hour=pricing.usd_per_hour,
@@ -200,7 +203,7 @@ class Controller:
     def _launch_or_adopt(self, job: Job, attempt: Attempt) -> None:
         """Start the attempt, unless a previous controller already did (crash recovery)."""
         req = self._request(job, attempt)
-        handle = self.provider.find(req)
+        handle = adoptable(self.provider.find(job.id, self._attempts_dir(job)), attempt.n)
         if handle is not None:
             self.store.event(self.job_id, "adopt", f"attempt {attempt.n} was already launched; "
                              "adopting it")
@@ -224,19 +227,20 @@ class Controller:
 
     def _request(self, job: Job, attempt: Attempt) -> LaunchRequest:
         ckpt = self.spec.checkpoint_dir or str(job.dir / "checkpoint")
-        env = dict(os.environ)
-        if self.provider.name in ("local", "sim"):
-            env["SPOTWISE_PLATFORM"] = "none"  # a local process is on no cloud: never probe
+        features = self.provider.features
+        env = dict(os.environ) if features.same_host else {}
+        if features.platform is not None:
+            env["SPOTWISE_PLATFORM"] = features.platform
         env.update(self.spec.env)
         env.update(SPOTWISE_JOB_ID=job.id, SPOTWISE_ATTEMPT=str(attempt.n),
                    SPOTWISE_CHECKPOINT_DIR=ckpt,
                    SPOTWISE_GRACE_S=f"{self.provider.features.grace_s:g}")
         argv = [string.Template(a).safe_substitute(env) for a in self.spec.command]
-        if argv[0] in ("python", "python3"):
+        if argv[0] in ("python", "python3") and features.same_host:
             argv[0] = sys.executable  # the interpreter spotwise runs in (its virtualenv)
         return LaunchRequest(
             job_id=job.id, n=attempt.n, argv=tuple(argv), workdir=Path(self.spec.workdir),
-            env=env, log_path=job.log_path, attempt_dir=job.dir / "attempts" / str(attempt.n),
+            env=env, log_path=job.log_path, attempt_dir=self._attempts_dir(job) / str(attempt.n),
             placement=Placement(attempt.market, attempt.zone),
             grace_s=self.provider.features.grace_s)
 
@@ -334,8 +338,7 @@ class Controller:
                               event=("state", f"{state.value}: {message}"), **fields)
 
     def _prices(self) -> tuple[float, float]:
-        zone = self.provider.features.zones[0] if self.provider.features.zones else ""
-        pricing = self.provider.pricing(Placement("spot", zone))
+        pricing = self.provider.prices.of(Placement("spot", self.provider.features.zones[0]))
         return pricing.usd_per_hour, pricing.ondemand_usd_per_hour
 
     def _progress(self, job: Job, attempts: list[Attempt], now: float) -> Progress:
@@ -346,19 +349,42 @@ class Controller:
                         self.spec.expected_runtime_s, changeover)
 
     def _cleanup(self, job: Job) -> None:
-        """A finished job leaves nothing running: end any attempt still open."""
+        """A finished job leaves nothing running: end any attempt still open, sweep the rest."""
         attempt = self._open_attempt()
-        if attempt is None:
+        if attempt is not None:
+            if attempt.handle is not None:
+                self._stop(attempt.handle)
+            self.store.update_attempt(self.job_id, attempt.n, state="ended",
+                                      ended_at=self.clock(), reason=job.state.value.lower())
+        self._sweep(job)
+
+    def _stop(self, handle: Handle) -> None:
+        """Terminate a machine and wait (up to a minute) until the provider reports it ended."""
+        self.provider.terminate(handle)
+        for _ in range(600):
+            if self.provider.status(handle).phase in (Phase.EXITED, Phase.LOST):
+                return
+            self.sleep(0.1)
+
+    def _attempts_dir(self, job: Job) -> Path:
+        return job.dir / "attempts"
+
+    def _sweep(self, job: Job) -> None:
+        """Terminate every machine of the job that no open attempt owns (found by the
+        provider's own bookkeeping: tags, job names, attempt directories)."""
+        attempt = None if job.state.terminal else self._open_attempt()
+        try:
+            found = self.provider.find(job.id, self._attempts_dir(job))
+        except TransientProviderError as exc:  # the next start or the job's end sweeps again
+            self.store.event(self.job_id, "control-plane", f"orphan sweep not possible now: "
+                             f"{exc.message}")
             return
-        if attempt.handle is not None:
-            self.provider.terminate(attempt.handle)
-            for _ in range(600):
-                status = self.provider.status(attempt.handle)
-                if status.phase in (Phase.EXITED, Phase.LOST):
-                    break
-                self.sleep(0.1)
-        self.store.update_attempt(self.job_id, attempt.n, state="ended",
-                                  ended_at=self.clock(), reason=job.state.value.lower())
+        for handle in orphans(found, attempt.n if attempt else None,
+                              attempt.handle if attempt else None):
+            if self.provider.status(handle).phase not in (Phase.EXITED, Phase.LOST):
+                self.store.event(self.job_id, "orphan", f"terminating {handle['id']} "
+                                 f"(attempt {handle['n']}), which no live attempt owns")
+                self._stop(handle)
 
 
 def job_summary(store: Store, job: Job, now: float | None = None) -> dict[str, Any]:

@@ -13,13 +13,12 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from spotwise.errors import ConfigError
+from spotwise.errors import ConfigError, UnknownBackendError
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|sec|m|min|h|hr|d)?\s*$", re.IGNORECASE)
 _UNIT_S = {"ms": 0.001, "s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600, "hr": 3600, "d": 86400}
-PROVIDERS = ("local", "sim", "slurm")
 MARKETS = ("spot", "on-demand", "auto")
 
 
@@ -50,11 +49,34 @@ class Resources(BaseModel):
 
 
 class ProviderSpec(BaseModel):
-    """Which provider runs the attempts and its own options (checked by the provider)."""
+    """Which provider runs the attempts and its options, typed by that provider's ``Options``
+    model from the provider registry (so a plugin provider's options are checked too)."""
 
     model_config = ConfigDict(extra="forbid")
-    name: Literal["local", "sim", "slurm"] = "local"
+    name: str = "local"
     options: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("name")
+    @classmethod
+    def _known(cls, v: str) -> str:
+        from spotwise.control.providers import PROVIDERS
+
+        if v not in PROVIDERS:
+            try:
+                PROVIDERS.load(v)
+            except UnknownBackendError as exc:  # names the known ones and the closest match
+                raise ValueError(exc.message + (f"; {exc.hint}" if exc.hint else "")) from None
+        return v
+
+    @model_validator(mode="after")
+    def _options(self) -> ProviderSpec:
+        from spotwise.control.providers import check_options
+
+        try:
+            check_options(self.name, self.options)
+        except ConfigError as exc:  # already names provider.<name>.<option>
+            raise ValueError(exc.message + (f" ({exc.hint})" if exc.hint else "")) from None
+        return self
 
 
 class JobSpec(BaseModel):
@@ -135,8 +157,6 @@ def _allowed(loc: tuple[Any, ...]) -> str:
     field = loc[0] if loc else None
     if field == "market":
         return " (allowed: " + ", ".join(MARKETS) + ")"
-    if field == "provider" and "name" in loc:
-        return " (allowed: " + ", ".join(PROVIDERS) + ")"
     if loc and loc[-1] in {"deadline_s", "expected_runtime_s", "restart_backoff_s"}:
         return " (a duration such as 90s, 15m, 2h)"
     return ""
@@ -150,8 +170,8 @@ def _normalize(doc: dict[str, Any], base_dir: Path) -> dict[str, Any]:
         doc["deadline_s"] = max(0.0, when.timestamp() - datetime.now(timezone.utc).timestamp())
     workdir = Path(str(doc.get("workdir", "."))).expanduser()
     doc["workdir"] = str((base_dir / workdir).resolve())
-    if doc.get("checkpoint_dir") is not None:
-        ckpt = Path(str(doc["checkpoint_dir"])).expanduser()
+    if doc.get("checkpoint_dir") is not None and "://" not in str(doc["checkpoint_dir"]):
+        ckpt = Path(str(doc["checkpoint_dir"])).expanduser()  # (an s3:// URI stays as given)
         doc["checkpoint_dir"] = str((Path(doc["workdir"]) / ckpt).resolve())
     return doc
 
@@ -174,6 +194,9 @@ def parse_spec(doc: Any, *, base_dir: Path | None = None, source: str = "job spe
                 detail = "unknown field"
             elif err["type"] == "missing":
                 detail = "required field is missing"
+            if loc == ("provider",) and detail.startswith("provider."):
+                lines.append(detail)  # a provider's own options, in the job file's words
+                continue
             shown = "" if err["type"] == "missing" else f" (given: {given!r})"
             lines.append(f"{field}: {detail}{_allowed(loc)}{shown}")
         raise ConfigError(

@@ -1,4 +1,5 @@
-"""Providers by name: where attempts run. Adding one is a file plus one line here."""
+"""Providers by name: where attempts run. Adding one is a file plus one line here (or an entry
+point in the ``spotwise.providers`` group of another package)."""
 
 from __future__ import annotations
 
@@ -9,29 +10,45 @@ from spotwise.control.providers.base import (
     Features,
     Handle,
     LaunchRequest,
+    NoticeKind,
+    Options,
     Phase,
     Placement,
+    Prices,
     Pricing,
     Provider,
+    parse_options,
 )
-from spotwise.registry import Registry
+from spotwise.registry import Entry, Registry
 
 PROVIDERS: Registry[Any] = Registry(
     "provider",
     {
+        "aws": Entry("spotwise.control.providers.aws:AwsProvider", "aws"),
+        "fake": "spotwise.control.providers.fake:FakeProvider",
         "local": "spotwise.control.providers.local:LocalProvider",
         "sim": "spotwise.control.providers.sim:SimProvider",
         "slurm": "spotwise.control.providers.slurm:SlurmProvider",
     },
+    group="spotwise.providers",
 )
 
 
+def check_options(name: str, options: dict[str, Any]) -> None:
+    """Validate a job file's provider name and options against that provider's ``Options``."""
+    parse_options(PROVIDERS.load(name).Options, name, options)
+
+
 def make_provider(name: str, options: dict[str, Any], *, epoch: float,
-                  instance_type: str | None = None) -> Provider:
-    """A provider object for one job (``epoch``: the job's creation time, the sim's clock 0)."""
-    provider: Provider = PROVIDERS.load(name)(options, epoch=epoch, instance_type=instance_type)
+                  instance_type: str | None = None, preflight: bool = False) -> Provider:
+    """A provider object for one job (``epoch``: the job's creation time, the sim's clock 0).
+
+    ``preflight``: also check that it is reachable with these settings (at submit time)."""
+    provider: Provider = PROVIDERS.load(name)(options, epoch=epoch, instance_type=instance_type,
+                                              preflight=preflight)
     return provider
 
 
-__all__ = ["PROVIDERS", "AttemptStatus", "Features", "Handle", "LaunchRequest", "Phase",
-           "Placement", "Pricing", "Provider", "make_provider"]
+__all__ = ["PROVIDERS", "AttemptStatus", "Features", "Handle", "LaunchRequest", "NoticeKind",
+           "Options", "Phase", "Placement", "Prices", "Pricing", "Provider", "check_options",
+           "make_provider", "parse_options"]

@@ -1,18 +1,30 @@
-"""The Provider protocol: launch / status / terminate one attempt, plus features as data.
+"""The Provider protocol: launch / status / terminate / find attempts; features and prices as data.
 
 A provider knows machines, not jobs: the controller decides what to run and where, the provider
-only carries it out and reports back in these plain values. Vendor failures are translated into
-``ProviderError`` subclasses here at the edge: ``TransientProviderError`` (retry, never a
-preemption), ``ProviderUnavailableError`` (daemon down, command missing) and ``CapacityError``
-(no machine of that kind right now).
+only carries it out and reports back in these plain values. Everything the controller needs to
+*decide* (can it run spot, does it requeue by itself, how the notice arrives, how long the grace
+is, what each placement costs) is plain data on the provider, so the controller branches on
+features and never on a provider's name. Reachability and credential checks are part of
+construction (``preflight=True``), so a bad setting fails before any machine is paid for.
+
+Vendor failures are translated into ``ProviderError`` subclasses at the edge:
+``TransientProviderError`` (retry, never a preemption), ``ProviderUnavailableError`` (daemon down,
+credentials missing) and ``CapacityError`` (no machine of that kind right now).
 """
 
 from __future__ import annotations
 
+import difflib
 import enum
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, TypeVar, runtime_checkable
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from spotwise.errors import ConfigError
+
+MARKETS = ("spot", "on-demand")
 
 
 @dataclass(frozen=True)
@@ -38,7 +50,11 @@ class LaunchRequest:
     @property
     def key(self) -> str:
         """A name unique to this attempt, used to find it again after a controller crash."""
-        return f"spotwise-{self.job_id}-{self.n}"
+        return attempt_key(self.job_id, self.n)
+
+
+def attempt_key(job_id: str, n: int) -> str:
+    return f"spotwise-{job_id}-{n}"
 
 
 class Phase(str, enum.Enum):
@@ -67,34 +83,128 @@ class Pricing:
     time_scale: float = 1.0
 
 
+class NoticeKind(str, enum.Enum):
+    """How a training process learns that its machine is going away."""
+
+    SIGNAL = "signal"  # SIGTERM from the machine (local process, sim, a pod's kubelet)
+    SLURM = "slurm"  # SLURM's --signal before the end time
+    AWS_IMDS = "aws-imds"  # EC2 spot/instance-action on the instance metadata service
+    NONE = "none"  # nothing warns (the machine just vanishes)
+
+
 @dataclass(frozen=True)
 class Features:
+    zones: tuple[str, ...]  # where attempts can be placed; never empty
     spot: bool = False  # can run on an interruptible market
+    multi_node: bool = False  # one attempt can span several machines
     self_requeue: bool = False  # relaunches a preempted attempt itself (SLURM --requeue)
-    zones: tuple[str, ...] = field(default_factory=tuple)
+    notice: NoticeKind = NoticeKind.SIGNAL
     poll_s: float = 0.1  # how often the controller should ask for status
     grace_s: float = 30.0  # notice-to-kill time the training process gets (SPOTWISE_GRACE_S)
+    # SPOTWISE_PLATFORM for the attempt: "none" where it runs on no cloud (never probe metadata),
+    # None to let the runtime detect the platform it lands on.
+    platform: str | None = None
+    # Attempts run on the controller's own host: they get its environment and interpreter. A
+    # remote machine gets only the job's ``env`` and SPOTWISE_* (never the controller's
+    # credentials) and runs ``python`` as found there.
+    same_host: bool = True
+
+    def __post_init__(self) -> None:
+        if not self.zones:
+            raise ValueError("a provider has at least one zone")
 
 
-Handle = dict[str, Any]  # JSON-serializable, stored with the attempt
+@dataclass(frozen=True)
+class Prices:
+    """What each placement costs, as data: ``{(market, zone): Pricing}`` for every zone."""
+
+    table: dict[tuple[str, str], Pricing] = field(default_factory=dict)
+
+    @classmethod
+    def flat(cls, zones: tuple[str, ...], usd_per_hour: float) -> Prices:
+        """One price everywhere, for spot and on-demand alike (local, SLURM)."""
+        p = Pricing(usd_per_hour, usd_per_hour, 1.0)
+        return cls({(m, z): p for m in MARKETS for z in zones})
+
+    def of(self, placement: Placement) -> Pricing:
+        """The price of a placement; an empty zone means the first (default) zone."""
+        zone = placement.zone or next(iter(self.table))[1]
+        try:
+            return self.table[(placement.market, zone)]
+        except KeyError:
+            raise ConfigError(
+                f"no {placement.market} price for zone {zone!r}",
+                hint="known: " + ", ".join(sorted({z for _, z in self.table})),
+            ) from None
+
+
+Handle = dict[str, Any]  # JSON-serializable, stored with the attempt; always has "n" and "id"
 
 
 @runtime_checkable
 class Provider(Protocol):
+    """Four methods; everything else is data. ``__init__(options, *, epoch, instance_type,
+    preflight=False)`` validates options (``Options`` model) and, with ``preflight``, checks
+    that the provider is reachable with the given settings."""
+
     name: str
     features: Features
+    prices: Prices
 
-    def check(self) -> None:
-        """Raise ``ProviderUnavailableError`` when the provider cannot be reached at all."""
-
-    def pricing(self, placement: Placement) -> Pricing: ...
-
-    def launch(self, req: LaunchRequest) -> Handle: ...
-
-    def find(self, req: LaunchRequest) -> Handle | None:
-        """The handle of attempt ``req`` if it was launched (a crash may have lost it)."""
+    def launch(self, req: LaunchRequest) -> Handle:
+        """Start attempt ``req``; ``CapacityError`` when there is no machine of that kind."""
 
     def status(self, handle: Handle) -> AttemptStatus: ...
 
     def terminate(self, handle: Handle) -> None:
         """Stop the attempt (notice first, so it can save) and free its machine; idempotent."""
+
+    def find(self, job_id: str, attempts_dir: Path) -> list[Handle]:
+        """Every attempt of the job the provider still holds (live, or ended with an outcome
+        not yet read), each handle with its attempt number ``n`` and provider-unique ``id``:
+        how a restarted controller adopts a launch it lost and sweeps orphans."""
+
+
+class Options(BaseModel):
+    """Base of each provider's typed options: unknown keys are errors."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+OptionsT = TypeVar("OptionsT", bound=Options)
+
+
+def parse_options(model: type[OptionsT], provider: str, options: dict[str, Any]) -> OptionsT:
+    """Validate a provider's options; every problem names ``provider.<name>.<option>``."""
+    try:
+        return model.model_validate(options)
+    except ValidationError as exc:
+        allowed = sorted(model.model_fields)
+        lines = []
+        for err in exc.errors():
+            where = ".".join(str(p) for p in err["loc"])
+            if err["type"] == "extra_forbidden":
+                close = difflib.get_close_matches(str(err["loc"][0]), allowed, n=1)
+                detail = "unknown option" + (f"; did you mean {close[0]!r}?" if close else "")
+            else:
+                detail = f"{err['msg'].removeprefix('Value error, ')} (given: {err['input']!r})"
+            lines.append(f"provider.{provider}.{where}: {detail}")
+        raise ConfigError(
+            "; ".join(lines),
+            hint=f"options of provider {provider!r}: {', '.join(allowed) or 'none'}",
+        ) from None
+
+
+def adoptable(found: list[Handle], n: int) -> Handle | None:
+    """The one launch of attempt ``n`` among ``find``'s answer (lowest id if a crash made two)."""
+    mine = sorted((h for h in found if h["n"] == n), key=lambda h: str(h["id"]))
+    return mine[0] if mine else None
+
+
+def orphans(found: list[Handle], live_n: int | None, live: Handle | None) -> list[Handle]:
+    """What ``find`` reported that no live attempt owns: everything except the open attempt
+    (by its stored handle, which a self-requeued attempt shares with its predecessor, or, when
+    its handle was lost in a crash, by the launch that will be adopted)."""
+    keep = live if live is not None else (adoptable(found, live_n) if live_n is not None else None)
+    keep_id = None if keep is None else str(keep["id"])
+    return [h for h in found if str(h["id"]) != keep_id]

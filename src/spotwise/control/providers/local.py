@@ -8,34 +8,40 @@ from __future__ import annotations
 
 from typing import Any
 
+from pydantic import Field
+
 from spotwise.control.providers.base import (
     Features,
     Handle,
     LaunchRequest,
-    Placement,
-    Pricing,
+    Options,
+    Prices,
+    parse_options,
 )
 from spotwise.control.providers.process import ProcessBacked, ProcessMachines
-from spotwise.errors import ConfigError
+
+
+class LocalOptions(Options):
+    usd_per_hour: float = Field(default=0.0, ge=0)
 
 
 class LocalProvider(ProcessBacked):
     name = "local"
+    Options = LocalOptions
 
-    def __init__(self, options: dict[str, Any], *, epoch: float, instance_type: str | None):
-        unknown = set(options) - {"usd_per_hour"}
-        if unknown:
-            raise ConfigError(f"provider.local: unknown option(s) {sorted(unknown)}",
-                              hint="allowed: usd_per_hour")
-        self.usd_per_hour = float(options.get("usd_per_hour", 0.0))
-        self.features = Features(spot=False, zones=("local",), poll_s=0.05)
+    def __init__(
+        self,
+        options: dict[str, Any],
+        *,
+        epoch: float,
+        instance_type: str | None,
+        preflight: bool = False,
+    ):
+        opts = parse_options(LocalOptions, self.name, options)
+        # a local process is on no cloud: the runtime must never probe metadata endpoints
+        self.features = Features(zones=("local",), spot=False, poll_s=0.05, platform="none")
+        self.prices = Prices.flat(self.features.zones, opts.usd_per_hour)
         self._machines = ProcessMachines()
-
-    def check(self) -> None:
-        """A local process can always be started."""
-
-    def pricing(self, placement: Placement) -> Pricing:
-        return Pricing(self.usd_per_hour, self.usd_per_hour, 1.0)
 
     def launch(self, req: LaunchRequest) -> Handle:
         return self._machines.launch(req, banner=f"attempt {req.n} on local")

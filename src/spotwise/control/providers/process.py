@@ -89,21 +89,28 @@ class ProcessMachines:
                                 hint=f"check the working directory {req.workdir}") from exc
         finally:
             os.close(fd)  # the machine keeps the lock alive through its inherited descriptor
-        return {"dir": str(req.attempt_dir), "pid": proc.pid,
-                "start_ticks": proc_start_ticks(proc.pid)}
+        return {"n": req.n, "id": str(req.attempt_dir), "dir": str(req.attempt_dir),
+                "pid": proc.pid, "start_ticks": proc_start_ticks(proc.pid)}
 
-    def find(self, req: LaunchRequest) -> Handle | None:
-        d = req.attempt_dir
+    def find(self, attempts_dir: Path) -> list[Handle]:
+        """Machines of a job's attempts (``attempts_dir/<n>/``) that live or left an outcome."""
+        found = []
+        for d in sorted(attempts_dir.glob("*"), key=lambda p: p.name):
+            if d.name.isdigit() and (handle := self._find_one(d, int(d.name))) is not None:
+                found.append(handle)
+        return found
+
+    def _find_one(self, d: Path, n: int) -> Handle | None:
         if lock_held(d / "lock") or (d / "exit.json").exists():
             for _ in range(200):  # a machine that just started writes machine.json at once
                 machine = _read_json(d / "machine.json")
                 if machine is not None:
-                    return {"dir": str(d), "pid": machine["pid"],
+                    return {"n": n, "id": str(d), "dir": str(d), "pid": machine["pid"],
                             "start_ticks": machine["start_ticks"]}
                 if not lock_held(d / "lock"):
                     break
                 time.sleep(0.05)
-            return {"dir": str(d), "pid": None, "start_ticks": None}
+            return {"n": n, "id": str(d), "dir": str(d), "pid": None, "start_ticks": None}
         return None
 
     def status(self, handle: Handle) -> AttemptStatus:
@@ -112,7 +119,9 @@ class ProcessMachines:
         machine = _read_json(d / "machine.json") or {}
         running_at = machine.get("running_at")
         if end is not None:
-            if end["outcome"] == "lost" or end["exit_code"] is None:
+            killed = end["outcome"] == "terminated" and (end["exit_code"] or 0) < 0
+            if end["outcome"] == "lost" or end["exit_code"] is None or killed:
+                # (killed: the stop signal reached it before it could handle it and save)
                 return AttemptStatus(Phase.LOST, exit_code=end["exit_code"],
                                      ended_at=end["ended_at"], running_at=running_at,
                                      detail=end["outcome"])
@@ -146,8 +155,8 @@ class ProcessBacked:
 
     _machines: ProcessMachines
 
-    def find(self, req: LaunchRequest) -> Handle | None:
-        return self._machines.find(req)
+    def find(self, job_id: str, attempts_dir: Path) -> list[Handle]:
+        return self._machines.find(attempts_dir)
 
     def status(self, handle: Handle) -> AttemptStatus:
         return self._machines.status(handle)

@@ -16,24 +16,41 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
+from pydantic import Field
 
 from spotwise.control.pricing import catalog_usd_per_hour
 from spotwise.control.providers.base import (
+    MARKETS,
     Features,
     Handle,
     LaunchRequest,
-    Placement,
+    NoticeKind,
+    Options,
+    Prices,
     Pricing,
+    parse_options,
 )
 from spotwise.control.providers.process import ProcessBacked, ProcessMachines
 from spotwise.errors import CapacityError, ConfigError
 
-_OPTIONS = {"trace", "zones", "time_compression", "start_hour", "notice_s", "boot_s",
-            "spot_usd_per_hour", "ondemand_usd_per_hour", "notice"}
-NOTICES = ("sigterm", "aws")
+NOTICES = {"sigterm": NoticeKind.SIGNAL, "aws": NoticeKind.AWS_IMDS}
+
+
+class SimOptions(Options):
+    trace: str = "aws-02-15-2023-first30d"
+    zones: list[str] | None = None
+    time_compression: float = Field(default=600.0, gt=0)
+    start_hour: float = 0.0
+    notice_s: float = Field(default=5.0, ge=0)
+    boot_s: float = Field(default=0.3, ge=0)
+    spot_usd_per_hour: float | None = Field(default=None, ge=0)
+    ondemand_usd_per_hour: float | None = Field(default=None, ge=0)
+    # sigterm: SIGTERM then SIGKILL after notice_s; aws: the AWS IMDS spot/instance-action
+    # notice from a loopback emulator
+    notice: Literal["sigterm", "aws"] = "sigterm"
 
 
 @dataclass(frozen=True)
@@ -96,52 +113,30 @@ def _load_zones(trace: str, zones: list[str] | None) -> tuple[tuple[str, ...], n
 
 class SimProvider(ProcessBacked):
     name = "sim"
+    Options = SimOptions
 
-    def __init__(self, options: dict[str, Any], *, epoch: float, instance_type: str | None):
-        unknown = set(options) - _OPTIONS
-        if unknown:
-            raise ConfigError(f"provider.sim: unknown option(s) {sorted(unknown)}",
-                              hint=f"allowed: {', '.join(sorted(_OPTIONS))}")
-        try:
-            compression = float(options.get("time_compression", 600.0))
-            self.notice_s = float(options.get("notice_s", 5.0))
-            self.boot_s = float(options.get("boot_s", 0.3))
-            start_h = float(options.get("start_hour", 0.0))
-        except (TypeError, ValueError) as exc:
-            raise ConfigError(f"provider.sim: {exc}", hint="numbers expected") from None
-        self.notice = str(options.get("notice", "sigterm"))
-        if self.notice not in NOTICES:
-            raise ConfigError(f"provider.sim.notice: {self.notice!r} is not one of "
-                              f"{', '.join(NOTICES)}",
-                              hint="sigterm: SIGTERM then SIGKILL after notice_s; aws: the AWS "
-                              "IMDS spot/instance-action notice from a loopback emulator")
-        if compression <= 0 or self.notice_s < 0 or self.boot_s < 0:
-            raise ConfigError("provider.sim: time_compression must be > 0, notice_s and boot_s "
-                              ">= 0")
-        zones, avail, gap_s = _load_zones(str(options.get("trace", "aws-02-15-2023-first30d")),
-                                          options.get("zones"))
-        self.market = SimMarket(zones, avail, gap_s, compression, epoch, start_h * 3600.0)
+    def __init__(self, options: dict[str, Any], *, epoch: float, instance_type: str | None,
+                 preflight: bool = False):
+        opts = parse_options(SimOptions, self.name, options)
+        self.notice_s, self.boot_s, self.notice = opts.notice_s, opts.boot_s, opts.notice
+        zones, avail, gap_s = _load_zones(opts.trace, opts.zones)
+        self.market = SimMarket(zones, avail, gap_s, opts.time_compression, epoch,
+                                opts.start_hour * 3600.0)
         self.instance_type = instance_type or "p3.2xlarge"
-        self._prices: dict[str, float] = {}
-        for market in ("spot", "on-demand"):
-            key = f"{market.replace('-', '')}_usd_per_hour"
-            if key in options:
-                self._prices[market] = float(options[key])
-        self.features = Features(spot=True, zones=zones, poll_s=0.05, grace_s=self.notice_s)
+        given = {"spot": opts.spot_usd_per_hour, "on-demand": opts.ondemand_usd_per_hour}
+
+        def price(market: str, zone: str) -> float:
+            fixed = given[market]
+            return fixed if fixed is not None else catalog_usd_per_hour(
+                self.instance_type, zone, market)
+
+        self.prices = Prices({
+            (m, z): Pricing(price(m, z), price("on-demand", z), opts.time_compression)
+            for m in MARKETS for z in zones})
+        # The machine sets SPOTWISE_PLATFORM=aws itself when the notice comes from its IMDS.
+        self.features = Features(zones=zones, spot=True, notice=NOTICES[opts.notice],
+                                 poll_s=0.05, grace_s=self.notice_s, platform="none")
         self._machines = ProcessMachines()
-
-    def check(self) -> None:
-        """The simulated cloud is always reachable."""
-
-    def _price(self, market: str, zone: str) -> float:
-        if market in self._prices:
-            return self._prices[market]
-        return catalog_usd_per_hour(self.instance_type, zone, market)
-
-    def pricing(self, placement: Placement) -> Pricing:
-        zone = placement.zone or self.market.zones[0]
-        return Pricing(self._price(placement.market, zone), self._price("on-demand", zone),
-                       self.market.compression)
 
     def launch(self, req: LaunchRequest) -> Handle:
         now = time.time()

@@ -16,23 +16,26 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+from pydantic import Field
+
 from spotwise.control.providers.base import (
     AttemptStatus,
     Features,
     Handle,
     LaunchRequest,
+    NoticeKind,
+    Options,
     Phase,
-    Placement,
-    Pricing,
+    Prices,
+    attempt_key,
+    parse_options,
 )
 from spotwise.errors import (
-    ConfigError,
     ProviderError,
     ProviderUnavailableError,
     TransientProviderError,
 )
 
-_OPTIONS = {"partition", "signal", "signal_s", "time_limit", "extra_args", "usd_per_hour"}
 _PENDING = {"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "CONFIGURING", "RESIZING",
             "SUSPENDED"}
 _RUNNING = {"RUNNING", "COMPLETING", "STAGE_OUT", "SIGNALING"}
@@ -70,24 +73,33 @@ def parse_show_job(text: str) -> dict[str, str]:
     return fields
 
 
+class SlurmOptions(Options):
+    partition: str | None = None
+    signal: str = Field(default="USR1", pattern=r"^[A-Z0-9]+$")
+    signal_s: int = Field(default=60, ge=1)
+    time_limit: str | None = None
+    extra_args: list[str] = Field(default_factory=list)
+    usd_per_hour: float = Field(default=0.0, ge=0)
+
+
 class SlurmProvider:
     name = "slurm"
+    Options = SlurmOptions
 
-    def __init__(self, options: dict[str, Any], *, epoch: float, instance_type: str | None):
-        unknown = set(options) - _OPTIONS
-        if unknown:
-            raise ConfigError(f"provider.slurm: unknown option(s) {sorted(unknown)}",
-                              hint=f"allowed: {', '.join(sorted(_OPTIONS))}")
-        self.partition = options.get("partition")
-        self.signal = str(options.get("signal", "USR1"))
-        self.signal_s = int(options.get("signal_s", 60))
-        self.time_limit = options.get("time_limit")
-        self.extra_args = [str(a) for a in options.get("extra_args", [])]
-        self.usd_per_hour = float(options.get("usd_per_hour", 0.0))
-        self.features = Features(spot=False, self_requeue=True, zones=("slurm",), poll_s=0.5,
+    def __init__(self, options: dict[str, Any], *, epoch: float, instance_type: str | None,
+                 preflight: bool = False):
+        opts = parse_options(SlurmOptions, self.name, options)
+        self.partition, self.signal, self.signal_s = opts.partition, opts.signal, opts.signal_s
+        self.time_limit, self.extra_args = opts.time_limit, opts.extra_args
+        self.features = Features(zones=("slurm",), spot=False, multi_node=True,
+                                 self_requeue=True, notice=NoticeKind.SLURM, poll_s=0.5,
                                  grace_s=30.0)
+        self.prices = Prices.flat(self.features.zones, opts.usd_per_hour)
+        if preflight:
+            self._ping()
 
-    def check(self) -> None:
+    def _ping(self) -> None:
+        """Fail at submit time, with the fix, when slurmctld cannot be reached."""
         try:
             _run(["scontrol", "ping"], timeout_s=15)
         except TransientProviderError as exc:
@@ -95,9 +107,6 @@ class SlurmProvider:
         except ProviderError as exc:  # ping exits 1 when the controller is DOWN
             raise ProviderUnavailableError(f"slurmctld is not reachable: {exc.message}",
                                            hint="start it (scripts/slurm-up.sh)") from None
-
-    def pricing(self, placement: Placement) -> Pricing:
-        return Pricing(self.usd_per_hour, self.usd_per_hour, 1.0)
 
     def _script(self, req: LaunchRequest) -> Path:
         exports = "\n".join(f"export {k}={shlex.quote(v)}" for k, v in sorted(req.env.items())
@@ -126,12 +135,18 @@ class SlurmProvider:
             argv.append(f"--time={self.time_limit}")
         argv += [*self.extra_args, str(self._script(req))]
         job_id = _run(argv).strip().split(";")[0]
-        return {"slurm_job_id": job_id}
+        return {"n": req.n, "id": job_id, "slurm_job_id": job_id}
 
-    def find(self, req: LaunchRequest) -> Handle | None:
-        out = _run(["squeue", "-h", f"--name={req.key}", "-o", "%i"])
-        ids = out.split()
-        return {"slurm_job_id": ids[0]} if ids else None
+    def find(self, job_id: str, attempts_dir: Path) -> list[Handle]:
+        """Queued or running SLURM jobs named after the job's attempts (``spotwise-JOB-N``)."""
+        prefix = attempt_key(job_id, 0)[:-1]
+        found = []
+        for line in _run(["squeue", "-h", "-o", "%i %j"]).splitlines():
+            slurm_id, _, name = line.strip().partition(" ")
+            n = name.removeprefix(prefix)
+            if name.startswith(prefix) and n.isdigit():
+                found.append({"n": int(n), "id": slurm_id, "slurm_job_id": slurm_id})
+        return found
 
     def status(self, handle: Handle) -> AttemptStatus:
         job_id = handle["slurm_job_id"]

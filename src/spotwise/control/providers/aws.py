@@ -1,0 +1,499 @@
+"""``aws``: each attempt is one EC2 instance (spot one-time + terminate, or on-demand).
+
+The instance boots with a cloud-init user-data script (``user_data``) that runs the job's command
+with ``SPOTWISE_CHECKPOINT_DIR=s3://...`` and, when the command ends, writes the attempt's exit
+record (and its output) under the job's S3 prefix before the machine shuts itself down
+(``InstanceInitiatedShutdownBehavior=terminate``). The user-data carries no credentials: the
+instance profile supplies them. Status comes from ``DescribeInstances`` (state and
+``StateReason``: spot interruption, user, error) plus that exit record, which is what tells "the
+command exited 75 after saving" from "the machine was taken away".
+
+Everything is tagged ``spotwise:job`` / ``spotwise:attempt`` (instances and their volumes), which
+is how ``find`` lists a job's machines after a controller crash, so the controller can adopt the
+one it lost and terminate the rest. Capacity errors become :class:`CapacityError` (the controller
+tries the next placement); throttling and 5xx are retried with the S3 backend's backoff policy.
+
+boto3 is imported only when a provider is built (``pip install 'spotwise[aws]'``). Endpoints and
+credentials come the AWS way (``AWS_ENDPOINT_URL``, profiles, env vars), which is how the tests
+point it at a loopback moto server.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import re
+import shlex
+import sys
+import time
+from collections.abc import Callable
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, TypeVar
+
+from pydantic import Field, model_validator
+
+from spotwise.control.pricing import catalog_usd_per_hour
+from spotwise.control.providers.base import (
+    MARKETS,
+    AttemptStatus,
+    Features,
+    Handle,
+    LaunchRequest,
+    NoticeKind,
+    Options,
+    Phase,
+    Prices,
+    Pricing,
+    parse_options,
+)
+from spotwise.errors import (
+    CapacityError,
+    ConfigError,
+    ProviderError,
+    ProviderUnavailableError,
+    StorageNotFoundError,
+    TransientProviderError,
+)
+from spotwise.registry import require
+
+T = TypeVar("T")
+
+JOB_TAG, ATTEMPT_TAG = "spotwise:job", "spotwise:attempt"
+# RunInstances errors that mean "no machine of that kind here, now": try another placement.
+CAPACITY_CODES = frozenset({
+    "InsufficientInstanceCapacity", "SpotMaxPriceTooLow", "MaxSpotInstanceCountExceeded",
+    "Unsupported", "InsufficientHostCapacity", "InsufficientCapacity",
+})  # fmt: skip
+# Errors that no retry fixes and that name a setting: raised at preflight before paying.
+QUOTA_CODES = frozenset({"VcpuLimitExceeded", "InstanceLimitExceeded"})
+LIVE_STATES = ["pending", "running", "stopping", "stopped", "shutting-down"]
+# Never written into user-data: the instance profile gives the instance its own credentials.
+_SECRET_ENV = re.compile(r"^AWS_(ACCESS_KEY_ID|SECRET_ACCESS_KEY|SESSION_TOKEN|SECURITY_TOKEN)$")
+
+
+class AwsOptions(Options):
+    region: str
+    s3: str = Field(pattern=r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/.*)?$")
+    zones: list[str] = Field(default_factory=list)  # default: the keys of subnets, or <region>a
+    subnets: dict[str, str] = Field(default_factory=dict)  # zone -> subnet id
+    instance_type: str | None = None  # default: resources.instance_type
+    image_id: str | None = None
+    launch_template: dict[str, str] | None = None  # {"id" | "name": ..., "version": ...}
+    security_group_ids: list[str] = Field(default_factory=list)
+    instance_profile: str | None = None  # name, or an ARN
+    key_name: str | None = None
+    root_device: str | None = None  # default: the AMI's RootDeviceName
+    root_volume_gb: int = Field(default=100, ge=8, le=16384)
+    encrypted: bool = True
+    kms_key_id: str | None = None
+    spot_max_usd_per_hour: float | None = Field(default=None, gt=0)
+    spot_usd_per_hour: float | None = Field(default=None, ge=0)  # default: the catalog's
+    ondemand_usd_per_hour: float | None = Field(default=None, ge=0)
+    workdir: str | None = None  # on the instance; default: the job's workdir
+    setup: list[str] = Field(default_factory=list)  # shell lines run before the command
+    python: str = "python3"
+    poll_s: float = Field(default=5.0, gt=0)
+    grace_s: float = Field(default=120.0, ge=0)  # EC2's two-minute spot notice
+
+    @model_validator(mode="after")
+    def _one_image(self) -> AwsOptions:
+        if (self.image_id is None) == (self.launch_template is None):
+            raise ValueError("give exactly one of image_id and launch_template")
+        return self
+
+
+def _transition_time(reason: str) -> float | None:
+    """``User initiated (2026-12-01 10:00:49 GMT)`` -> that instant (EC2 writes it so)."""
+    match = re.search(r"\((\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)", reason)
+    if match is None:
+        return None
+    when = datetime.strptime(match.group(1), "%Y-%m-%d %H:%M:%S")
+    return when.replace(tzinfo=timezone.utc).timestamp()
+
+
+def _code(exc: BaseException) -> str:
+    response = getattr(exc, "response", None)
+    return str(((response or {}).get("Error") or {}).get("Code", "")) if response else ""
+
+
+def _message(exc: BaseException) -> str:
+    response = getattr(exc, "response", None)
+    if isinstance(response, dict):
+        return str((response.get("Error") or {}).get("Message", "")) or str(exc)
+    return str(exc)
+
+
+class AwsProvider:
+    name = "aws"
+    Options = AwsOptions
+
+    def __init__(self, options: dict[str, Any], *, epoch: float, instance_type: str | None,
+                 preflight: bool = False, sleep: Callable[[float], None] = time.sleep):
+        self.opts = parse_options(AwsOptions, self.name, options)
+        self.instance_type = self.opts.instance_type or instance_type
+        if not self.instance_type:
+            raise ConfigError("provider.aws: no instance type",
+                              hint="set resources.instance_type (e.g. g4dn.xlarge) or "
+                              "provider.instance_type")
+        zones = tuple(self.opts.zones or self.opts.subnets or [f"{self.opts.region}a"])
+        stray = sorted(set(self.opts.subnets) - set(zones))
+        if stray:
+            raise ConfigError(f"provider.aws.subnets: zones {stray} are not in provider.aws.zones")
+        self.features = Features(zones=zones, spot=True, notice=NoticeKind.AWS_IMDS,
+                                 poll_s=self.opts.poll_s, grace_s=self.opts.grace_s,
+                                 same_host=False)
+        self.prices = Prices({(m, z): Pricing(self._price(m, z), self._price("on-demand", z))
+                              for m in MARKETS for z in zones})
+        from spotwise.storage.s3 import RetryPolicy, parse_s3_uri
+
+        self.bucket, self.prefix = parse_s3_uri(self.opts.s3)
+        self.retry = RetryPolicy.from_env()
+        self._sleep, self._rand = sleep, random.Random()
+        boto3 = require("boto3", "aws", "the aws provider")
+        config = require("botocore.config", "aws", "the aws provider").Config(
+            retries={"total_max_attempts": 1}, connect_timeout=10, read_timeout=60)
+        session = boto3.session.Session(region_name=self.opts.region)
+        self.ec2 = session.client("ec2", config=config)
+        self.s3 = session.client("s3", config=config)
+        if preflight:
+            self._preflight()
+
+    def _price(self, market: str, zone: str) -> float:
+        given = self.opts.spot_usd_per_hour if market == "spot" else \
+            self.opts.ondemand_usd_per_hour
+        if given is not None:
+            return given
+        assert self.instance_type is not None
+        return catalog_usd_per_hour(self.instance_type, zone, market)
+
+    # --- calls -----------------------------------------------------------------------------
+    def _call(self, what: str, fn: Callable[[], T]) -> T:
+        """One EC2/S3 call: retry throttling/5xx with backoff, translate the final failure."""
+        from spotwise.storage.s3 import Failure, classify
+
+        attempt = 1
+        while True:
+            try:
+                return fn()
+            except Exception as exc:  # vendor errors are translated right here, at the edge
+                code, kind = _code(exc), classify(exc)
+                if code in CAPACITY_CODES:
+                    raise CapacityError(f"{what}: {code}: {_message(exc)}",
+                                        hint="another zone or market may have capacity") from exc
+                if kind is Failure.RETRY and attempt < self.retry.max_attempts:
+                    self._sleep(self.retry.delay_s(attempt, self._rand.random()))
+                    attempt += 1
+                    continue
+                if kind is Failure.RETRY:
+                    raise TransientProviderError(f"{what}: {code or type(exc).__name__} after "
+                                                 f"{attempt} tries: {_message(exc)}") from exc
+                if kind is Failure.PERMISSION or code in ("AuthFailure", "UnauthorizedOperation"):
+                    raise ProviderUnavailableError(
+                        f"{what}: AWS refused the credentials: {code or type(exc).__name__}: "
+                        f"{_message(exc)}",
+                        hint="configure credentials (AWS_PROFILE, instance role, or env vars) "
+                        "with the IAM policy in docs/control.md") from exc
+                raise ProviderError(f"{what}: {code or type(exc).__name__}: {_message(exc)}") \
+                    from exc
+
+    def _preflight(self) -> None:
+        """Check region, zones, subnets, instance type, bucket and quota before any launch."""
+        o = self.opts
+        regions = {r["RegionName"] for r in self._call(
+            "DescribeRegions", lambda: self.ec2.describe_regions(AllRegions=True))["Regions"]}
+        if o.region not in regions:
+            raise ConfigError(f"provider.aws.region: unknown region {o.region!r}",
+                              hint="e.g. us-east-1, us-west-2, eu-central-1")
+        zones = {z["ZoneName"] for z in self._call(
+            "DescribeAvailabilityZones", self.ec2.describe_availability_zones)[
+            "AvailabilityZones"]}
+        bad = [z for z in self.features.zones if z not in zones]
+        if bad:
+            raise ConfigError(f"provider.aws.zones: {bad} are not zones of {o.region}",
+                              hint=f"zones of {o.region}: {', '.join(sorted(zones))}")
+        if o.subnets:
+            found = self._call("DescribeSubnets", lambda: self.ec2.describe_subnets(
+                SubnetIds=list(o.subnets.values())))["Subnets"]
+            where = {s["SubnetId"]: s["AvailabilityZone"] for s in found}
+            for zone, subnet in o.subnets.items():
+                if where.get(subnet) != zone:
+                    raise ConfigError(f"provider.aws.subnets.{zone}: subnet {subnet} is in "
+                                      f"{where.get(subnet, 'no zone of ' + o.region)}, not {zone}",
+                                      hint="map each zone to a subnet in that zone")
+        offered = {x["Location"] for x in self._call(
+            "DescribeInstanceTypeOfferings", lambda: self.ec2.describe_instance_type_offerings(
+                LocationType="availability-zone",
+                Filters=[{"Name": "instance-type", "Values": [self.instance_type]}]))[
+            "InstanceTypeOfferings"]}
+        missing = [z for z in self.features.zones if z not in offered]
+        if missing:
+            raise ConfigError(f"instance type {self.instance_type!r} is not offered in {missing}",
+                              hint="check resources.instance_type and provider.aws.zones "
+                              "(aws ec2 describe-instance-type-offerings)")
+        try:
+            self._call("HeadBucket", lambda: self.s3.head_bucket(Bucket=self.bucket))
+        except ProviderError as exc:
+            raise ConfigError(f"provider.aws.s3: bucket {self.bucket!r} is not usable: "
+                              f"{exc.message}", hint="create it or fix provider.aws.s3") from None
+        args = self._run_args(f"spotwise-preflight-{time.time_ns()}", "on-demand",
+                              self.features.zones[0], "", {})
+
+        def dry_run() -> None:  # AWS checks permissions and limits without starting anything
+            try:
+                self.ec2.run_instances(DryRun=True, **args)
+            except Exception as exc:
+                if _code(exc) != "DryRunOperation":
+                    raise
+
+        try:
+            self._call("RunInstances (dry run)", dry_run)
+        except ProviderError as exc:
+            quota = [c for c in QUOTA_CODES if c in exc.message]
+            if quota:
+                raise ConfigError(f"the EC2 quota stops {self.instance_type}: {exc.message}",
+                                  hint="request a limit increase (Service Quotas) or pick a "
+                                  "smaller resources.instance_type") from None
+            raise
+
+    # --- the protocol ----------------------------------------------------------------------
+    def launch(self, req: LaunchRequest) -> Handle:
+        leaked = sorted(k for k in req.env if _SECRET_ENV.match(k))
+        if leaked:
+            raise ConfigError(f"env {leaked} would be written into the instance's user-data",
+                              hint="remove them from the job's env: the instance profile "
+                              "(provider.aws.instance_profile) gives the instance credentials")
+        zone = req.placement.zone or self.features.zones[0]
+        tags = {JOB_TAG: req.job_id, ATTEMPT_TAG: str(req.n), "Name": req.key}
+        token = f"{req.key}-{req.placement.market}-{zone}"[-64:]  # RunInstances idempotency
+        args = self._run_args(token, req.placement.market, zone, self.user_data(req), tags)
+        out = self._call("RunInstances", lambda: self.ec2.run_instances(**args))
+        instance = out["Instances"][0]
+        return {"n": req.n, "id": instance["InstanceId"], "job": req.job_id, "zone": zone,
+                "market": req.placement.market, "log": str(req.log_path)}
+
+    def status(self, handle: Handle) -> AttemptStatus:
+        if "volume_id" in handle:  # a stray volume found by the sweep: "running" while it exists
+            vols = self._call("DescribeVolumes", lambda: self.ec2.describe_volumes(
+                Filters=[{"Name": "volume-id", "Values": [handle["volume_id"]]}]))["Volumes"]
+            return AttemptStatus(Phase.STARTING if vols else Phase.LOST, detail="volume")
+        try:
+            found = self._call("DescribeInstances", lambda: self.ec2.describe_instances(
+                InstanceIds=[handle["id"]]))
+        except ProviderError as exc:
+            if "InvalidInstanceID" in exc.message:
+                return AttemptStatus(Phase.LOST, detail=f"instance {handle['id']} is gone")
+            raise
+        instance = found["Reservations"][0]["Instances"][0]
+        state = instance["State"]["Name"]
+        launched = instance["LaunchTime"].timestamp()
+        record = self._exit_record(handle)
+        if record is not None:
+            self._copy_log(handle)
+            if state not in ("shutting-down", "terminated"):  # done: stop paying for it
+                self.terminate(handle)
+            return AttemptStatus(Phase.EXITED, exit_code=int(record["exit_code"]),
+                                 ended_at=float(record["ended_at"]),
+                                 running_at=float(record.get("started_at", launched)))
+        if state == "pending":
+            return AttemptStatus(Phase.STARTING, detail=state)
+        reason = instance.get("StateReason", {}) or {}
+        stopped_at = _transition_time(instance.get("StateTransitionReason", ""))
+        if state == "running" or (  # shutting down: the exit record may still come
+                state in ("shutting-down", "terminated") and stopped_at is not None
+                and reason.get("Code") == "Client.UserInitiatedShutdown"
+                and time.time() < stopped_at + self.features.grace_s + 2 * self.opts.poll_s):
+            return AttemptStatus(Phase.RUNNING, running_at=launched, detail=state)
+        what = {"Server.SpotInstanceTermination": "spot interruption",
+                "Client.UserInitiatedShutdown": "terminated by a user or the controller",
+                "Client.InstanceInitiatedShutdown": "shut down from inside, without an exit "
+                "record"}.get(reason.get("Code", ""), reason.get("Message", state))
+        return AttemptStatus(Phase.LOST, running_at=launched,
+                             detail=f"{handle['id']} {state}: {what}")
+
+    def terminate(self, handle: Handle) -> None:
+        """TerminateInstances (EC2 shuts it down: SIGTERM, then the grace, then off);
+        idempotent. A stray volume handle is deleted."""
+        try:
+            if "volume_id" in handle:
+                self._call("DeleteVolume", lambda: self.ec2.delete_volume(
+                    VolumeId=handle["volume_id"]))
+            else:
+                self._call("TerminateInstances", lambda: self.ec2.terminate_instances(
+                    InstanceIds=[handle["id"]]))
+        except ProviderError as exc:
+            if "NotFound" not in exc.message:
+                raise
+
+    def find(self, job_id: str, attempts_dir: Path) -> list[Handle]:
+        """The job's instances not yet terminated, and its volumes left unattached."""
+        job = [{"Name": f"tag:{JOB_TAG}", "Values": [job_id]}]
+        found: list[Handle] = []
+        pages = self._call("DescribeInstances", lambda: self.ec2.describe_instances(
+            Filters=[*job, {"Name": "instance-state-name", "Values": LIVE_STATES}]))
+        for reservation in pages["Reservations"]:
+            for inst in reservation["Instances"]:
+                tags = {t["Key"]: t["Value"] for t in inst.get("Tags", [])}
+                found.append({"n": int(tags.get(ATTEMPT_TAG, "0")), "id": inst["InstanceId"],
+                              "job": job_id, "zone": inst["Placement"]["AvailabilityZone"]})
+        volumes = self._call("DescribeVolumes", lambda: self.ec2.describe_volumes(
+            Filters=[*job, {"Name": "status", "Values": ["available"]}]))["Volumes"]
+        for vol in volumes:
+            tags = {t["Key"]: t["Value"] for t in vol.get("Tags", [])}
+            found.append({"n": int(tags.get(ATTEMPT_TAG, "0")), "id": vol["VolumeId"],
+                          "job": job_id, "volume_id": vol["VolumeId"]})
+        return found
+
+    # --- pieces ----------------------------------------------------------------------------
+    def _run_args(self, token: str, market: str, zone: str, user_data: str,
+                  tags: dict[str, str]) -> dict[str, Any]:
+        o = self.opts
+        args: dict[str, Any] = {
+            "MinCount": 1, "MaxCount": 1, "ClientToken": token,
+            "InstanceType": self.instance_type,
+            "InstanceInitiatedShutdownBehavior": "terminate",
+            "MetadataOptions": {"HttpTokens": "required", "HttpEndpoint": "enabled",
+                                "HttpPutResponseHopLimit": 2},
+        }
+        if user_data:
+            args["UserData"] = user_data
+        if tags:
+            spec = [{"Key": k, "Value": v} for k, v in tags.items()]
+            args["TagSpecifications"] = [{"ResourceType": "instance", "Tags": spec},
+                                         {"ResourceType": "volume", "Tags": spec}]
+        if o.image_id:
+            args["ImageId"] = o.image_id
+        else:
+            assert o.launch_template is not None
+            args["LaunchTemplate"] = {
+                ("LaunchTemplateId" if k == "id" else "LaunchTemplateName" if k == "name"
+                 else "Version"): v for k, v in o.launch_template.items()}
+        device = o.root_device or (self._root_device() if o.image_id else None)
+        if device:
+            ebs: dict[str, Any] = {"VolumeSize": o.root_volume_gb, "VolumeType": "gp3",
+                                   "DeleteOnTermination": True, "Encrypted": o.encrypted}
+            if o.kms_key_id:
+                ebs["KmsKeyId"] = o.kms_key_id
+            args["BlockDeviceMappings"] = [{"DeviceName": device, "Ebs": ebs}]
+        if zone in o.subnets:
+            args["SubnetId"] = o.subnets[zone]
+        else:
+            args["Placement"] = {"AvailabilityZone": zone}
+        if o.security_group_ids:
+            args["SecurityGroupIds"] = o.security_group_ids
+        if o.instance_profile:
+            key = "Arn" if o.instance_profile.startswith("arn:") else "Name"
+            args["IamInstanceProfile"] = {key: o.instance_profile}
+        if o.key_name:
+            args["KeyName"] = o.key_name
+        if market == "spot":
+            spot: dict[str, Any] = {"SpotInstanceType": "one-time",
+                                    "InstanceInterruptionBehavior": "terminate"}
+            if o.spot_max_usd_per_hour is not None:
+                spot["MaxPrice"] = f"{o.spot_max_usd_per_hour:.4f}"
+            args["InstanceMarketOptions"] = {"MarketType": "spot", "SpotOptions": spot}
+        return args
+
+    def _root_device(self) -> str:
+        images = self._call("DescribeImages", lambda: self.ec2.describe_images(
+            ImageIds=[self.opts.image_id]))["Images"]
+        if not images:
+            raise ConfigError(f"provider.aws.image_id: no AMI {self.opts.image_id!r} in "
+                              f"{self.opts.region}", hint="AMI ids differ per region")
+        return str(images[0].get("RootDeviceName") or "/dev/xvda")
+
+    def job_uri(self, job_id: str) -> str:
+        return f"s3://{self.bucket}/{self.prefix + '/' if self.prefix else ''}{job_id}"
+
+    def user_data(self, req: LaunchRequest) -> str:
+        """The cloud-init script of one attempt (bash; no credentials in it)."""
+        env = dict(req.env)
+        if not env.get("SPOTWISE_CHECKPOINT_DIR", "").startswith("s3://"):
+            env["SPOTWISE_CHECKPOINT_DIR"] = f"{self.job_uri(req.job_id)}/checkpoint"
+        argv = [self.opts.python if a in ("python", "python3") and i == 0 else a
+                for i, a in enumerate(req.argv)]
+        exports = "\n".join(f"export {k}={shlex.quote(v)}" for k, v in sorted(env.items()))
+        report = f"{self.job_uri(req.job_id)}/attempts/{req.n}"
+        workdir = self.opts.workdir or str(req.workdir)
+        setup = "\n".join(self.opts.setup)
+        return f"""#!/bin/bash
+# spotwise job {req.job_id} attempt {req.n}: run the command, report its exit, shut down.
+set -u
+{exports}
+LOG=$(mktemp -t spotwise-attempt.XXXXXX)
+STARTED=$(date +%s.%N)
+(
+cd {shlex.quote(workdir)} || exit 1
+{setup}
+exec {shlex.join(argv)}
+) >"$LOG" 2>&1 &
+PID=$!
+trap ':' TERM  # the platform signals every process; this shell must live on to report
+CODE=0
+wait "$PID" || CODE=$?
+while kill -0 "$PID" 2>/dev/null; do wait "$PID"; CODE=$?; done
+{shlex.quote(self.opts.python)} -m spotwise.control.providers.aws report {shlex.quote(report)} \\
+  --exit-code "$CODE" --started "$STARTED" --log "$LOG"
+if [ -d /var/lib/cloud/instance ] && [ "${{SPOTWISE_EC2_EMULATED:-0}}" != 1 ]; then
+  shutdown -h now
+fi
+"""
+
+    def _exit_record(self, handle: Handle) -> dict[str, Any] | None:
+        try:
+            body = self._get(handle, "exit.json")
+        except StorageNotFoundError:
+            return None
+        try:
+            record: dict[str, Any] = json.loads(body)
+            int(record["exit_code"]), float(record["ended_at"])
+        except (ValueError, KeyError, TypeError):
+            raise ProviderError(f"exit record of attempt {handle['n']} is malformed") from None
+        return record
+
+    def _get(self, handle: Handle, name: str) -> bytes:
+        from spotwise.storage.s3 import S3Storage
+
+        uri = f"{self.job_uri(handle['job'])}/attempts/{handle['n']}"
+        return S3Storage.from_uri(uri, client=self.s3).get_bytes(name)
+
+    def _copy_log(self, handle: Handle) -> None:
+        """Append the attempt's output (uploaded by the instance) to the job log, once."""
+        log = Path(handle.get("log", ""))
+        marker = log.with_name(f".aws-log-{handle['n']}")
+        if not handle.get("log") or marker.exists():
+            return
+        try:
+            text = self._get(handle, "output.log")
+        except StorageNotFoundError:
+            text = b""
+        with open(log, "ab") as f:
+            f.write(f"[spotwise] attempt {handle['n']} on aws {handle['id']}\n".encode() + text)
+        marker.touch()
+
+
+def report(argv: list[str] | None = None) -> int:
+    """On the instance: write the attempt's exit record and output to S3 (instance-profile
+    credentials), so the controller learns the exit code of a process it cannot see."""
+    from spotwise.storage.s3 import S3Storage
+
+    parser = argparse.ArgumentParser(prog="python -m spotwise.control.providers.aws report")
+    parser.add_argument("uri")
+    parser.add_argument("--exit-code", type=int, required=True)
+    parser.add_argument("--started", type=float, required=True)
+    parser.add_argument("--log", type=Path)
+    args = parser.parse_args(argv)
+    store = S3Storage.from_uri(args.uri)
+    if args.log is not None and args.log.exists():
+        store.put_bytes("output.log", args.log.read_bytes())
+        sys.stdout.write(args.log.read_text(errors="replace")[-4000:])  # the console log
+    store.put_bytes("exit.json", json.dumps({
+        "exit_code": args.exit_code, "started_at": args.started, "ended_at": time.time()}).encode())
+    return 0
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] != ["report"]:
+        sys.exit("usage: python -m spotwise.control.providers.aws report S3_URI --exit-code N ...")
+    sys.exit(report(sys.argv[2:]))

@@ -1,0 +1,115 @@
+"""Factories of every Provider backend that the contract suite runs against.
+
+To add a provider, add one entry: ``name -> factory(request, tmp_path, plan) -> Backend``.
+``plan[n - 1] = (exit_code, run_s)`` is what attempt ``n`` does: run for ``run_s`` seconds, then
+exit with ``exit_code``; on SIGTERM (the notice) it exits 75, as the runtime does after its
+emergency save. A real backend runs that as a process; the in-memory fake is scripted with it.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from spotwise.control.providers import LaunchRequest, Placement, Provider, make_provider
+
+Plan = list[tuple[int, float]]
+
+ATTEMPT = """
+import signal, sys, time
+signal.signal(signal.SIGTERM, lambda *_: (print("saved on notice", flush=True), sys.exit(75)))
+print("attempt running", flush=True)
+end = time.time() + float(sys.argv[2])
+while time.time() < end:
+    time.sleep(0.02)
+sys.exit(int(sys.argv[1]))
+"""
+
+
+@dataclass
+class Backend:
+    provider: Provider
+    tmp: Path
+    plan: Plan
+    job_id: str
+    options: dict[str, Any]
+
+    @property
+    def attempts_dir(self) -> Path:
+        return self.tmp / "attempts"
+
+    def request(self, n: int, market: str = "on-demand") -> LaunchRequest:
+        code, run_s = self.plan[n - 1]
+        # as the controller does: a remote machine gets none of this host's environment
+        env = dict(os.environ) if self.provider.features.same_host else {}
+        env["SPOTWISE_PLATFORM"] = "none"
+        return LaunchRequest(
+            job_id=self.job_id,
+            n=n,
+            argv=(sys.executable, "-c", ATTEMPT, str(code), str(run_s)),
+            workdir=self.tmp,
+            env=env,
+            log_path=self.tmp / "job.log",
+            attempt_dir=self.attempts_dir / str(n),
+            placement=Placement(market, self.provider.features.zones[0]),
+            grace_s=5.0,
+        )
+
+
+Factory = Callable[[pytest.FixtureRequest, Path, Plan], Backend]
+
+
+def _made(name: str, options: dict[str, Any], tmp: Path, plan: Plan) -> Backend:
+    provider = make_provider(name, options, epoch=0.0, instance_type=None)
+    return Backend(provider, tmp, plan, uuid.uuid4().hex[:8], options)
+
+
+def _slurm(request: pytest.FixtureRequest, tmp: Path, plan: Plan) -> Backend:
+    up = (
+        shutil.which("scontrol") is not None
+        and subprocess.run(["scontrol", "ping"], capture_output=True, timeout=30).returncode == 0
+    )
+    if not up:
+        pytest.fail("slurmctld is not reachable: scripts/slurm-up.sh starts it (CI runs it)")
+    return _made("slurm", {"signal_s": 30}, tmp, plan)
+
+
+def _aws(request: pytest.FixtureRequest, tmp: Path, plan: Plan) -> Backend:
+    """moto (EC2 + S3) on loopback with the EC2 data-plane emulator running the instances."""
+    import boto3
+
+    from spotwise.emulators.ec2 import Ec2DataPlane
+
+    endpoint = request.getfixturevalue("aws_env")
+    bucket = f"contract-{uuid.uuid4().hex[:12]}"
+    boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket=bucket)
+    ami = boto3.client("ec2", endpoint_url=endpoint).describe_images()["Images"][0]["ImageId"]
+    plane = Ec2DataPlane(endpoint, workdir=tmp / "ec2", stop_grace_s=3.0, poll_s=0.1).start()
+    request.addfinalizer(plane.stop)
+    options = {"region": "us-east-1", "s3": f"s3://{bucket}/jobs", "image_id": ami,
+               "zones": ["us-east-1a", "us-east-1b"], "instance_type": "g4dn.xlarge",
+               "poll_s": 0.1, "grace_s": 5.0}
+    return _made("aws", options, tmp, plan)
+
+
+BACKENDS: dict[str, Factory] = {
+    "aws": _aws,
+    "fake": lambda request, tmp, plan: _made(
+        "fake",
+        {"exits": [c for c, _ in plan], "run_s": [s for _, s in plan], "boot_s": 0.05},
+        tmp,
+        plan,
+    ),
+    "local": lambda request, tmp, plan: _made("local", {}, tmp, plan),
+    "sim": lambda request, tmp, plan: _made("sim", {"boot_s": 0.05}, tmp, plan),
+    "slurm": _slurm,
+}
