@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from pydantic import Field, model_validator
 
@@ -57,6 +57,9 @@ from spotwise.errors import (
     TransientProviderError,
 )
 from spotwise.registry import require
+
+if TYPE_CHECKING:
+    from spotwise.control.spec import Resources
 
 T = TypeVar("T")
 
@@ -130,7 +133,8 @@ class AwsProvider:
     Options = AwsOptions
 
     def __init__(self, options: dict[str, Any], *, epoch: float, instance_type: str | None,
-                 preflight: bool = False, sleep: Callable[[float], None] = time.sleep):
+                 preflight: bool = False, resources: Resources | None = None,
+                 sleep: Callable[[float], None] = time.sleep):
         self.opts = parse_options(AwsOptions, self.name, options)
         self.instance_type = self.opts.instance_type or instance_type
         if not self.instance_type:

@@ -23,7 +23,9 @@ from __future__ import annotations
 import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import Field, field_validator
+
+from spotwise.control.providers.base import Options
 
 GPU = "nvidia.com/gpu"
 CONTAINER = "train"
@@ -44,10 +46,9 @@ SPOT_LABELS: dict[str, tuple[str, str, bool]] = {
 DEFAULT_GRACE_S = {"gke": 15.0, "eks": 110.0, "aks": 25.0, None: 30.0}
 
 
-class KubernetesOptions(BaseModel):
+class KubernetesOptions(Options):
     """``provider.options`` of a Kubernetes job (docs/control.md lists them)."""
 
-    model_config = ConfigDict(extra="forbid")
     image: str = Field(min_length=1)
     flavour: Flavour | None = None  # where spot nodes are labelled the managed service's way
     namespace: str | None = None  # default: the kubeconfig context's, else "default"

@@ -1,0 +1,112 @@
+"""``spotwise launch examples/digits/job-k8s.yaml`` on the loopback Kubernetes cluster: the first
+pod's spot node is reclaimed mid-run, the attempt saves and exits 75, the next pod resumes, the
+job SUCCEEDS with the same final weights as a run never interrupted, and no Job or pod is left.
+A cluster that cannot run the job (no GPUs, no spot nodes) is refused before anything is created."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from spotwise.control.spec import load_spec
+from spotwise.emulators.kubernetes import KubernetesEmulator, pool_nodes
+
+ROOT = Path(__file__).resolve().parents[2]
+JOB = ROOT / "examples" / "digits" / "job-k8s.yaml"
+HASH = re.compile(r"final-weights-sha256: ([0-9a-f]{64})")
+SPOTWISE = [sys.executable, "-c", "from spotwise.cli.main import main; main()"]
+
+
+def _cli(env: dict[str, str], *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [*SPOTWISE, *args], capture_output=True, text=True, timeout=timeout, env=env
+    )
+
+
+@pytest.mark.e2e
+def test_k8s_job_survives_an_eviction_with_identical_weights(tmp_path: Path):
+    spec = load_spec(JOB)
+    argv = [
+        a.replace("$SPOTWISE_CHECKPOINT_DIR", str(tmp_path / "baseline")) for a in spec.command[1:]
+    ]
+    baseline = subprocess.Popen(
+        [sys.executable, *argv],
+        cwd=spec.workdir,
+        env={**os.environ, "SPOTWISE_PLATFORM": "none"},
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    with KubernetesEmulator(tmp_path / "cluster", flavour="gke") as emu:
+        env = {**os.environ, "KUBECONFIG": str(emu.kubeconfig)}
+        launch = subprocess.Popen(
+            [*SPOTWISE, "launch", str(JOB)],
+            env=env,
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
+        # reclaim the first pod's node once it has committed a checkpoint (startup time on a
+        # loaded machine varies too much for a fixed schedule)
+        claim = tmp_path / "cluster" / "volumes" / "default" / "spotwise-checkpoints"
+        deadline = time.monotonic() + 300
+        while not list(claim.glob("*/step-*/manifest.json")):
+            assert launch.poll() is None and time.monotonic() < deadline, launch.stdout
+            time.sleep(0.2)
+        [pod] = emu.store.select("pods")[0]
+        emu.cluster.evict("default", pod["metadata"]["name"])
+        out, _ = launch.communicate(timeout=600)
+        assert launch.returncode == 0, out
+        [job] = json.loads(_cli(env, "jobs", "--json").stdout)
+        status = json.loads(_cli(env, "status", job["id"], "--json").stdout)
+        leftovers = emu.leftovers()
+    assert status["state"] == "SUCCEEDED"
+    reasons = [a["reason"] for a in status["attempts"]]
+    assert reasons[0] == "preempted" and reasons[-1] == "succeeded", reasons
+    assert status["attempts"][0]["exit_code"] == 75  # it saved within its grace period
+    assert all(a["market"] == "spot" for a in status["attempts"])
+    assert 0 < status["cost_usd"] < status["ondemand_cost_usd"]
+    assert leftovers == {"jobs": [], "pods": [], "processes": []}
+
+    logs = _cli(env, "logs", job["id"]).stdout
+    assert "resumed from step" in logs
+    got = HASH.findall(logs)
+    assert len(got) == 1
+    out, _ = baseline.communicate(timeout=300)
+    assert baseline.returncode == 0
+    assert got[0] == HASH.findall(out)[-1]
+    # the checkpoints lived on the claim, not in the pod
+    claim = tmp_path / "cluster" / "volumes" / "default" / "spotwise-checkpoints" / job["id"]
+    assert any(claim.iterdir())
+
+
+@pytest.mark.parametrize(
+    ("flavour", "gpus", "words"),
+    [
+        (
+            "gke",
+            0,
+            "resources.gpu_count: 1 but no matching node of the cluster has 1 allocatable "
+            "nvidia.com/gpu",
+        ),
+        ("plain", 1, "no node of the cluster carries the label(s) cloud.google.com/gke-spot=true"),
+    ],
+)
+def test_a_cluster_without_gpus_or_spot_nodes_is_refused_before_launch(
+    tmp_path, flavour, gpus, words
+):
+    nodes = pool_nodes(flavour, gpus_per_node=gpus)
+    with KubernetesEmulator(tmp_path / "cluster", nodes=nodes) as emu:
+        env = {**os.environ, "KUBECONFIG": str(emu.kubeconfig)}
+        done = _cli(env, "launch", str(JOB))
+        assert done.returncode == 2, done.stdout + done.stderr
+        assert words in done.stderr
+        assert emu.leftovers()["jobs"] == [] and emu.api.requests  # it asked, created nothing
+        assert not any(method == "POST" for method, _, _ in emu.api.requests)
+        assert json.loads(_cli(env, "jobs", "--json").stdout) == []
