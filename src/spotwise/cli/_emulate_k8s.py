@@ -46,6 +46,7 @@ def kubernetes(
     duration: float = typer.Option(None, help="Stop after this many seconds."),
 ) -> None:
     """Emulate a Kubernetes cluster with a spot GPU pool (API subset, pods as processes)."""
+    from spotwise.cli.emulate import listen
     from spotwise.emulators.kubernetes import KubernetesEmulator, pool_nodes
 
     try:
@@ -63,13 +64,7 @@ def kubernetes(
         )
     except ValueError as exc:
         raise ConfigError(str(exc), hint="see spotwise emulate kubernetes --help") from None
-    try:
-        url = emu.start()
-    except OSError as exc:
-        raise ConfigError(
-            f"cannot listen on {host}:{port}: {exc.strerror or exc}",
-            hint="pick another --port (0 chooses a free one)",
-        ) from None
+    url = listen(emu, host, port)
     typer.echo(f"kubernetes API emulator listening on {url}")
     typer.echo(f"export KUBECONFIG={emu.kubeconfig.resolve()}")
     reported = 0

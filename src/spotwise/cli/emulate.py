@@ -141,6 +141,17 @@ def _build(cls: Any, **kwargs: Any) -> Any:
         raise ConfigError(str(exc), hint="see spotwise emulate --help") from None
 
 
+def listen(emu: Any, host: str, port: int) -> str:
+    """Start an emulator; a port in use (or a bad address) is a clear error, not a traceback."""
+    try:
+        return str(emu.start())
+    except OSError as exc:
+        raise ConfigError(
+            f"cannot listen on {host}:{port}: {exc.strerror or exc}",
+            hint="pick another --port (0 chooses a free one)",
+        ) from None
+
+
 def _serve(
     emu: Any,
     env_var: str,
@@ -155,13 +166,7 @@ def _serve(
             emu.inject(fault, fault_count, on=fault_on)
         except ValueError as exc:
             raise ConfigError(str(exc), hint="e.g. --fault 503 --fault-count 3") from None
-    try:
-        url = emu.start()
-    except OSError as exc:
-        raise ConfigError(
-            f"cannot listen on {emu.host}:{emu.port}: {exc.strerror or exc}",
-            hint="pick another --port (0 chooses a free one)",
-        ) from None
+    url = listen(emu, emu.host, emu.port)
     value = getattr(emu, value_attr) if value_attr else url
     typer.echo(f"{emu.platform} metadata emulator listening on {url}")
     typer.echo(f"export {env_var}={value}")
