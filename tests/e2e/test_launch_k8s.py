@@ -8,14 +8,18 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+import yaml
+from kubernetes import client, config
 
 from spotwise.control.spec import load_spec
+from spotwise.emulators.kubelet import NodeSpec
 from spotwise.emulators.kubernetes import KubernetesEmulator, pool_nodes
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -110,3 +114,97 @@ def test_a_cluster_without_gpus_or_spot_nodes_is_refused_before_launch(
         assert emu.leftovers()["jobs"] == [] and emu.api.requests  # it asked, created nothing
         assert not any(method == "POST" for method, _, _ in emu.api.requests)
         assert json.loads(_cli(env, "jobs", "--json").stdout) == []
+
+
+@pytest.mark.e2e
+def test_controller_killed_while_launching_resumes_without_orphan_or_duplicate(tmp_path: Path):
+    """The controller is SIGKILLed while its pod waits for a GPU; while it is down the pod
+    runs and its node is reclaimed; ``spotwise resume`` adopts what it finds (no second Job for
+    that attempt), relaunches and succeeds, leaving nothing in the cluster."""
+    doc = yaml.safe_load(JOB.read_text())
+    doc["command"] = doc["command"].replace("--steps 120", "--steps 40")
+    doc["workdir"] = str(JOB.parent)
+    job_file = tmp_path / "job.yaml"
+    job_file.write_text(yaml.safe_dump(doc))
+    nodes = [NodeSpec("spot-0", {"cloud.google.com/gke-spot": "true"}, gpus=1)]
+    with KubernetesEmulator(tmp_path / "cluster", nodes=nodes) as emu:
+        env = {**os.environ, "KUBECONFIG": str(emu.kubeconfig)}
+        api = config.new_client_from_config(str(emu.kubeconfig))
+        batch, core = client.BatchV1Api(api), client.CoreV1Api(api)
+        blocker = {
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "metadata": {"name": "blocker"},
+            "spec": {
+                "backoffLimit": 0,
+                "template": {
+                    "spec": {
+                        "restartPolicy": "Never",
+                        "terminationGracePeriodSeconds": 1,
+                        "nodeSelector": {"cloud.google.com/gke-spot": "true"},
+                        "containers": [
+                            {
+                                "name": "b",
+                                "image": "x",
+                                "command": ["python", "-c", "import time; time.sleep(300)"],
+                                "resources": {"limits": {"nvidia.com/gpu": "1"}},
+                            }
+                        ],
+                    }
+                },
+            },
+        }
+        batch.create_namespaced_job("default", blocker)  # holds the only GPU
+        detached = _cli(env, "launch", str(job_file), "--detach")
+        assert detached.returncode == 0, detached.stderr
+        job_id = detached.stdout.strip()
+
+        def our_pods() -> list:
+            return core.list_namespaced_pod(
+                "default", label_selector=f"spotwise.dev/job={job_id}"
+            ).items
+
+        _wait_for(lambda: any(p.status.conditions for p in our_pods()))  # Pending: no GPU
+        controller = _controller_pid(job_id)
+        os.kill(controller, signal.SIGKILL)
+        batch.delete_namespaced_job("blocker", "default", propagation_policy="Background")
+        claim = tmp_path / "cluster" / "volumes" / "default" / "spotwise-checkpoints" / job_id
+        _wait_for(lambda: list(claim.glob("step-*/manifest.json")))
+        [pod] = our_pods()
+        emu.cluster.evict("default", pod.metadata.name)  # the node goes while nobody watches
+        _wait_for(lambda: our_pods()[0].status.phase == "Failed")
+
+        resumed = _cli(env, "resume", job_id, "--quiet", timeout=300)
+        assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+        status = json.loads(_cli(env, "status", job_id, "--json").stdout)
+        created = [
+            path
+            for method, path, code in emu.api.requests
+            if method == "POST" and path.endswith("/jobs") and code == 201
+        ]
+        leftovers = emu.leftovers()
+    assert [a["reason"] for a in status["attempts"]] == ["preempted", "succeeded"]
+    assert len(created) == 1 + 2  # the blocker, then one Job per attempt: no duplicate
+    assert leftovers == {"jobs": [], "pods": [], "processes": []}
+    assert "resumed from step" in _cli(env, "logs", job_id).stdout
+
+
+def _wait_for(check, timeout_s: float = 300.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.1)
+
+
+def _controller_pid(job_id: str) -> int:
+    """The detached controller's pid (``spotwise resume JOB --quiet``, started by --detach)."""
+    for _ in range(600):
+        for proc in Path("/proc").iterdir():
+            try:
+                argv = (proc / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if b"resume" in argv and job_id.encode() in argv:
+                return int(proc.name)
+        time.sleep(0.1)
+    raise AssertionError(f"no controller process for {job_id}")

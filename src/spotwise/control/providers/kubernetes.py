@@ -79,25 +79,35 @@ class _Informer:
     """The current pods or Jobs carrying one label, kept by list + watch on a daemon thread.
 
     Deleted objects are kept as tombstones (their last state), because a Job deleted with its
-    pod still has to tell how the pod ended."""
+    pod still has to tell how the pod ended. After ``give_up_s`` of failing to list, the thread
+    ends (the API is gone, or so is the provider object); the next ``status`` starts another."""
 
-    def __init__(self, kube: Any, list_fn: Any, namespace: str, selector: str) -> None:
+    def __init__(
+        self, kube: Any, list_fn: Any, namespace: str, selector: str, give_up_s: float = 60.0
+    ) -> None:
         self._kube, self._list, self._ns, self._selector = kube, list_fn, namespace, selector
         self._objects: dict[str, Any] = {}
         self._tombstones: dict[str, Any] = {}
         self._lock = threading.Lock()
+        self._give_up_s = give_up_s
         self.synced = threading.Event()
         self.error = ""
-        threading.Thread(target=self._run, name="spotwise-k8s-watch", daemon=True).start()
+        self._thread = threading.Thread(target=self._run, name="spotwise-k8s-watch", daemon=True)
+        self._thread.start()
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
 
     def _run(self) -> None:
-        while True:
+        failing_since: float | None = None
+        while failing_since is None or time.monotonic() - failing_since < self._give_up_s:
             try:
                 listed = self._list(self._ns, label_selector=self._selector)
                 with self._lock:
                     self._objects = {o.metadata.name: o for o in listed.items}
                 self.synced.set()
-                self.error = ""
+                self.error, failing_since = "", None
                 stream = self._kube.watch.Watch().stream(
                     self._list,
                     self._ns,
@@ -116,6 +126,7 @@ class _Informer:
             except Exception as exc:  # any failure (stream dropped, 410, API down): relist
                 self.error = f"{type(exc).__name__}: {exc}"
                 log.debug("watch of %s restarts: %s", self._selector, self.error)
+                failing_since = failing_since or time.monotonic()
                 time.sleep(0.5)
 
     def items(self) -> list[Any]:
@@ -410,7 +421,7 @@ class KubernetesProvider:
         }
 
     def _watching(self, job_id: str) -> tuple[_Informer, _Informer]:
-        if job_id not in self._informers:
+        if job_id not in self._informers or not all(i.alive for i in self._informers[job_id]):
             selector = f"{LABEL_JOB}={job_id}"
             self._informers[job_id] = (
                 _Informer(self._kube, self._batch.list_namespaced_job, self.namespace, selector),
@@ -464,19 +475,27 @@ class KubernetesProvider:
         return AttemptStatus(Phase.STARTING, detail=detail or "Pending")
 
     def _ended(self, handle: Handle, pod: Any, why: str) -> AttemptStatus:
-        """The outcome of a finished attempt: exit code, or lost with the disruption's reason."""
+        """The outcome of a finished attempt: its exit code, or *lost* when the pod was taken
+        away (a disruption, or a deletion) and the process did not end by itself (0 or 75)."""
         state = _container_state(pod) if pod is not None else None
         term = state.terminated if state is not None else None
         code = term.exit_code if term is not None else None
         ended_at = _timestamp(term.finished_at) if term is not None else None
         running_at = _timestamp(term.started_at) if term is not None else None
         disrupted = _condition(pod, "DisruptionTarget") if pod is not None else None
-        if code is not None and (disrupted is None or code in (0, 75)):
+        deleted = pod is not None and pod.metadata.deletion_timestamp is not None
+        if code is not None and ((disrupted is None and not deleted) or code in (0, 75)):
             status = AttemptStatus(
                 Phase.EXITED, exit_code=code, ended_at=ended_at, running_at=running_at, detail=why
             )
         else:
-            reason = f"{disrupted.reason}: {disrupted.message}" if disrupted is not None else why
+            reason = (
+                f"{disrupted.reason}: {disrupted.message}"
+                if disrupted is not None
+                else "the pod was deleted before it could save"
+                if deleted
+                else why
+            )
             status = AttemptStatus(
                 Phase.LOST,
                 exit_code=code,
