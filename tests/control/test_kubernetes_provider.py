@@ -129,11 +129,18 @@ def test_terminate_gives_the_pod_its_grace_and_removes_the_job(emu, tmp_path):
     p = provider(emu)
     req = request(p, tmp_path, SAVER)
     handle = p.launch(req)
-    wait_phase(p, handle, {Phase.RUNNING})
+    deadline = time.monotonic() + 30
+    # the running pod's output reaches the job log while it runs (spotwise logs -f)
+    while not (req.log_path.exists() and "ckpt" in req.log_path.read_text()):
+        assert p.status(handle).phase in (Phase.STARTING, Phase.RUNNING)
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
     p.terminate(handle)
     p.terminate(handle)  # idempotent
     ended = wait_phase(p, handle, {Phase.EXITED, Phase.LOST})
     assert ended.exit_code == 75  # SIGTERM reached it and it saved
+    # no line twice (a deleted pod's last words may go with it, as on a real cluster)
+    assert req.log_path.read_text().count("ckpt") == 1
     deadline = time.monotonic() + 10
     while emu.leftovers()["pods"] or emu.leftovers()["jobs"]:
         assert time.monotonic() < deadline, emu.leftovers()

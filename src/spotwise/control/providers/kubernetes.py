@@ -58,6 +58,7 @@ if TYPE_CHECKING:
     from spotwise.control.spec import Resources
 
 log = logging.getLogger("spotwise.providers.kubernetes")
+LOG_EVERY_S = 2.0  # how often a running pod's new output is copied into the job log
 _FATAL_WAITING = {
     "CreateContainerConfigError",
     "InvalidImageName",
@@ -184,6 +185,7 @@ class KubernetesProvider:
             same_host=False,
         )
         self._informers: dict[str, tuple[_Informer, _Informer]] = {}
+        self._log_copied: dict[str, float] = {}  # Job name -> when its pod's log was copied
         if preflight:
             self._preflight()
 
@@ -465,6 +467,12 @@ class KubernetesProvider:
                 ),
             )
         if phase == "Running":
+            stopping = pod.metadata.deletion_timestamp is not None  # its log goes with it
+            if (
+                stopping
+                or time.monotonic() - self._log_copied.get(handle["id"], 0.0) >= LOG_EVERY_S
+            ):
+                self._copy_log(handle, pod)
             return AttemptStatus(Phase.RUNNING, running_at=running_at)
         scheduled = _condition(pod, "PodScheduled", "False")
         detail = (
@@ -508,19 +516,7 @@ class KubernetesProvider:
     def _settle(self, handle: Handle, pod: Any, status: AttemptStatus) -> AttemptStatus:
         """Keep the outcome and the pod's output, then delete the Job: nothing is left behind."""
         if pod is not None:
-            rest = self._kube.client.exceptions
-            try:
-                text = self._call(
-                    "read the pod's log",
-                    self._core.read_namespaced_pod_log,
-                    pod.metadata.name,
-                    self.namespace,
-                )
-            except rest.ApiException:  # the pod is already gone: its output went with it
-                text = ""
-            if text:
-                with open(handle["log"], "a", encoding="utf-8") as out:
-                    out.write(text if text.endswith("\n") else text + "\n")
+            self._copy_log(handle, pod, final=True)
         outcome = Path(handle["dir"]) / "outcome.json"
         outcome.parent.mkdir(parents=True, exist_ok=True)
         tmp = outcome.with_suffix(".tmp")
@@ -538,6 +534,40 @@ class KubernetesProvider:
         tmp.replace(outcome)
         self._delete(handle["id"], grace_s=0)
         return status
+
+    def _copy_log(self, handle: Handle, pod: Any, final: bool = False) -> None:
+        """Append the part of the pod's output the job log does not have yet (so ``spotwise
+        logs -f`` follows a running pod); how much was copied is kept in the attempt directory,
+        so a restarted controller neither repeats nor skips lines."""
+        self._log_copied[handle["id"]] = time.monotonic()
+        rest = self._kube.client.exceptions
+        try:
+            text = self._call(
+                "read the pod's log",
+                self._core.read_namespaced_pod_log,
+                pod.metadata.name,
+                self.namespace,
+            )
+        except rest.ApiException:  # the pod is already gone: its output went with it
+            return
+        mark = Path(handle["dir"]) / "log-copied.json"
+        try:
+            done = json.loads(mark.read_text())
+        except (FileNotFoundError, ValueError):
+            done = {}
+        start = int(done.get(pod.metadata.name, 0))
+        if start > len(text):  # the kubelet rotated the log: copy what is there now
+            start = 0
+        new = text[start:]
+        if final and new and not new.endswith("\n"):
+            new += "\n"
+        if new:
+            with open(handle["log"], "a", encoding="utf-8") as out:
+                out.write(new)
+        mark.parent.mkdir(parents=True, exist_ok=True)
+        tmp = mark.with_suffix(".tmp")
+        tmp.write_text(json.dumps({**done, pod.metadata.name: start + len(new)}))
+        tmp.replace(mark)
 
     def _delete(self, name: str, grace_s: int) -> None:
         rest = self._kube.client.exceptions
