@@ -95,9 +95,15 @@ def _aws(request: pytest.FixtureRequest, tmp: Path, plan: Plan) -> Backend:
     ami = boto3.client("ec2", endpoint_url=endpoint).describe_images()["Images"][0]["ImageId"]
     plane = Ec2DataPlane(endpoint, workdir=tmp / "ec2", stop_grace_s=3.0, poll_s=0.1).start()
     request.addfinalizer(plane.stop)
-    options = {"region": "us-east-1", "s3": f"s3://{bucket}/jobs", "image_id": ami,
-               "zones": ["us-east-1a", "us-east-1b"], "instance_type": "g4dn.xlarge",
-               "poll_s": 0.1, "grace_s": 5.0}
+    options = {
+        "region": "us-east-1",
+        "s3": f"s3://{bucket}/jobs",
+        "image_id": ami,
+        "zones": ["us-east-1a", "us-east-1b"],
+        "instance_type": "g4dn.xlarge",
+        "poll_s": 0.1,
+        "grace_s": 5.0,
+    }
     return _made("aws", options, tmp, plan)
 
 

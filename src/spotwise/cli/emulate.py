@@ -1,12 +1,15 @@
-"""``spotwise emulate aws|gcp|azure|kubernetes``: rehearse a preemption on a laptop.
+"""``spotwise emulate aws|gcp|azure|ec2|kubernetes``: rehearse a preemption on a laptop.
 
 Starts a loopback metadata server that announces an interruption after ``--notice-after``
-seconds; point the training process at it with the printed environment variable.
+seconds; point the training process at it with the printed environment variable. ``ec2`` runs
+a whole loopback EC2 + S3 (moto) with machines behind it, for rehearsing a job file with the
+``aws`` provider; ``kubernetes`` a loopback Kubernetes API with pods as local processes.
 """
 
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any
 
 import typer
@@ -28,6 +31,7 @@ def register(app: typer.Typer) -> None:
         no_args_is_help=True,
     )
     app.add_typer(emulate, name="emulate")
+    _register_ec2(emulate)
     from spotwise.cli._emulate_k8s import kubernetes
 
     emulate.command("kubernetes")(kubernetes)
@@ -182,3 +186,91 @@ def _serve(
         typer.echo("stopping")
     finally:
         emu.stop()
+
+
+EC2_FAULT_HELP = (
+    "Inject EC2 API errors: OPERATION=CODE[:COUNT], e.g. RunInstances="
+    "InsufficientInstanceCapacity:2, DescribeInstances=RequestLimitExceeded:3, RunInstances=500. "
+    "Repeatable."
+)
+_THROTTLE = {"RequestLimitExceeded", "Throttling", "ThrottlingException"}
+
+
+def parse_ec2_fault(text: str) -> Any:
+    """``RunInstances=InsufficientInstanceCapacity:2`` -> a fault-proxy Fault on that action."""
+    from spotwise.emulators.fault_proxy import Fault
+
+    action, sep, rest = text.partition("=")
+    code, _, count = rest.partition(":")
+    if not sep or not action.isalnum() or not code or (count and not count.isdigit()):
+        raise ConfigError(f"--fault {text!r} is not OPERATION=CODE[:COUNT]",
+                          hint="e.g. --fault RunInstances=InsufficientInstanceCapacity:2")
+    status = int(code) if code.isdigit() else 503 if code in _THROTTLE else \
+        500 if code in ("InsufficientInstanceCapacity", "InternalError") else 400
+    name = "InternalError" if code.isdigit() else code
+    return Fault("status", method="POST", body_contains=f"Action={action}&",
+                 times=int(count) if count else 1_000_000, status=status, code=name,
+                 message=f"{name} (injected by spotwise emulate ec2)")
+
+
+def _register_ec2(emulate: typer.Typer) -> None:
+    @emulate.command("ec2")
+    def ec2(
+        port: int = typer.Option(5000, help="Port of the EC2/S3 endpoint (0: any free port)."),
+        region: str = typer.Option("us-east-1", help="Region the machines run in."),
+        bucket: list[str] = typer.Option([], help="Create this S3 bucket (repeatable)."),
+        interrupt_after: list[float] = typer.Option(
+            [], help="Seconds after the N-th instance starts that its spot notice appears "
+            "(repeat once per instance, in launch order)."),
+        notice_lead: float = typer.Option(120.0, help="Seconds from the notice to the kill."),
+        stop_grace: float = typer.Option(30.0, help="Seconds from TerminateInstances' SIGTERM "
+                                         "to the kill."),
+        fault: list[str] = typer.Option([], help=EC2_FAULT_HELP),
+        workdir: Path = typer.Option(None, help="Where machines keep user-data and console "
+                                     "logs (default: a temporary directory)."),
+        duration: float = typer.Option(None, help="Stop after this many seconds."),
+    ) -> None:
+        """Emulate EC2 + S3 on 127.0.0.1: moto keeps the API, machines run as local processes."""
+        import tempfile
+
+        from moto.server import ThreadedMotoServer
+
+        from spotwise.emulators.ec2 import Ec2DataPlane
+        from spotwise.emulators.fault_proxy import FaultProxy
+
+        faults = [parse_ec2_fault(f) for f in fault]
+        server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+        server.start()
+        host, bound = server.get_host_and_port()
+        moto_url = f"http://{host}:{bound}"
+        proxy = FaultProxy(moto_url) if faults else None
+        for f in faults:
+            assert proxy is not None
+            proxy.add(f)
+        import boto3
+
+        s3 = boto3.client("s3", endpoint_url=moto_url, region_name=region,
+                          aws_access_key_id="testing", aws_secret_access_key="testing")
+        for name in bucket:
+            s3.create_bucket(Bucket=name)
+        home = workdir or Path(tempfile.mkdtemp(prefix="spotwise-ec2-"))
+        plane = Ec2DataPlane(moto_url, workdir=home, region=region,
+                             interrupt_after_s=interrupt_after, notice_lead_s=notice_lead,
+                             stop_grace_s=stop_grace).start()
+        endpoint = proxy.url if proxy else moto_url
+        typer.echo(f"ec2 emulator listening on {endpoint} (machines in {home})")
+        for line in (f"AWS_ENDPOINT_URL={endpoint}", "AWS_ACCESS_KEY_ID=testing",
+                     "AWS_SECRET_ACCESS_KEY=testing", f"AWS_DEFAULT_REGION={region}",
+                     "AWS_EC2_METADATA_DISABLED=true"):
+            typer.echo(f"export {line}")
+        started = time.monotonic()
+        try:
+            while duration is None or time.monotonic() - started < duration:
+                time.sleep(0.2)
+        except KeyboardInterrupt:
+            typer.echo("stopping")
+        finally:
+            plane.stop()
+            if proxy is not None:
+                proxy.close()
+            server.stop()

@@ -36,10 +36,14 @@ from typing import Any
 from spotwise.emulators.aws import AwsImdsEmulator
 
 JOB_TAG = "spotwise:job"
-SPOT_REASON = ("Server.SpotInstanceTermination: Spot instance termination",
-               "Server.SpotInstanceTermination")
-SHUTDOWN_REASON = ("Client.InstanceInitiatedShutdown: Instance initiated shutdown",
-                   "Client.InstanceInitiatedShutdown")
+SPOT_REASON = (
+    "Server.SpotInstanceTermination: Spot instance termination",
+    "Server.SpotInstanceTermination",
+)
+SHUTDOWN_REASON = (
+    "Client.InstanceInitiatedShutdown: Instance initiated shutdown",
+    "Client.InstanceInitiatedShutdown",
+)
 
 
 @dataclass
@@ -83,8 +87,13 @@ class Ec2DataPlane:
     def __post_init__(self) -> None:
         import boto3
 
-        self._ec2 = boto3.client("ec2", endpoint_url=self.endpoint, region_name=self.region,
-                                 aws_access_key_id="testing", aws_secret_access_key="testing")
+        self._ec2 = boto3.client(
+            "ec2",
+            endpoint_url=self.endpoint,
+            region_name=self.region,
+            aws_access_key_id="testing",
+            aws_secret_access_key="testing",
+        )
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
@@ -134,25 +143,31 @@ class Ec2DataPlane:
                     self._supervise(m, states.get(m.instance_id, "terminated"), now)
 
     def _states(self) -> dict[str, str]:
-        out = self._ec2.describe_instances(
-            Filters=[{"Name": "tag-key", "Values": [JOB_TAG]}])
-        return {i["InstanceId"]: i["State"]["Name"]
-                for r in out["Reservations"] for i in r["Instances"]}
+        out = self._ec2.describe_instances(Filters=[{"Name": "tag-key", "Values": [JOB_TAG]}])
+        return {
+            i["InstanceId"]: i["State"]["Name"] for r in out["Reservations"] for i in r["Instances"]
+        }
 
     def _boot(self, instance_id: str, now: float) -> Machine:
-        attr = self._ec2.describe_instance_attribute(InstanceId=instance_id,
-                                                     Attribute="userData")
+        attr = self._ec2.describe_instance_attribute(InstanceId=instance_id, Attribute="userData")
         script = base64.b64decode(attr.get("UserData", {}).get("Value", "") or b"")
         home = self.workdir / instance_id
         home.mkdir(parents=True, exist_ok=True)
         (home / "user-data").write_bytes(script)
-        imds = AwsImdsEmulator(port=0, lead_s=self.notice_lead_s, imdsv2_required=True,
-                               instance_id=instance_id)
+        imds = AwsImdsEmulator(
+            port=0, lead_s=self.notice_lead_s, imdsv2_required=True, instance_id=instance_id
+        )
         env = self._machine_env(imds.start())
         with open(home / "console.log", "ab") as console:
-            proc = subprocess.Popen(["/bin/bash", str(home / "user-data")], cwd=home, env=env,
-                                    stdin=subprocess.DEVNULL, stdout=console,
-                                    stderr=subprocess.STDOUT, start_new_session=True)
+            proc = subprocess.Popen(
+                ["/bin/bash", str(home / "user-data")],
+                cwd=home,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=console,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         index = len(self.machines)
         m = Machine(instance_id, index, proc, imds)
         after = self.interrupt_after_s[index] if index < len(self.interrupt_after_s) else None
@@ -165,12 +180,19 @@ class Ec2DataPlane:
         """What the instance's processes see: the AMI's PATH, the instance profile's
         credentials, the VPC's S3 endpoint and the metadata service."""
         bin_dir = self.python_bin or os.path.dirname(sys.executable)
-        env = {"PATH": f"{bin_dir}:/usr/local/bin:/usr/bin:/bin", "HOME": str(self.workdir),
-               "LANG": "C.UTF-8", "AWS_ACCESS_KEY_ID": "testing",
-               "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": self.region,
-               "AWS_ENDPOINT_URL": self.instance_endpoint or self.endpoint,
-               "AWS_EC2_METADATA_SERVICE_ENDPOINT": imds_url, "SPOTWISE_PLATFORM": "aws",
-               "SPOTWISE_EC2_EMULATED": "1", "NO_PROXY": "127.0.0.1,localhost"}
+        env = {
+            "PATH": f"{bin_dir}:/usr/local/bin:/usr/bin:/bin",
+            "HOME": str(self.workdir),
+            "LANG": "C.UTF-8",
+            "AWS_ACCESS_KEY_ID": "testing",
+            "AWS_SECRET_ACCESS_KEY": "testing",
+            "AWS_DEFAULT_REGION": self.region,
+            "AWS_ENDPOINT_URL": self.instance_endpoint or self.endpoint,
+            "AWS_EC2_METADATA_SERVICE_ENDPOINT": imds_url,
+            "SPOTWISE_PLATFORM": "aws",
+            "SPOTWISE_EC2_EMULATED": "1",
+            "NO_PROXY": "127.0.0.1,localhost",
+        }
         if os.environ.get("PYTHONPATH"):  # where this spotwise lives, as installed on the AMI
             env["PYTHONPATH"] = os.environ["PYTHONPATH"]
         return env
@@ -184,13 +206,20 @@ class Ec2DataPlane:
             if not m.stopped_by_api:
                 self._mark_terminated(m.instance_id, SHUTDOWN_REASON)
             return
-        if state in ("shutting-down", "terminated", "stopping", "stopped") \
-                and not m.stopped_by_api and not m.interrupted:
+        if (
+            state in ("shutting-down", "terminated", "stopping", "stopped")
+            and not m.stopped_by_api
+            and not m.interrupted
+        ):
             m.stopped_by_api = True  # TerminateInstances: ACPI shutdown, then power off
             _killpg(m.proc.pid, signal.SIGTERM)
             m.kill_at = min(m.kill_at or float("inf"), now + self.stop_grace_s)
-        if m.notice_at is not None and now >= m.notice_at and not m.interrupted \
-                and not m.stopped_by_api:
+        if (
+            m.notice_at is not None
+            and now >= m.notice_at
+            and not m.interrupted
+            and not m.stopped_by_api
+        ):
             m.interrupted = True
             m.imds.trigger_notice()
         if m.kill_at is not None and now >= m.kill_at:
@@ -213,8 +242,10 @@ class Ec2DataPlane:
         try:
             instance = backend.get_instance(instance_id)
         except Exception as exc:
-            raise RuntimeError(f"instance {instance_id} is not in this process's moto: run the "
-                               "EC2 emulator in the moto server's process") from exc
+            raise RuntimeError(
+                f"instance {instance_id} is not in this process's moto: run the "
+                "EC2 emulator in the moto server's process"
+            ) from exc
         if instance.state != "terminated":
             backend.terminate_instances([instance_id])
         instance.state_reason = StateReason(*reason)

@@ -146,14 +146,16 @@ class _Handler(BaseHTTPRequestHandler):
         split = urlsplit(self.path)
         body = self._body()
         owner = self.owner
+        text = body[:4096].decode("latin-1")
         if owner.require_access_key is not None:
             auth = self.headers.get("Authorization", "")
             if f"Credential={owner.require_access_key}/" not in auth:
                 owner.pick(self.command, split.path, "denied")
-                self._reply_error(403, "InvalidAccessKeyId", "The AWS Access Key Id you provided "
-                                  "does not exist in our records.")  # fmt: skip
+                ec2 = "Action=" in text  # EC2 says AuthFailure where S3 says InvalidAccessKeyId
+                self._reply_error(403, "AuthFailure" if ec2 else "InvalidAccessKeyId",
+                                  "The AWS Access Key Id you provided does not exist in our "
+                                  "records.", ec2=ec2)  # fmt: skip
                 return
-        text = body[:4096].decode("latin-1")
         fault = owner.pick(self.command, split.path, split.query, text)
         if fault is not None and fault.action == "status":
             self._reply_error(fault.status, fault.code, fault.message, ec2="Action=" in text)

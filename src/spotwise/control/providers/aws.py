@@ -21,6 +21,7 @@ point it at a loopback moto server.
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 import random
 import re
@@ -132,24 +133,42 @@ class AwsProvider:
     name = "aws"
     Options = AwsOptions
 
-    def __init__(self, options: dict[str, Any], *, epoch: float, instance_type: str | None,
-                 preflight: bool = False, resources: Resources | None = None,
-                 sleep: Callable[[float], None] = time.sleep):
+    def __init__(
+        self,
+        options: dict[str, Any],
+        *,
+        epoch: float,
+        instance_type: str | None,
+        preflight: bool = False,
+        resources: Resources | None = None,
+        sleep: Callable[[float], None] = time.sleep,
+    ):
         self.opts = parse_options(AwsOptions, self.name, options)
         self.instance_type = self.opts.instance_type or instance_type
         if not self.instance_type:
-            raise ConfigError("provider.aws: no instance type",
-                              hint="set resources.instance_type (e.g. g4dn.xlarge) or "
-                              "provider.instance_type")
+            raise ConfigError(
+                "provider.aws: no instance type",
+                hint="set resources.instance_type (e.g. g4dn.xlarge) or provider.instance_type",
+            )
         zones = tuple(self.opts.zones or self.opts.subnets or [f"{self.opts.region}a"])
         stray = sorted(set(self.opts.subnets) - set(zones))
         if stray:
             raise ConfigError(f"provider.aws.subnets: zones {stray} are not in provider.aws.zones")
-        self.features = Features(zones=zones, spot=True, notice=NoticeKind.AWS_IMDS,
-                                 poll_s=self.opts.poll_s, grace_s=self.opts.grace_s,
-                                 same_host=False)
-        self.prices = Prices({(m, z): Pricing(self._price(m, z), self._price("on-demand", z))
-                              for m in MARKETS for z in zones})
+        self.features = Features(
+            zones=zones,
+            spot=True,
+            notice=NoticeKind.AWS_IMDS,
+            poll_s=self.opts.poll_s,
+            grace_s=self.opts.grace_s,
+            same_host=False,
+        )
+        self.prices = Prices(
+            {
+                (m, z): Pricing(self._price(m, z), self._price("on-demand", z))
+                for m in MARKETS
+                for z in zones
+            }
+        )
         from spotwise.storage.s3 import RetryPolicy, parse_s3_uri
 
         self.bucket, self.prefix = parse_s3_uri(self.opts.s3)
@@ -157,16 +176,29 @@ class AwsProvider:
         self._sleep, self._rand = sleep, random.Random()
         boto3 = require("boto3", "aws", "the aws provider")
         config = require("botocore.config", "aws", "the aws provider").Config(
-            retries={"total_max_attempts": 1}, connect_timeout=10, read_timeout=60)
+            retries={"total_max_attempts": 1}, connect_timeout=10, read_timeout=60
+        )
         session = boto3.session.Session(region_name=self.opts.region)
+        known = {
+            r
+            for part in ("aws", "aws-cn", "aws-us-gov")
+            for r in session.get_available_regions("ec2", part)
+        }
+        if self.opts.region not in known:  # botocore's own region table: no call needed
+            close = difflib.get_close_matches(self.opts.region, sorted(known), n=3)
+            raise ConfigError(
+                f"provider.aws.region: unknown region {self.opts.region!r}",
+                hint=f"did you mean {', '.join(close)}?"
+                if close
+                else "e.g. us-east-1, us-west-2, eu-central-1",
+            )
         self.ec2 = session.client("ec2", config=config)
         self.s3 = session.client("s3", config=config)
         if preflight:
             self._preflight()
 
     def _price(self, market: str, zone: str) -> float:
-        given = self.opts.spot_usd_per_hour if market == "spot" else \
-            self.opts.ondemand_usd_per_hour
+        given = self.opts.spot_usd_per_hour if market == "spot" else self.opts.ondemand_usd_per_hour
         if given is not None:
             return given
         assert self.instance_type is not None
@@ -184,65 +216,86 @@ class AwsProvider:
             except Exception as exc:  # vendor errors are translated right here, at the edge
                 code, kind = _code(exc), classify(exc)
                 if code in CAPACITY_CODES:
-                    raise CapacityError(f"{what}: {code}: {_message(exc)}",
-                                        hint="another zone or market may have capacity") from exc
+                    raise CapacityError(
+                        f"{what}: {code}: {_message(exc)}",
+                        hint="another zone or market may have capacity",
+                    ) from exc
                 if kind is Failure.RETRY and attempt < self.retry.max_attempts:
                     self._sleep(self.retry.delay_s(attempt, self._rand.random()))
                     attempt += 1
                     continue
                 if kind is Failure.RETRY:
-                    raise TransientProviderError(f"{what}: {code or type(exc).__name__} after "
-                                                 f"{attempt} tries: {_message(exc)}") from exc
+                    raise TransientProviderError(
+                        f"{what}: {code or type(exc).__name__} after "
+                        f"{attempt} tries: {_message(exc)}"
+                    ) from exc
                 if kind is Failure.PERMISSION or code in ("AuthFailure", "UnauthorizedOperation"):
                     raise ProviderUnavailableError(
                         f"{what}: AWS refused the credentials: {code or type(exc).__name__}: "
                         f"{_message(exc)}",
                         hint="configure credentials (AWS_PROFILE, instance role, or env vars) "
-                        "with the IAM policy in docs/control.md") from exc
-                raise ProviderError(f"{what}: {code or type(exc).__name__}: {_message(exc)}") \
-                    from exc
+                        "with the IAM policy in docs/control.md",
+                    ) from exc
+                raise ProviderError(
+                    f"{what}: {code or type(exc).__name__}: {_message(exc)}"
+                ) from exc
 
     def _preflight(self) -> None:
-        """Check region, zones, subnets, instance type, bucket and quota before any launch."""
+        """Check credentials, zones, subnets, instance type, bucket and quota before any
+        launch (the region was checked at construction)."""
         o = self.opts
-        regions = {r["RegionName"] for r in self._call(
-            "DescribeRegions", lambda: self.ec2.describe_regions(AllRegions=True))["Regions"]}
-        if o.region not in regions:
-            raise ConfigError(f"provider.aws.region: unknown region {o.region!r}",
-                              hint="e.g. us-east-1, us-west-2, eu-central-1")
-        zones = {z["ZoneName"] for z in self._call(
-            "DescribeAvailabilityZones", self.ec2.describe_availability_zones)[
-            "AvailabilityZones"]}
+        zones = {
+            z["ZoneName"]
+            for z in self._call("DescribeAvailabilityZones", self.ec2.describe_availability_zones)[
+                "AvailabilityZones"
+            ]
+        }
         bad = [z for z in self.features.zones if z not in zones]
         if bad:
-            raise ConfigError(f"provider.aws.zones: {bad} are not zones of {o.region}",
-                              hint=f"zones of {o.region}: {', '.join(sorted(zones))}")
+            raise ConfigError(
+                f"provider.aws.zones: {bad} are not zones of {o.region}",
+                hint=f"zones of {o.region}: {', '.join(sorted(zones))}",
+            )
         if o.subnets:
-            found = self._call("DescribeSubnets", lambda: self.ec2.describe_subnets(
-                SubnetIds=list(o.subnets.values())))["Subnets"]
+            found = self._call(
+                "DescribeSubnets",
+                lambda: self.ec2.describe_subnets(SubnetIds=list(o.subnets.values())),
+            )["Subnets"]
             where = {s["SubnetId"]: s["AvailabilityZone"] for s in found}
             for zone, subnet in o.subnets.items():
                 if where.get(subnet) != zone:
-                    raise ConfigError(f"provider.aws.subnets.{zone}: subnet {subnet} is in "
-                                      f"{where.get(subnet, 'no zone of ' + o.region)}, not {zone}",
-                                      hint="map each zone to a subnet in that zone")
-        offered = {x["Location"] for x in self._call(
-            "DescribeInstanceTypeOfferings", lambda: self.ec2.describe_instance_type_offerings(
-                LocationType="availability-zone",
-                Filters=[{"Name": "instance-type", "Values": [self.instance_type]}]))[
-            "InstanceTypeOfferings"]}
+                    raise ConfigError(
+                        f"provider.aws.subnets.{zone}: subnet {subnet} is in "
+                        f"{where.get(subnet, 'no zone of ' + o.region)}, not {zone}",
+                        hint="map each zone to a subnet in that zone",
+                    )
+        offered = {
+            x["Location"]
+            for x in self._call(
+                "DescribeInstanceTypeOfferings",
+                lambda: self.ec2.describe_instance_type_offerings(
+                    LocationType="availability-zone",
+                    Filters=[{"Name": "instance-type", "Values": [self.instance_type]}],
+                ),
+            )["InstanceTypeOfferings"]
+        }
         missing = [z for z in self.features.zones if z not in offered]
         if missing:
-            raise ConfigError(f"instance type {self.instance_type!r} is not offered in {missing}",
-                              hint="check resources.instance_type and provider.aws.zones "
-                              "(aws ec2 describe-instance-type-offerings)")
+            raise ConfigError(
+                f"instance type {self.instance_type!r} is not offered in {missing}",
+                hint="check resources.instance_type and provider.aws.zones "
+                "(aws ec2 describe-instance-type-offerings)",
+            )
         try:
             self._call("HeadBucket", lambda: self.s3.head_bucket(Bucket=self.bucket))
         except ProviderError as exc:
-            raise ConfigError(f"provider.aws.s3: bucket {self.bucket!r} is not usable: "
-                              f"{exc.message}", hint="create it or fix provider.aws.s3") from None
-        args = self._run_args(f"spotwise-preflight-{time.time_ns()}", "on-demand",
-                              self.features.zones[0], "", {})
+            raise ConfigError(
+                f"provider.aws.s3: bucket {self.bucket!r} is not usable: {exc.message}",
+                hint="create it or fix provider.aws.s3",
+            ) from None
+        args = self._run_args(
+            f"spotwise-preflight-{time.time_ns()}", "on-demand", self.features.zones[0], "", {}
+        )
 
         def dry_run() -> None:  # AWS checks permissions and limits without starting anything
             try:
@@ -253,38 +306,55 @@ class AwsProvider:
 
         try:
             self._call("RunInstances (dry run)", dry_run)
+        except CapacityError:
+            pass  # capacity comes and goes; the launch tries each placement in turn
         except ProviderError as exc:
             quota = [c for c in QUOTA_CODES if c in exc.message]
             if quota:
-                raise ConfigError(f"the EC2 quota stops {self.instance_type}: {exc.message}",
-                                  hint="request a limit increase (Service Quotas) or pick a "
-                                  "smaller resources.instance_type") from None
+                raise ConfigError(
+                    f"the EC2 quota stops {self.instance_type}: {exc.message}",
+                    hint="request a limit increase (Service Quotas) or pick a "
+                    "smaller resources.instance_type",
+                ) from None
             raise
 
     # --- the protocol ----------------------------------------------------------------------
     def launch(self, req: LaunchRequest) -> Handle:
         leaked = sorted(k for k in req.env if _SECRET_ENV.match(k))
         if leaked:
-            raise ConfigError(f"env {leaked} would be written into the instance's user-data",
-                              hint="remove them from the job's env: the instance profile "
-                              "(provider.aws.instance_profile) gives the instance credentials")
+            raise ConfigError(
+                f"env {leaked} would be written into the instance's user-data",
+                hint="remove them from the job's env: the instance profile "
+                "(provider.aws.instance_profile) gives the instance credentials",
+            )
         zone = req.placement.zone or self.features.zones[0]
         tags = {JOB_TAG: req.job_id, ATTEMPT_TAG: str(req.n), "Name": req.key}
         token = f"{req.key}-{req.placement.market}-{zone}"[-64:]  # RunInstances idempotency
         args = self._run_args(token, req.placement.market, zone, self.user_data(req), tags)
         out = self._call("RunInstances", lambda: self.ec2.run_instances(**args))
         instance = out["Instances"][0]
-        return {"n": req.n, "id": instance["InstanceId"], "job": req.job_id, "zone": zone,
-                "market": req.placement.market, "log": str(req.log_path)}
+        return {
+            "n": req.n,
+            "id": instance["InstanceId"],
+            "job": req.job_id,
+            "zone": zone,
+            "market": req.placement.market,
+            "log": str(req.log_path),
+        }
 
     def status(self, handle: Handle) -> AttemptStatus:
         if "volume_id" in handle:  # a stray volume found by the sweep: "running" while it exists
-            vols = self._call("DescribeVolumes", lambda: self.ec2.describe_volumes(
-                Filters=[{"Name": "volume-id", "Values": [handle["volume_id"]]}]))["Volumes"]
+            vols = self._call(
+                "DescribeVolumes",
+                lambda: self.ec2.describe_volumes(
+                    Filters=[{"Name": "volume-id", "Values": [handle["volume_id"]]}]
+                ),
+            )["Volumes"]
             return AttemptStatus(Phase.STARTING if vols else Phase.LOST, detail="volume")
         try:
-            found = self._call("DescribeInstances", lambda: self.ec2.describe_instances(
-                InstanceIds=[handle["id"]]))
+            found = self._call(
+                "DescribeInstances", lambda: self.ec2.describe_instances(InstanceIds=[handle["id"]])
+            )
         except ProviderError as exc:
             if "InvalidInstanceID" in exc.message:
                 return AttemptStatus(Phase.LOST, detail=f"instance {handle['id']} is gone")
@@ -297,35 +367,45 @@ class AwsProvider:
             self._copy_log(handle)
             if state not in ("shutting-down", "terminated"):  # done: stop paying for it
                 self.terminate(handle)
-            return AttemptStatus(Phase.EXITED, exit_code=int(record["exit_code"]),
-                                 ended_at=float(record["ended_at"]),
-                                 running_at=float(record.get("started_at", launched)))
+            return AttemptStatus(
+                Phase.EXITED,
+                exit_code=int(record["exit_code"]),
+                ended_at=float(record["ended_at"]),
+                running_at=float(record.get("started_at", launched)),
+            )
         if state == "pending":
             return AttemptStatus(Phase.STARTING, detail=state)
         reason = instance.get("StateReason", {}) or {}
         stopped_at = _transition_time(instance.get("StateTransitionReason", ""))
         if state == "running" or (  # shutting down: the exit record may still come
-                state in ("shutting-down", "terminated") and stopped_at is not None
-                and reason.get("Code") == "Client.UserInitiatedShutdown"
-                and time.time() < stopped_at + self.features.grace_s + 2 * self.opts.poll_s):
+            state in ("shutting-down", "terminated")
+            and stopped_at is not None
+            and reason.get("Code") == "Client.UserInitiatedShutdown"
+            and time.time() < stopped_at + self.features.grace_s + 2 * self.opts.poll_s
+        ):
             return AttemptStatus(Phase.RUNNING, running_at=launched, detail=state)
-        what = {"Server.SpotInstanceTermination": "spot interruption",
-                "Client.UserInitiatedShutdown": "terminated by a user or the controller",
-                "Client.InstanceInitiatedShutdown": "shut down from inside, without an exit "
-                "record"}.get(reason.get("Code", ""), reason.get("Message", state))
-        return AttemptStatus(Phase.LOST, running_at=launched,
-                             detail=f"{handle['id']} {state}: {what}")
+        what = {
+            "Server.SpotInstanceTermination": "spot interruption",
+            "Client.UserInitiatedShutdown": "terminated by a user or the controller",
+            "Client.InstanceInitiatedShutdown": "shut down from inside, without an exit record",
+        }.get(reason.get("Code", ""), reason.get("Message", state))
+        return AttemptStatus(
+            Phase.LOST, running_at=launched, detail=f"{handle['id']} {state}: {what}"
+        )
 
     def terminate(self, handle: Handle) -> None:
         """TerminateInstances (EC2 shuts it down: SIGTERM, then the grace, then off);
         idempotent. A stray volume handle is deleted."""
         try:
             if "volume_id" in handle:
-                self._call("DeleteVolume", lambda: self.ec2.delete_volume(
-                    VolumeId=handle["volume_id"]))
+                self._call(
+                    "DeleteVolume", lambda: self.ec2.delete_volume(VolumeId=handle["volume_id"])
+                )
             else:
-                self._call("TerminateInstances", lambda: self.ec2.terminate_instances(
-                    InstanceIds=[handle["id"]]))
+                self._call(
+                    "TerminateInstances",
+                    lambda: self.ec2.terminate_instances(InstanceIds=[handle["id"]]),
+                )
         except ProviderError as exc:
             if "NotFound" not in exc.message:
                 raise
@@ -334,49 +414,88 @@ class AwsProvider:
         """The job's instances not yet terminated, and its volumes left unattached."""
         job = [{"Name": f"tag:{JOB_TAG}", "Values": [job_id]}]
         found: list[Handle] = []
-        pages = self._call("DescribeInstances", lambda: self.ec2.describe_instances(
-            Filters=[*job, {"Name": "instance-state-name", "Values": LIVE_STATES}]))
+        pages = self._call(
+            "DescribeInstances",
+            lambda: self.ec2.describe_instances(
+                Filters=[*job, {"Name": "instance-state-name", "Values": LIVE_STATES}]
+            ),
+        )
         for reservation in pages["Reservations"]:
             for inst in reservation["Instances"]:
                 tags = {t["Key"]: t["Value"] for t in inst.get("Tags", [])}
-                found.append({"n": int(tags.get(ATTEMPT_TAG, "0")), "id": inst["InstanceId"],
-                              "job": job_id, "zone": inst["Placement"]["AvailabilityZone"]})
-        volumes = self._call("DescribeVolumes", lambda: self.ec2.describe_volumes(
-            Filters=[*job, {"Name": "status", "Values": ["available"]}]))["Volumes"]
+                found.append(
+                    {
+                        "n": int(tags.get(ATTEMPT_TAG, "0")),
+                        "id": inst["InstanceId"],
+                        "job": job_id,
+                        "zone": inst["Placement"]["AvailabilityZone"],
+                    }
+                )
+        volumes = self._call(
+            "DescribeVolumes",
+            lambda: self.ec2.describe_volumes(
+                Filters=[*job, {"Name": "status", "Values": ["available"]}]
+            ),
+        )["Volumes"]
         for vol in volumes:
             tags = {t["Key"]: t["Value"] for t in vol.get("Tags", [])}
-            found.append({"n": int(tags.get(ATTEMPT_TAG, "0")), "id": vol["VolumeId"],
-                          "job": job_id, "volume_id": vol["VolumeId"]})
+            found.append(
+                {
+                    "n": int(tags.get(ATTEMPT_TAG, "0")),
+                    "id": vol["VolumeId"],
+                    "job": job_id,
+                    "volume_id": vol["VolumeId"],
+                }
+            )
         return found
 
     # --- pieces ----------------------------------------------------------------------------
-    def _run_args(self, token: str, market: str, zone: str, user_data: str,
-                  tags: dict[str, str]) -> dict[str, Any]:
+    def _run_args(
+        self, token: str, market: str, zone: str, user_data: str, tags: dict[str, str]
+    ) -> dict[str, Any]:
         o = self.opts
         args: dict[str, Any] = {
-            "MinCount": 1, "MaxCount": 1, "ClientToken": token,
+            "MinCount": 1,
+            "MaxCount": 1,
+            "ClientToken": token,
             "InstanceType": self.instance_type,
             "InstanceInitiatedShutdownBehavior": "terminate",
-            "MetadataOptions": {"HttpTokens": "required", "HttpEndpoint": "enabled",
-                                "HttpPutResponseHopLimit": 2},
+            "MetadataOptions": {
+                "HttpTokens": "required",
+                "HttpEndpoint": "enabled",
+                "HttpPutResponseHopLimit": 2,
+            },
         }
         if user_data:
             args["UserData"] = user_data
         if tags:
             spec = [{"Key": k, "Value": v} for k, v in tags.items()]
-            args["TagSpecifications"] = [{"ResourceType": "instance", "Tags": spec},
-                                         {"ResourceType": "volume", "Tags": spec}]
+            args["TagSpecifications"] = [
+                {"ResourceType": "instance", "Tags": spec},
+                {"ResourceType": "volume", "Tags": spec},
+            ]
         if o.image_id:
             args["ImageId"] = o.image_id
         else:
             assert o.launch_template is not None
             args["LaunchTemplate"] = {
-                ("LaunchTemplateId" if k == "id" else "LaunchTemplateName" if k == "name"
-                 else "Version"): v for k, v in o.launch_template.items()}
+                (
+                    "LaunchTemplateId"
+                    if k == "id"
+                    else "LaunchTemplateName"
+                    if k == "name"
+                    else "Version"
+                ): v
+                for k, v in o.launch_template.items()
+            }
         device = o.root_device or (self._root_device() if o.image_id else None)
         if device:
-            ebs: dict[str, Any] = {"VolumeSize": o.root_volume_gb, "VolumeType": "gp3",
-                                   "DeleteOnTermination": True, "Encrypted": o.encrypted}
+            ebs: dict[str, Any] = {
+                "VolumeSize": o.root_volume_gb,
+                "VolumeType": "gp3",
+                "DeleteOnTermination": True,
+                "Encrypted": o.encrypted,
+            }
             if o.kms_key_id:
                 ebs["KmsKeyId"] = o.kms_key_id
             args["BlockDeviceMappings"] = [{"DeviceName": device, "Ebs": ebs}]
@@ -392,19 +511,24 @@ class AwsProvider:
         if o.key_name:
             args["KeyName"] = o.key_name
         if market == "spot":
-            spot: dict[str, Any] = {"SpotInstanceType": "one-time",
-                                    "InstanceInterruptionBehavior": "terminate"}
+            spot: dict[str, Any] = {
+                "SpotInstanceType": "one-time",
+                "InstanceInterruptionBehavior": "terminate",
+            }
             if o.spot_max_usd_per_hour is not None:
                 spot["MaxPrice"] = f"{o.spot_max_usd_per_hour:.4f}"
             args["InstanceMarketOptions"] = {"MarketType": "spot", "SpotOptions": spot}
         return args
 
     def _root_device(self) -> str:
-        images = self._call("DescribeImages", lambda: self.ec2.describe_images(
-            ImageIds=[self.opts.image_id]))["Images"]
+        images = self._call(
+            "DescribeImages", lambda: self.ec2.describe_images(ImageIds=[self.opts.image_id])
+        )["Images"]
         if not images:
-            raise ConfigError(f"provider.aws.image_id: no AMI {self.opts.image_id!r} in "
-                              f"{self.opts.region}", hint="AMI ids differ per region")
+            raise ConfigError(
+                f"provider.aws.image_id: no AMI {self.opts.image_id!r} in {self.opts.region}",
+                hint="AMI ids differ per region",
+            )
         return str(images[0].get("RootDeviceName") or "/dev/xvda")
 
     def job_uri(self, job_id: str) -> str:
@@ -415,8 +539,10 @@ class AwsProvider:
         env = dict(req.env)
         if not env.get("SPOTWISE_CHECKPOINT_DIR", "").startswith("s3://"):
             env["SPOTWISE_CHECKPOINT_DIR"] = f"{self.job_uri(req.job_id)}/checkpoint"
-        argv = [self.opts.python if a in ("python", "python3") and i == 0 else a
-                for i, a in enumerate(req.argv)]
+        argv = [
+            self.opts.python if a in ("python", "python3") and i == 0 else a
+            for i, a in enumerate(req.argv)
+        ]
         exports = "\n".join(f"export {k}={shlex.quote(v)}" for k, v in sorted(env.items()))
         report = f"{self.job_uri(req.job_id)}/attempts/{req.n}"
         workdir = self.opts.workdir or str(req.workdir)
@@ -492,8 +618,12 @@ def report(argv: list[str] | None = None) -> int:
     if args.log is not None and args.log.exists():
         store.put_bytes("output.log", args.log.read_bytes())
         sys.stdout.write(args.log.read_text(errors="replace")[-4000:])  # the console log
-    store.put_bytes("exit.json", json.dumps({
-        "exit_code": args.exit_code, "started_at": args.started, "ended_at": time.time()}).encode())
+    store.put_bytes(
+        "exit.json",
+        json.dumps(
+            {"exit_code": args.exit_code, "started_at": args.started, "ended_at": time.time()}
+        ).encode(),
+    )
     return 0
 
 

@@ -187,11 +187,13 @@ def parse_options(model: type[OptionsT], provider: str, options: dict[str, Any])
             if err["type"] == "extra_forbidden":
                 close = difflib.get_close_matches(str(err["loc"][0]), allowed, n=1)
                 detail = "unknown option" + (f"; did you mean {close[0]!r}?" if close else "")
+            elif err["type"] == "missing":
+                detail = "required option is missing"
             else:
                 detail = f"{err['msg'].removeprefix('Value error, ')} (given: {err['input']!r})"
             lines.append(f"provider.{provider}.{where}: {detail}")
         raise ConfigError(
-            "; ".join(lines),
+            "\n  ".join(lines),
             hint=f"options of provider {provider!r}: {', '.join(allowed) or 'none'}",
         ) from None
 

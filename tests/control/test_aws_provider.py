@@ -1,0 +1,253 @@
+"""The aws provider against moto's EC2 + S3 on loopback with the real boto3; faults come from
+the fault proxy on the wire. (Instances running, interruptions: tests/e2e/test_launch_aws.py.)"""
+
+from __future__ import annotations
+
+import base64
+import uuid
+from pathlib import Path
+from typing import Any
+
+import boto3
+import pytest
+
+from spotwise.cli.emulate import parse_ec2_fault
+from spotwise.control.providers import LaunchRequest, Placement, make_provider
+from spotwise.control.spec import parse_spec
+from spotwise.emulators.fault_proxy import FaultProxy
+from spotwise.errors import (
+    CapacityError,
+    ConfigError,
+    ProviderUnavailableError,
+    TransientProviderError,
+)
+
+
+@pytest.fixture()
+def aws(aws_env: str, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    """A bucket, an AMI and options pointing at them; AWS_MAX_ATTEMPTS keeps retries short."""
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "3")
+    bucket = f"aws-{uuid.uuid4().hex[:12]}"
+    boto3.client("s3", endpoint_url=aws_env).create_bucket(Bucket=bucket)
+    ec2 = boto3.client("ec2", endpoint_url=aws_env)
+    ami = ec2.describe_images()["Images"][0]["ImageId"]
+    options = {
+        "region": "us-east-1",
+        "s3": f"s3://{bucket}/jobs",
+        "image_id": ami,
+        "zones": ["us-east-1a", "us-east-1b"],
+        "instance_type": "g4dn.xlarge",
+        "poll_s": 0.1,
+    }
+    return {"endpoint": aws_env, "ec2": ec2, "options": options, "bucket": bucket}
+
+
+def _proxy(
+    aws: dict[str, Any], monkeypatch: pytest.MonkeyPatch, *faults: str, **kw: Any
+) -> FaultProxy:
+    proxy = FaultProxy(aws["endpoint"], **kw)
+    for f in faults:
+        proxy.add(parse_ec2_fault(f))
+    monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.url)
+    return proxy
+
+
+def _req(
+    tmp_path: Path, market: str = "spot", zone: str = "us-east-1b", **env: str
+) -> LaunchRequest:
+    return LaunchRequest(
+        job_id=f"j{uuid.uuid4().hex[:6]}",
+        n=1,
+        argv=("python", "train.py", "--steps", "3"),
+        workdir=tmp_path,
+        env={"SPOTWISE_ATTEMPT": "1", **env},
+        log_path=tmp_path / "log",
+        attempt_dir=tmp_path / "attempts" / "1",
+        placement=Placement(market, zone),
+    )
+
+
+def test_a_spot_launch_asks_ec2_for_what_the_issue_lists(aws, tmp_path: Path):
+    ec2 = aws["ec2"]
+    vpc = ec2.create_vpc(CidrBlock="10.9.0.0/16")["Vpc"]["VpcId"]
+    subnet = ec2.create_subnet(VpcId=vpc, CidrBlock="10.9.1.0/24", AvailabilityZone="us-east-1b")[
+        "Subnet"
+    ]["SubnetId"]
+    sg = ec2.create_security_group(
+        GroupName=f"sw-{uuid.uuid4().hex[:6]}", Description="t", VpcId=vpc
+    )["GroupId"]
+    boto3.client("iam", endpoint_url=aws["endpoint"]).create_instance_profile(
+        InstanceProfileName="sw-role"
+    )
+    options = {
+        **aws["options"],
+        "subnets": {"us-east-1b": subnet},
+        "zones": ["us-east-1b"],
+        "security_group_ids": [sg],
+        "instance_profile": "sw-role",
+        "spot_max_usd_per_hour": 0.4,
+    }
+    p = make_provider("aws", options, epoch=0.0, preflight=True)
+    req = _req(tmp_path)
+    handle = p.launch(req)
+    [inst] = ec2.describe_instances(InstanceIds=[handle["id"]])["Reservations"][0]["Instances"]
+    assert inst["InstanceLifecycle"] == "spot" and inst["SubnetId"] == subnet
+    assert inst["InstanceType"] == "g4dn.xlarge"
+    assert inst["MetadataOptions"]["HttpTokens"] == "required"  # IMDSv2 only
+    assert [g["GroupId"] for g in inst["SecurityGroups"]] == [sg]
+    assert inst["IamInstanceProfile"]["Arn"].endswith("/sw-role")
+    tags = {t["Key"]: t["Value"] for t in inst["Tags"]}
+    assert tags["spotwise:job"] == req.job_id and tags["spotwise:attempt"] == "1"
+    [vol] = ec2.describe_volumes(Filters=[{"Name": "tag:spotwise:job", "Values": [req.job_id]}])[
+        "Volumes"
+    ]
+    assert vol["Encrypted"] and vol["Size"] == 100 and vol["VolumeType"] == "gp3"
+    user_data = base64.b64decode(
+        ec2.describe_instance_attribute(InstanceId=handle["id"], Attribute="userData")["UserData"][
+            "Value"
+        ]
+    ).decode()
+    uri = f"s3://{aws['bucket']}/jobs/{req.job_id}"
+    assert f"SPOTWISE_CHECKPOINT_DIR={uri}/checkpoint" in user_data
+    assert f"aws report {uri}/attempts/1" in user_data and "exec python3 train.py" in user_data
+    assert "testing" not in user_data and "AWS_" not in user_data  # no credentials in it
+    # found by its tags after a crash, and terminated with its volume
+    assert [(h["n"], h["id"]) for h in p.find(req.job_id, tmp_path)] == [(1, handle["id"])]
+    p.terminate(handle)
+    assert p.find(req.job_id, tmp_path) == []
+    assert (
+        ec2.describe_volumes(Filters=[{"Name": "tag:spotwise:job", "Values": [req.job_id]}])[
+            "Volumes"
+        ]
+        == []
+    )
+
+
+def test_credentials_in_the_job_env_are_refused_before_launch(aws, tmp_path: Path):
+    p = make_provider("aws", aws["options"], epoch=0.0)
+    with pytest.raises(ConfigError, match=r"AWS_SECRET_ACCESS_KEY.*user-data"):
+        p.launch(_req(tmp_path, AWS_SECRET_ACCESS_KEY="x"))
+    assert (
+        aws["ec2"].describe_instances(Filters=[{"Name": "tag-key", "Values": ["spotwise:job"]}])
+        is not None
+    )
+
+
+def test_capacity_errors_mean_try_elsewhere(aws, tmp_path: Path, monkeypatch):
+    _proxy(
+        aws,
+        monkeypatch,
+        "RunInstances=InsufficientInstanceCapacity:1",
+        "RunInstances=SpotMaxPriceTooLow:1",
+    )
+    p = make_provider("aws", aws["options"], epoch=0.0)
+    for code in ("InsufficientInstanceCapacity", "SpotMaxPriceTooLow"):
+        with pytest.raises(CapacityError, match=code):
+            p.launch(_req(tmp_path))
+    assert p.launch(_req(tmp_path))["id"].startswith("i-")
+
+
+def test_throttling_and_5xx_are_retried_then_reported_as_transient(aws, tmp_path, monkeypatch):
+    proxy = _proxy(
+        aws, monkeypatch, "RunInstances=RequestLimitExceeded:2", "DescribeInstances=503:2"
+    )
+    p = make_provider("aws", aws["options"], epoch=0.0)
+    handle = p.launch(_req(tmp_path))  # third try succeeds
+    assert p.status(handle).phase.value == "running"
+    assert proxy.count("POST") >= 6
+    proxy.add(parse_ec2_fault("DescribeInstances=500"))  # never recovers
+    with pytest.raises(TransientProviderError, match="after 3 tries"):
+        p.status(handle)
+
+
+@pytest.mark.parametrize(
+    ("change", "words"),
+    [
+        ({"region": "us-east-9"}, ["provider.aws.region", "us-east-9"]),
+        ({"zones": ["us-east-1z"]}, ["provider.aws.zones", "us-east-1z", "us-east-1a"]),
+        (
+            {"instance_type": "p9.huge", "spot_usd_per_hour": 1.0, "ondemand_usd_per_hour": 3.0},
+            ["'p9.huge' is not offered", "resources.instance_type"],
+        ),
+        ({"s3": "s3://no-such-bucket-here/x"}, ["provider.aws.s3", "no-such-bucket-here"]),
+    ],
+)
+def test_bad_settings_fail_at_submit_naming_the_setting(aws, change, words):
+    with pytest.raises(ConfigError) as info:
+        make_provider("aws", {**aws["options"], **change}, epoch=0.0, preflight=True)
+    for word in words:
+        assert word in str(info.value)
+
+
+def test_a_subnet_in_another_zone_is_named(aws):
+    ec2 = aws["ec2"]
+    vpc = ec2.create_vpc(CidrBlock="10.8.0.0/16")["Vpc"]["VpcId"]
+    subnet = ec2.create_subnet(VpcId=vpc, CidrBlock="10.8.1.0/24", AvailabilityZone="us-east-1b")[
+        "Subnet"
+    ]["SubnetId"]
+    with pytest.raises(
+        ConfigError,
+        match=rf"provider.aws.subnets.us-east-1a: subnet {subnet} "
+        "is in us-east-1b",
+    ):
+        make_provider(
+            "aws",
+            {**aws["options"], "zones": ["us-east-1a"], "subnets": {"us-east-1a": subnet}},
+            epoch=0.0,
+            preflight=True,
+        )
+
+
+def test_a_quota_error_fails_at_submit(aws, monkeypatch):
+    _proxy(aws, monkeypatch, "RunInstances=VcpuLimitExceeded")
+    with pytest.raises(ConfigError, match=r"quota.*VcpuLimitExceeded") as info:
+        make_provider("aws", aws["options"], epoch=0.0, preflight=True)
+    assert "Service Quotas" in str(info.value)
+
+
+def test_missing_or_wrong_credentials_fail_at_submit(aws, monkeypatch, tmp_path):
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    with pytest.raises(ProviderUnavailableError, match="refused the credentials"):
+        make_provider("aws", aws["options"], epoch=0.0, preflight=True)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIAWRONG")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "wrong")
+    _proxy(aws, monkeypatch, require_access_key="testing")
+    with pytest.raises(ProviderUnavailableError, match="AuthFailure"):
+        make_provider("aws", aws["options"], epoch=0.0, preflight=True)
+
+
+def test_the_job_file_checks_aws_options_in_its_own_words(tmp_path: Path):
+    with pytest.raises(ConfigError) as info:
+        parse_spec(
+            {
+                "command": "x",
+                "provider": {
+                    "name": "aws",
+                    "region": "us-east-1",
+                    "image_id": "ami-1",
+                    "launch_template": {"name": "t"},
+                    "instace_type": "g5",
+                },
+            },
+            base_dir=tmp_path,
+        )
+    text = str(info.value)
+    assert "provider.aws.s3: required option is missing\n" in text
+    assert "provider.aws.instace_type: unknown option; did you mean 'instance_type'?" in text
+    with pytest.raises(ConfigError, match="give exactly one of image_id and launch_template"):
+        parse_spec(
+            {
+                "command": "x",
+                "provider": {
+                    "name": "aws",
+                    "region": "us-east-1",
+                    "s3": "s3://bucket/p",
+                    "image_id": "ami-1",
+                    "launch_template": {"name": "t"},
+                },
+            },
+            base_dir=tmp_path,
+        )
