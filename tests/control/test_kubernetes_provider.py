@@ -244,3 +244,18 @@ def test_bad_kubeconfig_wrong_credentials_and_no_server_are_clear_errors(emu, tm
     gone.write_text(yaml.safe_dump(doc))
     with pytest.raises(ProviderUnavailableError, match="cannot reach the Kubernetes API"):
         provider(emu, kubeconfig=str(gone))
+
+
+def test_check_nodes_false_lets_a_pool_that_scales_from_zero_be_used(tmp_path):
+    with KubernetesEmulator(tmp_path / "c", nodes=[]) as emu:
+        with pytest.raises(ConfigError, match="check_nodes: false"):
+            provider(emu)
+        p = provider(emu, check_nodes=False)
+        handle = p.launch(request(p, tmp_path, "pass"))
+        deadline = time.monotonic() + 10
+        while "0/0 nodes are available" not in (status := p.status(handle)).detail:
+            assert status.phase is Phase.STARTING and time.monotonic() < deadline
+            time.sleep(0.05)
+        p.terminate(handle)
+        assert wait_phase(p, handle, {Phase.EXITED, Phase.LOST}).phase is Phase.LOST
+        assert emu.leftovers() == {"jobs": [], "pods": [], "processes": []}

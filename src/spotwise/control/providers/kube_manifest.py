@@ -67,6 +67,7 @@ class KubernetesOptions(Options):
     usd_per_hour: float = Field(default=0.0, ge=0)  # spot price of one node (for the budget)
     ondemand_usd_per_hour: float | None = Field(default=None, ge=0)
     poll_s: float = Field(default=1.0, gt=0, le=60)
+    check_nodes: bool = True  # refuse before launch if no node can run the job
 
     @field_validator("secret_env")
     @classmethod

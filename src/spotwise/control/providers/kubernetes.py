@@ -164,15 +164,11 @@ class KubernetesProvider:
         zone = f"{self.opts.flavour or 'k8s'}/{self.namespace}"
         spot_price = self.opts.usd_per_hour
         ondemand = self.opts.ondemand_usd_per_hour
+        ondemand = spot_price if ondemand is None else ondemand
         self.prices = Prices(
             {
-                ("spot", zone): Pricing(
-                    spot_price, ondemand if ondemand is not None else spot_price
-                ),
-                ("on-demand", zone): Pricing(
-                    ondemand if ondemand is not None else spot_price,
-                    ondemand if ondemand is not None else spot_price,
-                ),
+                ("spot", zone): Pricing(spot_price, ondemand),
+                ("on-demand", zone): Pricing(ondemand, ondemand),
             }
         )
         self.features = Features(
@@ -232,7 +228,7 @@ class KubernetesProvider:
             return fn(*args, **kwargs)
         except rest.ApiException as exc:
             message = _api_message(exc)
-            if exc.status in (401,):
+            if exc.status == 401:
                 raise ProviderUnavailableError(
                     f"the Kubernetes API rejected the credentials ({what}): {message}",
                     hint="refresh the kubeconfig's credentials",
@@ -289,6 +285,8 @@ class KubernetesProvider:
                 f"cluster ({_api_message(exc)})",
                 hint=f"create it first, or change provider.kubernetes.{field}",
             ) from None
+        if not self.opts.check_nodes:  # e.g. a pool the autoscaler scales up from zero
+            return
         try:
             nodes = self._call("list nodes", self._core.list_node).items
         except ProviderError as exc:  # listing nodes needs a ClusterRole: skip, say so
@@ -313,7 +311,8 @@ class KubernetesProvider:
                 f"provider.kubernetes.{'flavour' if self.opts.flavour else 'node_selector'} "
                 "asks for",
                 hint="add a spot node pool with that label, fix the flavour or "
-                "node_selector, or (on-demand only) remove provider.kubernetes.flavour",
+                "node_selector, or (on-demand only) remove provider.kubernetes.flavour; if "
+                "the pool scales up from zero nodes, set provider.kubernetes.check_nodes: false",
             )
         if self.gpu_count and not any(
             int((n.status.allocatable or {}).get(GPU, 0)) >= self.gpu_count for n in fits
