@@ -19,7 +19,7 @@ from spotwise.control.providers.kubernetes import KubernetesProvider
 from spotwise.control.spec import Resources, parse_spec
 from spotwise.emulators.kubelet import NodeSpec
 from spotwise.emulators.kubernetes import KubernetesEmulator, pool_nodes
-from spotwise.errors import ConfigError, ProviderUnavailableError
+from spotwise.errors import ConfigError, ProviderError, ProviderUnavailableError
 
 SAVER = (
     "import os, signal, sys, time\n"
@@ -259,3 +259,31 @@ def test_check_nodes_false_lets_a_pool_that_scales_from_zero_be_used(tmp_path):
         p.terminate(handle)
         assert wait_phase(p, handle, {Phase.EXITED, Phase.LOST}).phase is Phase.LOST
         assert emu.leftovers() == {"jobs": [], "pods": [], "processes": []}
+
+
+def test_checkpoints_go_to_s3_or_the_claim_and_nowhere_else(emu, tmp_path):
+    p = provider(emu, checkpoint_pvc=None)
+    spec = parse_spec(
+        {
+            "command": "python train.py --run-dir $SPOTWISE_CHECKPOINT_DIR",
+            "checkpoint_dir": "s3://bucket/runs/digits",
+            "provider": {"name": "fake"},
+        },
+        base_dir=tmp_path,
+    )
+    req = launch_request(
+        spec,
+        p,
+        "digits-0a1b2c",
+        1,
+        Placement("spot", p.features.zones[0]),
+        job_dir=tmp_path / "job",
+        log_path=tmp_path / "job" / "job.log",
+    )
+    manifest = p.manifest(req)
+    pod = manifest["spec"]["template"]["spec"]
+    assert pod["containers"][0]["command"][-1] == "s3://bucket/runs/digits"
+    assert "volumes" not in pod and "volumeMounts" not in pod["containers"][0]
+    with pytest.raises(ProviderError, match="checkpoint_pvc"):
+        p.launch(request(p, tmp_path, "pass"))  # a local path would die with the pod
+    assert emu.leftovers()["jobs"] == []

@@ -590,7 +590,8 @@ class KubernetesProvider:
             return local
         if self.opts.checkpoint_pvc:
             return f"{self.opts.checkpoint_mount}/{req.job_id}"
-        raise ConfigError(
+        # a ProviderError, not a ConfigError: the controller ends the attempt with this message
+        raise ProviderError(
             "provider.kubernetes: a pod's checkpoints need somewhere to live after the pod is gone",
             hint="set provider.kubernetes.checkpoint_pvc (a PersistentVolumeClaim)"
             " or an s3:// checkpoint_dir",
