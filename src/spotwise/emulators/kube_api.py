@@ -227,11 +227,6 @@ class ObjectStore:
             and _field_match(o, fields)
         ]
 
-    @property
-    def resource_version(self) -> int:
-        with self.changed:
-            return self._rv
-
 
 def _qualified(resource: str) -> str:
     """How the API server names a resource in messages: ``pods``, ``jobs.batch``."""

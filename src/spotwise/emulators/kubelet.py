@@ -190,7 +190,7 @@ class Cluster:
                 self.tick()
 
     def tick(self) -> None:
-        """One pass of every controller (tests may call it directly)."""
+        """One pass of the Job controller, the scheduler and the kubelet."""
         self._jobs()
         pods, _ = self.store.select("pods")
         for pod in pods:
