@@ -83,6 +83,9 @@ def _slurm(request: pytest.FixtureRequest, tmp: Path, plan: Plan) -> Backend:
     return _made("slurm", {"signal_s": 30}, tmp, plan)
 
 
+_AMI: list[str] = []
+
+
 def _aws(request: pytest.FixtureRequest, tmp: Path, plan: Plan) -> Backend:
     """moto (EC2 + S3) on loopback with the EC2 data-plane emulator running the instances."""
     import boto3
@@ -92,7 +95,10 @@ def _aws(request: pytest.FixtureRequest, tmp: Path, plan: Plan) -> Backend:
     endpoint = request.getfixturevalue("aws_env")
     bucket = f"contract-{uuid.uuid4().hex[:12]}"
     boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket=bucket)
-    ami = boto3.client("ec2", endpoint_url=endpoint).describe_images()["Images"][0]["ImageId"]
+    if not _AMI:  # listing moto's AMIs takes seconds: once per session
+        ec2 = boto3.client("ec2", endpoint_url=endpoint)
+        _AMI.append(ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"])
+    ami = _AMI[0]
     plane = Ec2DataPlane(endpoint, workdir=tmp / "ec2", stop_grace_s=3.0, poll_s=0.1).start()
     request.addfinalizer(plane.stop)
     options = {

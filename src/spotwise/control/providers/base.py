@@ -163,7 +163,8 @@ class Provider(Protocol):
     def find(self, job_id: str, attempts_dir: Path) -> list[Handle]:
         """Every attempt of the job the provider still holds (live, or ended with an outcome
         not yet read), each handle with its attempt number ``n`` and provider-unique ``id``:
-        how a restarted controller adopts a launch it lost and sweeps orphans."""
+        how a restarted controller adopts a launch it lost and sweeps orphans.
+        ``attempts_dir`` is ``<job dir>/attempts``, beside the job's ``job.log``."""
 
 
 class Options(BaseModel):
