@@ -113,6 +113,18 @@ def _aws(request: pytest.FixtureRequest, tmp: Path, plan: Plan) -> Backend:
     return _made("aws", options, tmp, plan)
 
 
+def _kubernetes(request: pytest.FixtureRequest, tmp: Path, plan: Plan) -> Backend:
+    """The loopback Kubernetes API double; its pods are local processes (CPU-only GKE nodes)."""
+    from spotwise.emulators.kubernetes import KubernetesEmulator, pool_nodes
+
+    cluster = KubernetesEmulator(tmp / "k8s", nodes=pool_nodes("gke", gpus_per_node=0))
+    cluster.start()
+    request.addfinalizer(cluster.stop)
+    options = {"image": "python:3.11", "flavour": "gke", "kubeconfig": str(cluster.kubeconfig),
+               "checkpoint_pvc": "spotwise-checkpoints", "grace_s": 5.0, "poll_s": 0.1}
+    return _made("kubernetes", options, tmp, plan)
+
+
 BACKENDS: dict[str, Factory] = {
     "aws": _aws,
     "fake": lambda request, tmp, plan: _made(
@@ -121,6 +133,7 @@ BACKENDS: dict[str, Factory] = {
         tmp,
         plan,
     ),
+    "kubernetes": _kubernetes,
     "local": lambda request, tmp, plan: _made("local", {}, tmp, plan),
     "sim": lambda request, tmp, plan: _made("sim", {"boot_s": 0.05}, tmp, plan),
     "slurm": _slurm,

@@ -1,9 +1,9 @@
-"""``spotwise emulate aws|gcp|azure|ec2``: rehearse a preemption on a laptop.
+"""``spotwise emulate aws|gcp|azure|ec2|kubernetes``: rehearse a preemption on a laptop.
 
 Starts a loopback metadata server that announces an interruption after ``--notice-after``
 seconds; point the training process at it with the printed environment variable. ``ec2`` runs
 a whole loopback EC2 + S3 (moto) with machines behind it, for rehearsing a job file with the
-``aws`` provider.
+``aws`` provider; ``kubernetes`` a loopback Kubernetes API with pods as local processes.
 """
 
 from __future__ import annotations
@@ -32,6 +32,9 @@ def register(app: typer.Typer) -> None:
     )
     app.add_typer(emulate, name="emulate")
     _register_ec2(emulate)
+    from spotwise.cli._emulate_k8s import kubernetes
+
+    emulate.command("kubernetes")(kubernetes)
 
     @emulate.command("aws")
     def aws(
@@ -168,6 +171,17 @@ def _build(cls: Any, **kwargs: Any) -> Any:
         raise ConfigError(str(exc), hint="see spotwise emulate --help") from None
 
 
+def listen(emu: Any, host: str, port: int) -> str:
+    """Start an emulator; a port in use (or a bad address) is a clear error, not a traceback."""
+    try:
+        return str(emu.start())
+    except OSError as exc:
+        raise ConfigError(
+            f"cannot listen on {host}:{port}: {exc.strerror or exc}",
+            hint="pick another --port (0 chooses a free one)",
+        ) from None
+
+
 def _serve(
     emu: Any,
     env_var: str,
@@ -182,13 +196,7 @@ def _serve(
             emu.inject(fault, fault_count, on=fault_on)
         except ValueError as exc:
             raise ConfigError(str(exc), hint="e.g. --fault 503 --fault-count 3") from None
-    try:
-        url = emu.start()
-    except OSError as exc:
-        raise ConfigError(
-            f"cannot listen on {emu.host}:{emu.port}: {exc.strerror or exc}",
-            hint="pick another --port (0 chooses a free one)",
-        ) from None
+    url = listen(emu, emu.host, emu.port)
     value = getattr(emu, value_attr) if value_attr else url
     typer.echo(f"{emu.platform} metadata emulator listening on {url}")
     typer.echo(f"export {env_var}={value}")

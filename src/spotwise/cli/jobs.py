@@ -119,16 +119,27 @@ def register(app: typer.Typer) -> None:
         job_file: Path = typer.Argument(..., help="job spec (YAML), e.g. examples/digits/job.yaml"),
         detach: bool = typer.Option(False, "--detach", "-d",
                                     help="run the controller in the background, print the id"),
+        dry_run: bool = typer.Option(False, "--dry-run",
+                                     help="print the first attempt's manifests (YAML), create "
+                                     "nothing"),
     ) -> None:
         """Run a job to completion across preemptions: relaunch, resume, stay on budget.
 
         Blocks (with a live view of state, attempt, placement, progress and cost) until the job
-        ends; exits 0 when it succeeded. With --detach, prints the job id and returns.
+        ends; exits 0 when it succeeded. With --detach, prints the job id and returns. With
+        --dry-run, prints what the provider would create (kubectl-compatible YAML) and returns.
         """
         from spotwise.control.controller import submit
         from spotwise.control.spec import load_spec
 
         spec = load_spec(job_file)
+        if dry_run:
+            import yaml
+
+            from spotwise.control.controller import dry_run as manifests
+
+            typer.echo(yaml.safe_dump_all(manifests(spec), sort_keys=False), nl=False)
+            return
         job = submit(_store(), spec, str(job_file.resolve()))
         if detach:
             _spawn_controller(job.id)

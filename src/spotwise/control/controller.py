@@ -53,10 +53,11 @@ from spotwise.control.providers import (
 )
 from spotwise.control.providers.base import adoptable, orphans
 from spotwise.control.spec import JobSpec
-from spotwise.control.store import Attempt, Job, JobState, Store
+from spotwise.control.store import Attempt, Job, JobState, Store, spotwise_home
 from spotwise.errors import (
     BudgetError,
     CapacityError,
+    ConfigError,
     ControlError,
     ProviderError,
     TransientProviderError,
@@ -71,7 +72,7 @@ ProgressReader = Callable[[str], Committed]
 def provider_for(job: Job) -> Provider:
     spec = JobSpec.model_validate(job.spec)
     return make_provider(spec.provider.name, spec.provider.options, epoch=job.created_at,
-                         instance_type=spec.resources.instance_type)
+                         instance_type=spec.resources.instance_type, resources=spec.resources)
 
 
 DEFAULT_DECISION_S = 60.0  # wall seconds between policy decisions (decision_interval)
@@ -98,7 +99,8 @@ def build_driver(spec: JobSpec, provider: Provider, compute_wall_s: float) -> Po
 def submit(store: Store, spec: JobSpec, spec_path: str | None = None) -> Job:
     """Check the job can run (provider reachable, budget covers the estimate), then record it."""
     provider = make_provider(spec.provider.name, spec.provider.options, epoch=time.time(),
-                             instance_type=spec.resources.instance_type, preflight=True)
+                             instance_type=spec.resources.instance_type, preflight=True,
+                             resources=spec.resources)
     if spec.budget_usd is not None and spec.expected_runtime_s is not None:
         zone = provider.features.zones[0]
         market = "on-demand" if spec.market == "on-demand" or not provider.features.spot \
@@ -115,6 +117,26 @@ def submit(store: Store, spec: JobSpec, spec_path: str | None = None) -> Job:
         if spec.expected_runtime_s:
             build_driver(spec, provider, spec.expected_runtime_s)  # bad terms fail here
     return store.create_job(spec.name, spec.model_dump(mode="json"), spec_path)
+
+
+def dry_run(spec: JobSpec) -> list[dict[str, Any]]:
+    """The objects launching ``spec`` would create for its first attempt, as the provider's
+    own manifests (``launch --dry-run``). Nothing is contacted or created."""
+    provider = make_provider(spec.provider.name, spec.provider.options, epoch=time.time(),
+                             instance_type=spec.resources.instance_type,
+                             resources=spec.resources)
+    build = getattr(provider, "manifest", None)  # providers that create API objects have one
+    if build is None:
+        raise ConfigError(f"provider {spec.provider.name!r} creates no manifests to show",
+                          hint="--dry-run prints the objects a cluster provider (kubernetes) "
+                          "would create")
+    spot = provider.features.spot and spec.market != "on-demand"
+    job_id = f"{spec.name[:24]}-dryrun"
+    job_dir = spotwise_home() / "jobs" / job_id
+    req = launch_request(spec, provider, job_id, 1,
+                         Placement("spot" if spot else "on-demand", provider.features.zones[0]),
+                         job_dir=job_dir, log_path=job_dir / "job.log")
+    return [build(req)]
 
 
 def controller_lock_path(job: Job) -> Path:
@@ -142,6 +164,31 @@ def controller_alive(job: Job) -> bool:
     from spotwise.control.providers.process import lock_held
 
     return lock_held(controller_lock_path(job))
+
+
+def attempts_dir(job_dir: Path) -> Path:
+    return job_dir / "attempts"
+
+
+def launch_request(spec: JobSpec, provider: Provider, job_id: str, n: int, placement: Placement,
+                   *, job_dir: Path, log_path: Path) -> LaunchRequest:
+    """What attempt ``n`` of the job runs: command, environment, directories, placement
+    (also what ``launch --dry-run`` shows, so it is built in this one place)."""
+    ckpt = spec.checkpoint_dir or str(job_dir / "checkpoint")
+    features = provider.features
+    env = dict(os.environ) if features.same_host else {}
+    if features.platform is not None:
+        env["SPOTWISE_PLATFORM"] = features.platform
+    env.update(spec.env)
+    env.update(SPOTWISE_JOB_ID=job_id, SPOTWISE_ATTEMPT=str(n), SPOTWISE_CHECKPOINT_DIR=ckpt,
+               SPOTWISE_GRACE_S=f"{features.grace_s:g}")
+    argv = [string.Template(a).safe_substitute(env) for a in spec.command]
+    if argv[0] in ("python", "python3") and features.same_host:
+        argv[0] = sys.executable  # the interpreter spotwise runs in (its virtualenv)
+    return LaunchRequest(
+        job_id=job_id, n=n, argv=tuple(argv), workdir=Path(spec.workdir), env=env,
+        log_path=log_path, attempt_dir=attempts_dir(job_dir) / str(n),
+        placement=placement, grace_s=features.grace_s)
 
 
 class Controller:
@@ -300,23 +347,9 @@ class Controller:
         self.store.update_attempt(self.job_id, attempt.n, handle=handle)
 
     def _request(self, job: Job, attempt: Attempt) -> LaunchRequest:
-        ckpt = self.spec.checkpoint_dir or str(job.dir / "checkpoint")
-        features = self.provider.features
-        env = dict(os.environ) if features.same_host else {}
-        if features.platform is not None:
-            env["SPOTWISE_PLATFORM"] = features.platform
-        env.update(self.spec.env)
-        env.update(SPOTWISE_JOB_ID=job.id, SPOTWISE_ATTEMPT=str(attempt.n),
-                   SPOTWISE_CHECKPOINT_DIR=ckpt,
-                   SPOTWISE_GRACE_S=f"{self.provider.features.grace_s:g}")
-        argv = [string.Template(a).safe_substitute(env) for a in self.spec.command]
-        if argv[0] in ("python", "python3") and features.same_host:
-            argv[0] = sys.executable  # the interpreter spotwise runs in (its virtualenv)
-        return LaunchRequest(
-            job_id=job.id, n=attempt.n, argv=tuple(argv), workdir=Path(self.spec.workdir),
-            env=env, log_path=job.log_path, attempt_dir=self._attempts_dir(job) / str(attempt.n),
-            placement=Placement(attempt.market, attempt.zone),
-            grace_s=self.provider.features.grace_s)
+        return launch_request(self.spec, self.provider, job.id, attempt.n,
+                              Placement(attempt.market, attempt.zone), job_dir=job.dir,
+                              log_path=job.log_path)
 
     # --- watching --------------------------------------------------------------------------
     def _observe(self, job: Job, attempt: Attempt, status: AttemptStatus, now: float) -> None:
@@ -518,7 +551,7 @@ class Controller:
             self.sleep(0.1)
 
     def _attempts_dir(self, job: Job) -> Path:
-        return job.dir / "attempts"
+        return attempts_dir(job.dir)
 
     def _sweep(self, job: Job) -> None:
         """Terminate every machine of the job that no open attempt owns (found by the

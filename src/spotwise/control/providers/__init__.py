@@ -3,7 +3,7 @@ point in the ``spotwise.providers`` group of another package)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from spotwise.control.providers.base import (
     AttemptStatus,
@@ -21,11 +21,16 @@ from spotwise.control.providers.base import (
 )
 from spotwise.registry import Entry, Registry
 
+if TYPE_CHECKING:
+    from spotwise.control.spec import Resources
+
 PROVIDERS: Registry[Any] = Registry(
     "provider",
     {
         "aws": Entry("spotwise.control.providers.aws:AwsProvider", "aws"),
         "fake": "spotwise.control.providers.fake:FakeProvider",
+        "kubernetes": Entry("spotwise.control.providers.kubernetes:KubernetesProvider",
+                            "kubernetes"),
         "local": "spotwise.control.providers.local:LocalProvider",
         "sim": "spotwise.control.providers.sim:SimProvider",
         "slurm": "spotwise.control.providers.slurm:SlurmProvider",
@@ -40,12 +45,14 @@ def check_options(name: str, options: dict[str, Any]) -> None:
 
 
 def make_provider(name: str, options: dict[str, Any], *, epoch: float,
-                  instance_type: str | None = None, preflight: bool = False) -> Provider:
+                  instance_type: str | None = None, preflight: bool = False,
+                  resources: Resources | None = None) -> Provider:
     """A provider object for one job (``epoch``: the job's creation time, the sim's clock 0).
 
-    ``preflight``: also check that it is reachable with these settings (at submit time)."""
+    ``preflight``: also check that it is reachable with these settings (at submit time).
+    ``resources``: what one machine must have (a provider that requests GPUs needs the count)."""
     provider: Provider = PROVIDERS.load(name)(options, epoch=epoch, instance_type=instance_type,
-                                              preflight=preflight)
+                                              preflight=preflight, resources=resources)
     return provider
 
 

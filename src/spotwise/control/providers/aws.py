@@ -31,7 +31,7 @@ import time
 from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from pydantic import Field, model_validator
 
@@ -58,6 +58,9 @@ from spotwise.errors import (
     TransientProviderError,
 )
 from spotwise.registry import require
+
+if TYPE_CHECKING:
+    from spotwise.control.spec import Resources
 
 T = TypeVar("T")
 
@@ -138,6 +141,7 @@ class AwsProvider:
         epoch: float,
         instance_type: str | None,
         preflight: bool = False,
+        resources: Resources | None = None,
         sleep: Callable[[float], None] = time.sleep,
     ):
         self.opts = parse_options(AwsOptions, self.name, options)

@@ -151,8 +151,9 @@ Handle = dict[str, Any]  # JSON-serializable, stored with the attempt; always ha
 @runtime_checkable
 class Provider(Protocol):
     """Four methods; everything else is data. ``__init__(options, *, epoch, instance_type,
-    preflight=False)`` validates options (``Options`` model) and, with ``preflight``, checks
-    that the provider is reachable with the given settings."""
+    preflight=False, resources=None)`` validates options (``Options`` model) and, with
+    ``preflight``, checks that the provider is reachable with the given settings and can give
+    a machine the job's ``resources`` (GPUs, CPUs)."""
 
     name: str
     features: Features

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field
 
@@ -31,6 +31,9 @@ from spotwise.control.providers.base import (
     parse_options,
 )
 from spotwise.errors import CapacityError, ProviderError
+
+if TYPE_CHECKING:
+    from spotwise.control.spec import Resources
 
 _IDS = itertools.count(1)
 
@@ -69,6 +72,7 @@ class FakeProvider:
         epoch: float,
         instance_type: str | None,
         preflight: bool = False,
+        resources: Resources | None = None,
         clock: Callable[[], float] = time.time,
     ):
         self.opts = parse_options(self.Options, self.name, options)

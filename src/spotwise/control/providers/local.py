@@ -6,7 +6,7 @@ what ``spotwise launch`` uses when a job file names no provider.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import Field
 
@@ -19,6 +19,9 @@ from spotwise.control.providers.base import (
     parse_options,
 )
 from spotwise.control.providers.process import ProcessBacked, ProcessMachines
+
+if TYPE_CHECKING:
+    from spotwise.control.spec import Resources
 
 
 class LocalOptions(Options):
@@ -36,6 +39,7 @@ class LocalProvider(ProcessBacked):
         epoch: float,
         instance_type: str | None,
         preflight: bool = False,
+        resources: Resources | None = None,
     ):
         opts = parse_options(LocalOptions, self.name, options)
         # a local process is on no cloud: the runtime must never probe metadata endpoints

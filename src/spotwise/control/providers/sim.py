@@ -16,7 +16,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 from pydantic import Field
@@ -35,6 +35,9 @@ from spotwise.control.providers.base import (
 )
 from spotwise.control.providers.process import ProcessBacked, ProcessMachines
 from spotwise.errors import CapacityError, ConfigError
+
+if TYPE_CHECKING:
+    from spotwise.control.spec import Resources
 
 NOTICES = {"sigterm": NoticeKind.SIGNAL, "aws": NoticeKind.AWS_IMDS}
 
@@ -116,7 +119,7 @@ class SimProvider(ProcessBacked):
     Options = SimOptions
 
     def __init__(self, options: dict[str, Any], *, epoch: float, instance_type: str | None,
-                 preflight: bool = False):
+                 preflight: bool = False, resources: Resources | None = None):
         opts = parse_options(SimOptions, self.name, options)
         self.notice_s, self.boot_s, self.notice = opts.notice_s, opts.boot_s, opts.notice
         zones, avail, gap_s = _load_zones(opts.trace, opts.zones)

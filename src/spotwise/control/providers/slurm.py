@@ -14,7 +14,7 @@ import re
 import shlex
 import subprocess
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import Field
 
@@ -35,6 +35,9 @@ from spotwise.errors import (
     ProviderUnavailableError,
     TransientProviderError,
 )
+
+if TYPE_CHECKING:
+    from spotwise.control.spec import Resources
 
 _PENDING = {"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "CONFIGURING", "RESIZING",
             "SUSPENDED"}
@@ -87,7 +90,7 @@ class SlurmProvider:
     Options = SlurmOptions
 
     def __init__(self, options: dict[str, Any], *, epoch: float, instance_type: str | None,
-                 preflight: bool = False):
+                 preflight: bool = False, resources: Resources | None = None):
         opts = parse_options(SlurmOptions, self.name, options)
         self.partition, self.signal, self.signal_s = opts.partition, opts.signal, opts.signal_s
         self.time_limit, self.extra_args = opts.time_limit, opts.extra_args

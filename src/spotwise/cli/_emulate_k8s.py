@@ -1,0 +1,81 @@
+"""``spotwise emulate kubernetes``: a loopback Kubernetes cluster to rehearse a job file on.
+
+It writes a kubeconfig (0600, a random token) for the official client and the ``kubernetes``
+provider, runs pods as local processes and evicts them on a schedule the way a spot node is
+reclaimed, so ``spotwise launch job-k8s.yaml`` can be tried before paying for a node.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import typer
+
+from spotwise.errors import ConfigError
+
+
+def kubernetes(
+    state_dir: Path = typer.Option(
+        Path("spotwise-k8s"), "--dir", help="Where the kubeconfig, pod logs and volumes go."
+    ),
+    flavour: str = typer.Option("gke", help="Node labels of: gke, eks, aks or plain (no spot)."),
+    spot_nodes: int = typer.Option(1, min=0, help="Spot GPU nodes."),
+    on_demand_nodes: int = typer.Option(1, min=0, help="On-demand GPU nodes."),
+    gpus: int = typer.Option(1, min=0, help="nvidia.com/gpu per node (0: a cluster without GPUs)."),
+    evict_after: list[float] = typer.Option(
+        [],
+        "--evict-after",
+        help="Evict the k-th pod to start after this many seconds of "
+        "running (repeat for the next pods).",
+    ),
+    evict_mode: str = typer.Option(
+        "shutdown",
+        help="shutdown (graceful node shutdown, the pod stays Failed) or delete "
+        "(the node vanishes, the pod object is removed).",
+    ),
+    shutdown_grace: float = typer.Option(
+        None, help="Cap on the grace an evicted pod gets (default: its own grace period)."
+    ),
+    namespace: str = typer.Option("default", help="Namespace to create besides default."),
+    pvc: list[str] = typer.Option(
+        ["spotwise-checkpoints"], "--pvc", help="PersistentVolumeClaims to create (repeatable)."
+    ),
+    port: int = typer.Option(0, help="Port to listen on (0: any free port)."),
+    host: str = typer.Option("127.0.0.1", help="Address to bind."),
+    duration: float = typer.Option(None, help="Stop after this many seconds."),
+) -> None:
+    """Emulate a Kubernetes cluster with a spot GPU pool (API subset, pods as processes)."""
+    from spotwise.cli.emulate import listen
+    from spotwise.emulators.kubernetes import KubernetesEmulator, pool_nodes
+
+    try:
+        nodes = pool_nodes(flavour, spot=spot_nodes, on_demand=on_demand_nodes, gpus_per_node=gpus)
+        emu = KubernetesEmulator(
+            state_dir,
+            nodes=nodes,
+            evict_after_s=evict_after,
+            evict_mode=evict_mode,
+            shutdown_grace_s=shutdown_grace,
+            namespace=namespace,
+            volumes=tuple(pvc),
+            host=host,
+            port=port,
+        )
+    except ValueError as exc:
+        raise ConfigError(str(exc), hint="see spotwise emulate kubernetes --help") from None
+    url = listen(emu, host, port)
+    typer.echo(f"kubernetes API emulator listening on {url}")
+    typer.echo(f"export KUBECONFIG={emu.kubeconfig.resolve()}")
+    reported = 0
+    started = time.monotonic()
+    try:
+        while duration is None or time.monotonic() - started < duration:
+            for name in emu.cluster.evictions[reported:]:
+                typer.echo(f"evicted pod {name} at t+{time.monotonic() - started:.1f}s")
+            reported = len(emu.cluster.evictions)
+            time.sleep(0.2)
+    except KeyboardInterrupt:
+        typer.echo("stopping")
+    finally:
+        emu.stop()

@@ -1,0 +1,216 @@
+"""The Kubernetes ``Job`` one attempt runs as: a pure function of the provider's options and the
+attempt, so ``launch --dry-run`` prints exactly what ``launch`` creates.
+
+Why each part is there:
+
+- ``backoffLimit: 0`` + ``podFailurePolicy`` FailJob on exit 75 and on ``DisruptionTarget``: a
+  preempted or interrupted attempt ends the Job at once, so Kubernetes never retries behind the
+  controller's back (the controller decides where the next attempt goes and what it costs).
+  ``podReplacementPolicy: Failed`` keeps a second pod from starting while the first still saves.
+- ``nvidia.com/gpu`` in requests and limits (extended resources must be equal in both), plus a
+  toleration of the ``nvidia.com/gpu`` taint GPU node pools carry.
+- Spot placement per managed-cluster flavour: the label the service puts on spot nodes, and for
+  AKS the toleration of the taint it puts on spot pools; on-demand attempts keep off spot nodes.
+- ``terminationGracePeriodSeconds`` = the notice budget, the time SIGTERM -> SIGKILL the
+  training process gets to save (``SPOTWISE_GRACE_S`` tells the runtime the same number).
+- Checkpoints on a PVC mounted at ``checkpoint_mount`` (one sub-directory per job), or an
+  ``s3://`` run directory; credentials only as ``secretKeyRef`` references, never values.
+- ``automountServiceAccountToken: false``: the training process needs no Kubernetes API access.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Literal
+
+from pydantic import Field, field_validator
+
+from spotwise.control.providers.base import Options
+
+GPU = "nvidia.com/gpu"
+CONTAINER = "train"
+EXIT_PREEMPTED = 75
+LABEL_JOB = "spotwise.dev/job"
+LABEL_ATTEMPT = "spotwise.dev/attempt"
+Flavour = Literal["gke", "eks", "aks"]
+
+# flavour -> (spot node label, its value, whether spot pools carry a taint of that label)
+SPOT_LABELS: dict[str, tuple[str, str, bool]] = {
+    "gke": ("cloud.google.com/gke-spot", "true", False),
+    "eks": ("eks.amazonaws.com/capacityType", "SPOT", False),
+    "aks": ("kubernetes.azure.com/scalesetpriority", "spot", True),
+}
+# seconds from notice to SIGKILL a pod can count on: GKE gives non-system pods 15 s of the
+# 30 s Spot shutdown; EKS has the 2-minute spot notice (drained by the node termination
+# handler or Karpenter); AKS Scheduled Events announce spot eviction 30 s ahead.
+DEFAULT_GRACE_S = {"gke": 15.0, "eks": 110.0, "aks": 25.0, None: 30.0}
+
+
+class KubernetesOptions(Options):
+    """``provider.options`` of a Kubernetes job (docs/control.md lists them)."""
+
+    image: str = Field(min_length=1)
+    flavour: Flavour | None = None  # where spot nodes are labelled the managed service's way
+    namespace: str | None = None  # default: the kubeconfig context's, else "default"
+    kubeconfig: str | None = None  # default: $KUBECONFIG, ~/.kube/config, or in-cluster
+    context: str | None = None
+    working_dir: str | None = None  # in the image; default: the job's workdir
+    node_selector: dict[str, str] = Field(default_factory=dict)
+    tolerations: list[dict[str, Any]] = Field(default_factory=list)
+    checkpoint_pvc: str | None = None  # PVC holding the checkpoints (or an s3:// checkpoint_dir)
+    checkpoint_mount: str = "/checkpoints"
+    secret_env: dict[str, str] = Field(default_factory=dict)  # NAME: secret-name/key
+    service_account: str | None = None
+    image_pull_secrets: list[str] = Field(default_factory=list)
+    memory: str | None = None  # e.g. 16Gi
+    grace_s: float | None = Field(default=None, gt=0, le=3600)
+    usd_per_hour: float = Field(default=0.0, ge=0)  # spot price of one node (for the budget)
+    ondemand_usd_per_hour: float | None = Field(default=None, ge=0)
+    poll_s: float = Field(default=1.0, gt=0, le=60)
+    check_nodes: bool = True  # refuse before launch if no node can run the job
+
+    @field_validator("secret_env")
+    @classmethod
+    def _refs(cls, v: dict[str, str]) -> dict[str, str]:
+        for name, ref in v.items():
+            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+                raise ValueError(f"{name!r} is not an environment variable name")
+            if not re.fullmatch(r"[a-z0-9][-a-z0-9.]*/[-._a-zA-Z0-9]+", ref):
+                raise ValueError(
+                    f"{name}: {ref!r} is not a secret reference; write "
+                    "secret-name/key (the value stays in the cluster's Secret)"
+                )
+        return v
+
+    @field_validator("checkpoint_mount")
+    @classmethod
+    def _mount(cls, v: str) -> str:
+        if not v.startswith("/") or v.rstrip("/") == "":
+            raise ValueError("checkpoint_mount must be an absolute path other than /")
+        return v.rstrip("/")
+
+    @property
+    def grace(self) -> float:
+        return self.grace_s if self.grace_s is not None else DEFAULT_GRACE_S[self.flavour]
+
+
+def dns_name(text: str) -> str:
+    """A Kubernetes object name (RFC 1123 label, <= 63 chars) from a spotwise key."""
+    name = re.sub(r"[^a-z0-9-]+", "-", text.lower()).strip("-")
+    return name[:63].rstrip("-") or "spotwise"
+
+
+def placement(opts: KubernetesOptions, market: str) -> dict[str, Any]:
+    """nodeSelector / affinity / tolerations of the pod for ``market`` ("spot"|"on-demand")."""
+    selector = dict(opts.node_selector)
+    tolerations = [dict(t) for t in opts.tolerations]
+    spec: dict[str, Any] = {}
+    if opts.flavour is not None:
+        key, value, tainted = SPOT_LABELS[opts.flavour]
+        if market == "spot":
+            selector[key] = value
+            if tainted:
+                tolerations.append(
+                    {"key": key, "operator": "Equal", "value": value, "effect": "NoSchedule"}
+                )
+        else:
+            spec["affinity"] = {
+                "nodeAffinity": {
+                    "requiredDuringSchedulingIgnoredDuringExecution": {
+                        "nodeSelectorTerms": [
+                            {
+                                "matchExpressions": [
+                                    {"key": key, "operator": "NotIn", "values": [value]}
+                                ]
+                            }
+                        ]
+                    }
+                }
+            }
+    if selector:
+        spec["nodeSelector"] = selector
+    if tolerations:
+        spec["tolerations"] = tolerations
+    return spec
+
+
+def job_manifest(
+    opts: KubernetesOptions,
+    *,
+    name: str,
+    namespace: str,
+    job_id: str,
+    n: int,
+    argv: list[str],
+    env: dict[str, str],
+    workdir: str,
+    market: str,
+    gpu_count: int,
+    cpus: int,
+) -> dict[str, Any]:
+    """The ``batch/v1`` Job of attempt ``n`` (plain data, kubectl-compatible)."""
+    labels = {"app.kubernetes.io/managed-by": "spotwise", LABEL_JOB: job_id, LABEL_ATTEMPT: str(n)}
+    resources: dict[str, Any] = {"requests": {"cpu": str(cpus)}}
+    if opts.memory:
+        resources["requests"]["memory"] = opts.memory
+        resources["limits"] = {"memory": opts.memory}
+    pod: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "terminationGracePeriodSeconds": round(opts.grace),
+        "automountServiceAccountToken": False,
+        **placement(opts, market),
+    }
+    if gpu_count:
+        resources["requests"][GPU] = str(gpu_count)
+        resources.setdefault("limits", {})[GPU] = str(gpu_count)
+        pod.setdefault("tolerations", []).append(
+            {"key": GPU, "operator": "Exists", "effect": "NoSchedule"}
+        )
+    env_list: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in sorted(env.items())]
+    for var, ref in sorted(opts.secret_env.items()):
+        secret, key = ref.split("/", 1)
+        env_list.append({"name": var, "valueFrom": {"secretKeyRef": {"name": secret, "key": key}}})
+    container: dict[str, Any] = {
+        "name": CONTAINER,
+        "image": opts.image,
+        "command": list(argv),
+        "workingDir": opts.working_dir or workdir,
+        "env": env_list,
+        "resources": resources,
+    }
+    if opts.checkpoint_pvc:
+        container["volumeMounts"] = [{"name": "checkpoints", "mountPath": opts.checkpoint_mount}]
+        pod["volumes"] = [
+            {"name": "checkpoints", "persistentVolumeClaim": {"claimName": opts.checkpoint_pvc}}
+        ]
+    pod["containers"] = [container]
+    if opts.service_account:
+        pod["serviceAccountName"] = opts.service_account
+    if opts.image_pull_secrets:
+        pod["imagePullSecrets"] = [{"name": s} for s in opts.image_pull_secrets]
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": name, "namespace": namespace, "labels": labels},
+        "spec": {
+            "backoffLimit": 0,
+            "podReplacementPolicy": "Failed",
+            "podFailurePolicy": {
+                "rules": [
+                    {
+                        "action": "FailJob",
+                        "onExitCodes": {
+                            "containerName": CONTAINER,
+                            "operator": "In",
+                            "values": [EXIT_PREEMPTED],
+                        },
+                    },
+                    {
+                        "action": "FailJob",
+                        "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}],
+                    },
+                ]
+            },
+            "template": {"metadata": {"labels": dict(labels)}, "spec": pod},
+        },
+    }

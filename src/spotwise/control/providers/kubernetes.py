@@ -1,0 +1,618 @@
+"""``kubernetes``: each attempt is a ``batch/v1`` Job (one pod) on a Kubernetes cluster.
+
+The manifest (``kube_manifest.py``) makes the Job fail at once on exit 75 or node disruption,
+so Kubernetes never retries behind the controller's back; the controller decides the next
+attempt. Status comes from watching the job's Jobs and pods (list + watch from the list's
+resourceVersion, relisting on ``410 Expired`` or a dropped stream), not from polling each
+object: the pod's phase, its ``DisruptionTarget`` condition (spot reclaim, eviction,
+preemption), its container's exit code, and the Job's conditions. Once an attempt's outcome is
+read, its output is appended to the job log, the outcome is kept in the attempt directory and
+the Job is deleted with its pod, so a finished job leaves nothing in the cluster.
+
+The official client is imported lazily (``pip install 'spotwise[kubernetes]'``); its errors are
+translated here into the provider error tree. Credentials stay in the kubeconfig: pods are not
+on the controller's host (``same_host=False``), so a manifest carries only the job's own ``env``
+and the attempt's ``SPOTWISE_*`` variables; secrets are passed by reference (``secret_env``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from calendar import timegm
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from spotwise.control.providers.base import (
+    AttemptStatus,
+    Features,
+    Handle,
+    LaunchRequest,
+    NoticeKind,
+    Phase,
+    Prices,
+    Pricing,
+    parse_options,
+)
+from spotwise.control.providers.kube_manifest import (
+    GPU,
+    LABEL_ATTEMPT,
+    LABEL_JOB,
+    SPOT_LABELS,
+    KubernetesOptions,
+    dns_name,
+    job_manifest,
+)
+from spotwise.errors import (
+    ConfigError,
+    ProviderError,
+    ProviderUnavailableError,
+    TransientProviderError,
+)
+from spotwise.registry import require
+
+if TYPE_CHECKING:
+    from spotwise.control.spec import Resources
+
+log = logging.getLogger("spotwise.providers.kubernetes")
+LOG_EVERY_S = 2.0  # how often a running pod's new output is copied into the job log
+_FATAL_WAITING = {
+    "CreateContainerConfigError",
+    "InvalidImageName",
+    "ErrImageNeverPull",
+    "CreateContainerError",
+}
+
+
+def _timestamp(value: Any) -> float | None:
+    """A client datetime (or RFC 3339 string) -> epoch seconds."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return float(timegm(time.strptime(value, "%Y-%m-%dT%H:%M:%SZ")))
+    return float(value.timestamp())
+
+
+class _Informer:
+    """The current pods or Jobs carrying one label, kept by list + watch on a daemon thread.
+
+    Deleted objects are kept as tombstones (their last state), because a Job deleted with its
+    pod still has to tell how the pod ended. After ``give_up_s`` of failing to list, the thread
+    ends (the API is gone, or so is the provider object); the next ``status`` starts another."""
+
+    def __init__(
+        self, kube: Any, list_fn: Any, namespace: str, selector: str, give_up_s: float = 60.0
+    ) -> None:
+        self._kube, self._list, self._ns, self._selector = kube, list_fn, namespace, selector
+        self._objects: dict[str, Any] = {}
+        self._tombstones: dict[str, Any] = {}
+        self._lock = threading.Lock()
+        self._give_up_s = give_up_s
+        self.synced = threading.Event()
+        self.error = ""
+        self._thread = threading.Thread(target=self._run, name="spotwise-k8s-watch", daemon=True)
+        self._thread.start()
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def _run(self) -> None:
+        failing_since: float | None = None
+        while failing_since is None or time.monotonic() - failing_since < self._give_up_s:
+            try:
+                listed = self._list(self._ns, label_selector=self._selector)
+                with self._lock:
+                    self._objects = {o.metadata.name: o for o in listed.items}
+                self.synced.set()
+                self.error, failing_since = "", None
+                stream = self._kube.watch.Watch().stream(
+                    self._list,
+                    self._ns,
+                    label_selector=self._selector,
+                    resource_version=listed.metadata.resource_version,
+                    timeout_seconds=300,
+                )
+                for event in stream:
+                    obj = event["object"]
+                    with self._lock:
+                        if event["type"] == "DELETED":
+                            self._objects.pop(obj.metadata.name, None)
+                            self._tombstones[obj.metadata.name] = obj
+                        elif event["type"] in ("ADDED", "MODIFIED"):
+                            self._objects[obj.metadata.name] = obj
+            except Exception as exc:  # any failure (stream dropped, 410, API down): relist
+                self.error = f"{type(exc).__name__}: {exc}"
+                log.debug("watch of %s restarts: %s", self._selector, self.error)
+                failing_since = failing_since or time.monotonic()
+                time.sleep(0.5)
+
+    def items(self) -> list[Any]:
+        with self._lock:
+            return list(self._objects.values())
+
+    def gone(self) -> list[Any]:
+        with self._lock:
+            return list(self._tombstones.values())
+
+
+class KubernetesProvider:
+    name = "kubernetes"
+    Options = KubernetesOptions
+
+    def __init__(
+        self,
+        options: dict[str, Any],
+        *,
+        epoch: float,
+        instance_type: str | None,
+        preflight: bool = False,
+        resources: Resources | None = None,
+    ) -> None:
+        self.opts = parse_options(KubernetesOptions, self.name, options)
+        self.gpu_count = resources.gpu_count if resources is not None else 0
+        self.cpus = resources.cpus if resources is not None else 1
+        self._kube = require("kubernetes", "kubernetes", "the 'kubernetes' provider")
+        self._urllib3 = require("urllib3", "kubernetes", "the 'kubernetes' provider")
+        self._api, context_ns = self._connect()
+        self.namespace = self.opts.namespace or context_ns or "default"
+        self._core = self._kube.client.CoreV1Api(self._api)
+        self._batch = self._kube.client.BatchV1Api(self._api)
+        zone = f"{self.opts.flavour or 'k8s'}/{self.namespace}"
+        spot_price = self.opts.usd_per_hour
+        ondemand = self.opts.ondemand_usd_per_hour
+        ondemand = spot_price if ondemand is None else ondemand
+        self.prices = Prices(
+            {
+                ("spot", zone): Pricing(spot_price, ondemand),
+                ("on-demand", zone): Pricing(ondemand, ondemand),
+            }
+        )
+        self.features = Features(
+            zones=(zone,),
+            spot=self.opts.flavour is not None,
+            notice=NoticeKind.SIGNAL,
+            poll_s=self.opts.poll_s,
+            grace_s=self.opts.grace,
+            platform="kubernetes",
+            same_host=False,
+        )
+        self._informers: dict[str, tuple[_Informer, _Informer]] = {}
+        self._log_copied: dict[str, float] = {}  # Job name -> when its pod's log was copied
+        if preflight:
+            self._preflight()
+
+    # --- connecting ---------------------------------------------------------------------------
+    def _connect(self) -> tuple[Any, str | None]:
+        config = self._kube.config
+        path = self.opts.kubeconfig or os.environ.get("KUBECONFIG") or None
+        try:
+            if (
+                path is None
+                and not Path("~/.kube/config").expanduser().exists()
+                and os.environ.get("KUBERNETES_SERVICE_HOST")
+            ):
+                config.load_incluster_config()
+                return self._kube.client.ApiClient(), None
+            contexts, active = config.list_kube_config_contexts(config_file=path)
+            chosen = (
+                next((c for c in contexts if c["name"] == self.opts.context), None)
+                if self.opts.context
+                else active
+            )
+            if chosen is None:
+                names = ", ".join(c["name"] for c in contexts)
+                raise ConfigError(
+                    f"provider.kubernetes.context: no context "
+                    f"{self.opts.context!r} in the kubeconfig",
+                    hint=f"known contexts: {names}",
+                )
+            api = config.new_client_from_config(config_file=path, context=chosen["name"])
+        except config.ConfigException as exc:
+            where = path or "~/.kube/config"
+            raise ConfigError(
+                f"provider.kubernetes.kubeconfig: cannot use {where}: {exc}",
+                hint="point provider.kubernetes.kubeconfig (or $KUBECONFIG) at "
+                "a valid kubeconfig, e.g. the one `spotwise emulate kubernetes` "
+                "writes",
+            ) from None
+        return api, (chosen.get("context") or {}).get("namespace")
+
+    def _call(self, what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        """One API call, its failures translated into the provider error tree."""
+        rest = self._kube.client.exceptions
+        try:
+            return fn(*args, **kwargs)
+        except rest.ApiException as exc:
+            message = _api_message(exc)
+            if exc.status == 401:
+                raise ProviderUnavailableError(
+                    f"the Kubernetes API rejected the credentials ({what}): {message}",
+                    hint="refresh the kubeconfig's credentials",
+                ) from None
+            if exc.status == 403:
+                raise ProviderError(
+                    f"not allowed to {what}: {message}",
+                    hint="grant the Role in docs/control.md (Kubernetes RBAC)",
+                ) from None
+            if exc.status in (429, 500, 502, 503, 504) or exc.status == 0:
+                raise TransientProviderError(f"{what}: {exc.status} {message}") from None
+            raise
+        except (self._urllib3.exceptions.HTTPError, OSError) as exc:
+            raise TransientProviderError(
+                f"cannot reach the Kubernetes API ({what}): {exc}"
+            ) from None
+
+    def _preflight(self) -> None:
+        """Refuse before anything is created: unreachable API, missing namespace or PVC, a
+        cluster whose nodes cannot run the job (no GPU resource, no spot label)."""
+        rest = self._kube.client.exceptions
+        try:
+            self._call("read the server version", self._kube.client.VersionApi(self._api).get_code)
+        except TransientProviderError as exc:
+            raise ProviderUnavailableError(
+                exc.message,
+                hint="check the kubeconfig's server, or start `spotwise emulate kubernetes`",
+            ) from None
+        try:
+            try:
+                self._call("read the namespace", self._core.read_namespace, self.namespace)
+            except ProviderError as exc:
+                if type(exc) is not ProviderError:  # unreachable, credentials: not RBAC
+                    raise
+                # 403: namespaces are cluster-scoped, a namespaced Role cannot read them
+                log.debug("namespace not checked: %s", exc.message)
+            if self.opts.checkpoint_pvc:
+                self._call(
+                    "read the checkpoint volume claim",
+                    self._core.read_namespaced_persistent_volume_claim,
+                    self.opts.checkpoint_pvc,
+                    self.namespace,
+                )
+        except rest.ApiException as exc:
+            if exc.status != 404:
+                raise
+            field, value = (
+                ("checkpoint_pvc", self.opts.checkpoint_pvc)
+                if "persistentvolume" in _api_message(exc)
+                else ("namespace", self.namespace)
+            )
+            raise ConfigError(
+                f"provider.kubernetes.{field}: {value!r} does not exist in the "
+                f"cluster ({_api_message(exc)})",
+                hint=f"create it first, or change provider.kubernetes.{field}",
+            ) from None
+        if not self.opts.check_nodes:  # e.g. a pool the autoscaler scales up from zero
+            return
+        try:
+            nodes = self._call("list nodes", self._core.list_node).items
+        except ProviderError as exc:  # listing nodes needs a ClusterRole: skip, say so
+            log.warning("cannot check the cluster's nodes (%s); launching anyway", exc.message)
+            return
+        self._check_nodes(nodes)
+
+    def _check_nodes(self, nodes: list[Any]) -> None:
+        selector = dict(self.opts.node_selector)
+        if self.opts.flavour is not None:
+            key, value, _ = SPOT_LABELS[self.opts.flavour]
+            selector[key] = value
+        fits = [
+            n
+            for n in nodes
+            if all((n.metadata.labels or {}).get(k) == v for k, v in selector.items())
+        ]
+        if not fits:
+            wanted = ", ".join(f"{k}={v}" for k, v in selector.items())
+            raise ConfigError(
+                f"no node of the cluster carries the label(s) {wanted} that "
+                f"provider.kubernetes.{'flavour' if self.opts.flavour else 'node_selector'} "
+                "asks for",
+                hint="add a spot node pool with that label, fix the flavour or "
+                "node_selector, or (on-demand only) remove provider.kubernetes.flavour; if "
+                "the pool scales up from zero nodes, set provider.kubernetes.check_nodes: false",
+            )
+        if self.gpu_count and not any(
+            int((n.status.allocatable or {}).get(GPU, 0)) >= self.gpu_count for n in fits
+        ):
+            raise ConfigError(
+                f"resources.gpu_count: {self.gpu_count} but no matching node of the cluster "
+                f"has {self.gpu_count} allocatable {GPU}",
+                hint="add a GPU node pool (with the NVIDIA device plugin) or lower "
+                "resources.gpu_count",
+            )
+
+    # --- the four methods ---------------------------------------------------------------------
+    def manifest(self, req: LaunchRequest) -> dict[str, Any]:
+        """The Job of attempt ``req`` (what ``launch`` creates and ``--dry-run`` prints)."""
+        ckpt = self._pod_checkpoint_dir(req)
+        local_ckpt = req.env.get("SPOTWISE_CHECKPOINT_DIR", "")
+        # the controller expanded $SPOTWISE_CHECKPOINT_DIR to its own path: the pod's differs
+        argv = [a.replace(local_ckpt, ckpt) if local_ckpt else a for a in req.argv]
+        return job_manifest(
+            self.opts,
+            name=dns_name(req.key),
+            namespace=self.namespace,
+            job_id=req.job_id,
+            n=req.n,
+            argv=argv,
+            env={**req.env, "SPOTWISE_CHECKPOINT_DIR": ckpt},
+            workdir=str(req.workdir),
+            market=req.placement.market,
+            gpu_count=self.gpu_count,
+            cpus=self.cpus,
+        )
+
+    def launch(self, req: LaunchRequest) -> Handle:
+        req.attempt_dir.mkdir(parents=True, exist_ok=True)
+        (req.attempt_dir / "outcome.json").unlink(missing_ok=True)
+        body = self.manifest(req)
+        rest = self._kube.client.exceptions
+        try:
+            self._call("create the Job", self._batch.create_namespaced_job, self.namespace, body)
+        except rest.ApiException as exc:
+            if exc.status != 409:  # 409: created by a launch whose answer was lost: adopt it
+                raise ProviderError(
+                    f"the cluster refused Job {body['metadata']['name']}: {_api_message(exc)}"
+                ) from None
+        return self._handle(req.job_id, body["metadata"]["name"], req.n, req.attempt_dir.parent)
+
+    def find(self, job_id: str, attempts_dir: Path) -> list[Handle]:
+        jobs = self._call(
+            "list Jobs",
+            self._batch.list_namespaced_job,
+            self.namespace,
+            label_selector=f"{LABEL_JOB}={job_id}",
+        ).items
+        return [
+            self._handle(
+                job_id, j.metadata.name, int(j.metadata.labels[LABEL_ATTEMPT]), attempts_dir
+            )
+            for j in jobs
+        ]
+
+    def status(self, handle: Handle) -> AttemptStatus:
+        outcome = Path(handle["dir"]) / "outcome.json"
+        if outcome.exists():
+            doc = json.loads(outcome.read_text())
+            return AttemptStatus(
+                Phase(doc["phase"]),
+                exit_code=doc["exit_code"],
+                ended_at=doc["ended_at"],
+                running_at=doc["running_at"],
+                detail=doc["detail"],
+            )
+        jobs, pods = self._watching(handle["job_id"])
+        name = handle["id"]
+
+        def of_job(objs: list[Any]) -> list[Any]:
+            return [p for p in objs if (p.metadata.labels or {}).get("job-name") == name]
+
+        live, gone = of_job(pods.items()), of_job(pods.gone())
+        if live:
+            return self._pod_status(live[-1], handle)
+        job = next((j for j in jobs.items() if j.metadata.name == name), None) or self._read_job(
+            name
+        )
+        last = gone[-1] if gone else None
+        if job is None:
+            return self._ended(handle, last, "the Job was deleted")
+        failed = _condition(job, "Failed")
+        if failed is not None or _condition(job, "Complete") is not None:
+            return self._ended(handle, last, failed.message if failed is not None else "")
+        if job.metadata.deletion_timestamp is not None:
+            return AttemptStatus(Phase.RUNNING, detail="the Job is being deleted")
+        return AttemptStatus(Phase.STARTING, detail="waiting for the Job's pod")
+
+    def terminate(self, handle: Handle) -> None:
+        """Delete the Job and its pod: the pod gets SIGTERM and ``grace_s`` to save."""
+        self._delete(handle["id"], grace_s=round(self.opts.grace))
+
+    # --- status helpers -----------------------------------------------------------------------
+    def _handle(self, job_id: str, name: str, n: int, attempts_dir: Path) -> Handle:
+        return {
+            "n": n,
+            "id": name,
+            "job_id": job_id,
+            "namespace": self.namespace,
+            "dir": str(attempts_dir / str(n)),
+            "log": str(attempts_dir.parent / "job.log"),
+        }
+
+    def _watching(self, job_id: str) -> tuple[_Informer, _Informer]:
+        if job_id not in self._informers or not all(i.alive for i in self._informers[job_id]):
+            selector = f"{LABEL_JOB}={job_id}"
+            self._informers[job_id] = (
+                _Informer(self._kube, self._batch.list_namespaced_job, self.namespace, selector),
+                _Informer(self._kube, self._core.list_namespaced_pod, self.namespace, selector),
+            )
+        jobs, pods = self._informers[job_id]
+        if not (jobs.synced.wait(10) and pods.synced.wait(10)):
+            raise TransientProviderError(
+                f"cannot watch the job's Jobs and pods: {jobs.error or pods.error or 'no answer'}"
+            )
+        return jobs, pods
+
+    def _read_job(self, name: str) -> Any:
+        """A Job the watch has not shown (yet): ask the API, None if it does not exist."""
+        rest = self._kube.client.exceptions
+        try:
+            return self._call("read the Job", self._batch.read_namespaced_job, name, self.namespace)
+        except rest.ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def _pod_status(self, pod: Any, handle: Handle) -> AttemptStatus:
+        phase = pod.status.phase if pod.status else None
+        state = _container_state(pod)
+        running_at = _timestamp(state.running.started_at) if state and state.running else None
+        if phase in ("Succeeded", "Failed"):
+            return self._ended(handle, pod, pod.status.message or "")
+        if (
+            state is not None
+            and state.waiting is not None
+            and state.waiting.reason in _FATAL_WAITING
+        ):
+            return self._settle(
+                handle,
+                pod,
+                AttemptStatus(
+                    Phase.EXITED,
+                    exit_code=None,
+                    detail=f"{state.waiting.reason}: {state.waiting.message}",
+                ),
+            )
+        if phase == "Running":
+            stopping = pod.metadata.deletion_timestamp is not None  # its log goes with it
+            if (
+                stopping
+                or time.monotonic() - self._log_copied.get(handle["id"], 0.0) >= LOG_EVERY_S
+            ):
+                self._copy_log(handle, pod)
+            return AttemptStatus(Phase.RUNNING, running_at=running_at)
+        scheduled = _condition(pod, "PodScheduled", "False")
+        detail = (
+            scheduled.message
+            if scheduled is not None
+            else (state.waiting.reason if state is not None and state.waiting else "Pending")
+        )
+        return AttemptStatus(Phase.STARTING, detail=detail or "Pending")
+
+    def _ended(self, handle: Handle, pod: Any, why: str) -> AttemptStatus:
+        """The outcome of a finished attempt: its exit code, or *lost* when the pod was taken
+        away (a disruption, or a deletion) and the process did not end by itself (0 or 75)."""
+        state = _container_state(pod) if pod is not None else None
+        term = state.terminated if state is not None else None
+        code = term.exit_code if term is not None else None
+        ended_at = _timestamp(term.finished_at) if term is not None else None
+        running_at = _timestamp(term.started_at) if term is not None else None
+        disrupted = _condition(pod, "DisruptionTarget") if pod is not None else None
+        deleted = pod is not None and pod.metadata.deletion_timestamp is not None
+        if code is not None and ((disrupted is None and not deleted) or code in (0, 75)):
+            status = AttemptStatus(
+                Phase.EXITED, exit_code=code, ended_at=ended_at, running_at=running_at, detail=why
+            )
+        else:
+            reason = (
+                f"{disrupted.reason}: {disrupted.message}"
+                if disrupted is not None
+                else "the pod was deleted before it could save"
+                if deleted
+                else why
+            )
+            status = AttemptStatus(
+                Phase.LOST,
+                exit_code=code,
+                ended_at=ended_at,
+                running_at=running_at,
+                detail=reason or "pod gone",
+            )
+        return self._settle(handle, pod, status)
+
+    def _settle(self, handle: Handle, pod: Any, status: AttemptStatus) -> AttemptStatus:
+        """Keep the outcome and the pod's output, then delete the Job: nothing is left behind."""
+        if pod is not None:
+            self._copy_log(handle, pod, final=True)
+        outcome = Path(handle["dir"]) / "outcome.json"
+        outcome.parent.mkdir(parents=True, exist_ok=True)
+        tmp = outcome.with_suffix(".tmp")
+        tmp.write_text(
+            json.dumps(
+                {
+                    "phase": status.phase.value,
+                    "exit_code": status.exit_code,
+                    "ended_at": status.ended_at,
+                    "running_at": status.running_at,
+                    "detail": status.detail,
+                }
+            )
+        )
+        tmp.replace(outcome)
+        self._delete(handle["id"], grace_s=0)
+        return status
+
+    def _copy_log(self, handle: Handle, pod: Any, final: bool = False) -> None:
+        """Append the part of the pod's output the job log does not have yet (so ``spotwise
+        logs -f`` follows a running pod); how much was copied is kept in the attempt directory,
+        so a restarted controller neither repeats nor skips lines."""
+        self._log_copied[handle["id"]] = time.monotonic()
+        rest = self._kube.client.exceptions
+        try:
+            text = self._call(
+                "read the pod's log",
+                self._core.read_namespaced_pod_log,
+                pod.metadata.name,
+                self.namespace,
+            )
+        except rest.ApiException:  # the pod is already gone: its output went with it
+            return
+        mark = Path(handle["dir"]) / "log-copied.json"
+        try:
+            done = json.loads(mark.read_text())
+        except (FileNotFoundError, ValueError):
+            done = {}
+        start = int(done.get(pod.metadata.name, 0))
+        if start > len(text):  # the kubelet rotated the log: copy what is there now
+            start = 0
+        new = text[start:]
+        if final and new and not new.endswith("\n"):
+            new += "\n"
+        if new:
+            with open(handle["log"], "a", encoding="utf-8") as out:
+                out.write(new)
+        mark.parent.mkdir(parents=True, exist_ok=True)
+        tmp = mark.with_suffix(".tmp")
+        tmp.write_text(json.dumps({**done, pod.metadata.name: start + len(new)}))
+        tmp.replace(mark)
+
+    def _delete(self, name: str, grace_s: int) -> None:
+        rest = self._kube.client.exceptions
+        try:
+            self._call(
+                "delete the Job",
+                self._batch.delete_namespaced_job,
+                name,
+                self.namespace,
+                propagation_policy="Foreground",
+                grace_period_seconds=grace_s,
+            )
+        except rest.ApiException as exc:
+            if exc.status != 404:  # already gone: terminate is idempotent
+                raise ProviderError(f"cannot delete Job {name}: {_api_message(exc)}") from None
+
+    # --- the pod's checkpoints ---------------------------------------------------------------
+    def _pod_checkpoint_dir(self, req: LaunchRequest) -> str:
+        local = req.env.get("SPOTWISE_CHECKPOINT_DIR", "")
+        if local.startswith("s3://"):
+            return local
+        if self.opts.checkpoint_pvc:
+            return f"{self.opts.checkpoint_mount}/{req.job_id}"
+        # a ProviderError, not a ConfigError: the controller ends the attempt with this message
+        raise ProviderError(
+            "provider.kubernetes: a pod's checkpoints need somewhere to live after the pod is gone",
+            hint="set provider.kubernetes.checkpoint_pvc (a PersistentVolumeClaim)"
+            " or an s3:// checkpoint_dir",
+        )
+
+
+def _container_state(pod: Any) -> Any:
+    statuses = (pod.status.container_statuses or []) if pod.status else []
+    return statuses[0].state if statuses else None
+
+
+def _condition(obj: Any, ctype: str, status: str = "True") -> Any:
+    """The object's condition of type ``ctype`` in ``status``, or None."""
+    for cond in (obj.status.conditions or []) if obj.status else []:
+        if cond.type == ctype and cond.status == status:
+            return cond
+    return None
+
+
+def _api_message(exc: Any) -> str:
+    try:
+        return str(json.loads(exc.body).get("message") or exc.reason)
+    except (TypeError, ValueError):
+        return str(exc.reason)

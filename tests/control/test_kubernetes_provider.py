@@ -1,0 +1,289 @@
+"""The ``kubernetes`` provider against the loopback cluster, through the official client: checks
+before launch, an attempt's life seen by watching (running, evicted and saved, lost, stopped),
+nothing left behind, and nothing of the controller's environment in the manifest."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from spotwise.control.controller import launch_request
+from spotwise.control.providers import LaunchRequest, Phase, Placement
+from spotwise.control.providers.kubernetes import KubernetesProvider
+from spotwise.control.spec import Resources, parse_spec
+from spotwise.emulators.kubelet import NodeSpec
+from spotwise.emulators.kubernetes import KubernetesEmulator, pool_nodes
+from spotwise.errors import ConfigError, ProviderError, ProviderUnavailableError
+
+SAVER = (
+    "import os, signal, sys, time\n"
+    "signal.signal(signal.SIGTERM, lambda *a: (print('saving', flush=True), sys.exit(75)))\n"
+    "print('ckpt', os.environ['SPOTWISE_CHECKPOINT_DIR'], flush=True)\n"
+    "time.sleep(60)\n"
+)
+STUBBORN = "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\ntime.sleep(60)\n"
+
+
+@pytest.fixture()
+def emu(tmp_path: Path) -> Iterator[KubernetesEmulator]:
+    with KubernetesEmulator(tmp_path / "cluster") as cluster:
+        yield cluster
+    assert cluster.cluster.running() == []
+
+
+def provider(
+    emu: KubernetesEmulator, *, gpu_count: int = 1, preflight: bool = True, **options: Any
+) -> KubernetesProvider:
+    opts = {
+        "image": "python:3.11",
+        "flavour": "gke",
+        "kubeconfig": str(emu.kubeconfig),
+        "checkpoint_pvc": "spotwise-checkpoints",
+        "grace_s": 3,
+        "poll_s": 0.1,
+        **options,
+    }
+    return KubernetesProvider(
+        opts,
+        epoch=time.time(),
+        instance_type=None,
+        preflight=preflight,
+        resources=Resources(gpu="T4", gpu_count=gpu_count),
+    )
+
+
+def request(
+    p: KubernetesProvider, tmp_path: Path, code: str, n: int = 1, market: str = "spot"
+) -> LaunchRequest:
+    """Attempt ``n`` as the controller builds it (``launch_request``)."""
+    spec = parse_spec(
+        {
+            "name": "digits",
+            "command": ["python", "-c", code],
+            "env": {"MY_SETTING": "42"},
+            "provider": {"name": "fake"},
+        },
+        base_dir=tmp_path,
+    )
+    job_dir = tmp_path / "job"
+    return launch_request(
+        spec,
+        p,
+        "digits-0a1b2c",
+        n,
+        Placement(market, p.features.zones[0]),
+        job_dir=job_dir,
+        log_path=job_dir / "job.log",
+    )
+
+
+def wait_phase(
+    p: KubernetesProvider, handle: dict[str, Any], phases: set[Phase], timeout: float = 30.0
+):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        status = p.status(handle)
+        if status.phase in phases:
+            return status
+        time.sleep(0.05)
+    raise AssertionError(f"still {status} after {timeout}s")
+
+
+def test_an_evicted_attempt_that_saved_reports_exit_75_and_leaves_nothing(emu, tmp_path):
+    emu.cluster.evict_after_s = [1.0]
+    p = provider(emu)
+    req = request(p, tmp_path, SAVER)
+    handle = p.launch(req)
+    assert p.find("digits-0a1b2c", req.attempt_dir.parent) == [handle]
+    running = wait_phase(p, handle, {Phase.RUNNING})
+    assert running.running_at is not None and abs(running.running_at - time.time()) < 5
+    ended = wait_phase(p, handle, {Phase.EXITED, Phase.LOST})
+    assert (ended.phase, ended.exit_code) == (Phase.EXITED, 75)
+    log = req.log_path.read_text()
+    # /checkpoints/<job> on the claim (the loopback kubelet maps the mount to a directory)
+    assert "volumes/default/spotwise-checkpoints/digits-0a1b2c\n" in log and "saving" in log
+    assert p.status(handle) == ended  # the outcome outlives the deleted Job
+    deadline = time.monotonic() + 10
+    while emu.leftovers() != {"jobs": [], "pods": [], "processes": []}:
+        assert time.monotonic() < deadline, emu.leftovers()
+        time.sleep(0.05)
+    assert p.find("digits-0a1b2c", req.attempt_dir.parent) == []
+
+
+def test_a_pod_killed_with_its_node_is_lost_with_the_disruption_reason(tmp_path):
+    with KubernetesEmulator(tmp_path / "c", evict_after_s=[0.5], evict_mode="delete") as emu:
+        p = provider(emu, grace_s=1)
+        handle = p.launch(request(p, tmp_path, STUBBORN))
+        ended = wait_phase(p, handle, {Phase.EXITED, Phase.LOST})
+        assert ended.phase is Phase.LOST and ended.exit_code == 137
+        assert "DeletionByPodGC" in ended.detail and "node shutdown" in ended.detail
+
+
+def test_terminate_gives_the_pod_its_grace_and_removes_the_job(emu, tmp_path):
+    p = provider(emu)
+    req = request(p, tmp_path, SAVER)
+    handle = p.launch(req)
+    deadline = time.monotonic() + 30
+    # the running pod's output reaches the job log while it runs (spotwise logs -f)
+    while not (req.log_path.exists() and "ckpt" in req.log_path.read_text()):
+        assert p.status(handle).phase in (Phase.STARTING, Phase.RUNNING)
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    p.terminate(handle)
+    p.terminate(handle)  # idempotent
+    ended = wait_phase(p, handle, {Phase.EXITED, Phase.LOST})
+    assert ended.exit_code == 75  # SIGTERM reached it and it saved
+    # no line twice (a deleted pod's last words may go with it, as on a real cluster)
+    assert req.log_path.read_text().count("ckpt") == 1
+    deadline = time.monotonic() + 10
+    while emu.leftovers()["pods"] or emu.leftovers()["jobs"]:
+        assert time.monotonic() < deadline, emu.leftovers()
+        time.sleep(0.05)
+
+
+def test_a_relaunch_after_a_lost_answer_adopts_the_existing_job(emu, tmp_path):
+    p = provider(emu)
+    req = request(p, tmp_path, "print('once')")
+    first = p.launch(req)
+    assert p.launch(req) == first  # 409 AlreadyExists: the same attempt, not a second one
+    ended = wait_phase(p, first, {Phase.EXITED, Phase.LOST})
+    assert (ended.phase, ended.exit_code) == (Phase.EXITED, 0)
+    assert req.log_path.read_text().count("once") == 1
+
+
+def test_the_manifest_carries_the_jobs_env_but_not_the_controllers(emu, tmp_path, monkeypatch):
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "controller-only")
+    p = provider(emu, secret_env={"HF_TOKEN": "hf/token"})
+    manifest = p.manifest(request(p, tmp_path, "pass"))
+    assert kubernetes_validate.validate(manifest, "1.31", strict=True)
+    text = yaml.safe_dump(manifest)
+    assert "controller-only" not in text and str(Path.home()) not in text
+    env = {
+        e["name"]: e.get("value", e.get("valueFrom"))
+        for e in manifest["spec"]["template"]["spec"]["containers"][0]["env"]
+    }
+    assert env["MY_SETTING"] == "42" and env["SPOTWISE_PLATFORM"] == "kubernetes"
+    assert env["SPOTWISE_CHECKPOINT_DIR"] == "/checkpoints/digits-0a1b2c"
+    assert env["HF_TOKEN"] == {"secretKeyRef": {"name": "hf", "key": "token"}}
+    assert manifest["spec"]["template"]["spec"]["containers"][0]["command"][0] == "python"
+
+
+def test_an_unschedulable_pod_is_starting_with_the_schedulers_reason(tmp_path):
+    nodes = [NodeSpec("spot-small", {"cloud.google.com/gke-spot": "true"}, gpus=1)]
+    with KubernetesEmulator(tmp_path / "c", nodes=nodes) as emu:
+        p = provider(emu, gpu_count=1)
+        busy = p.launch(request(p, tmp_path, SAVER, n=1))
+        wait_phase(p, busy, {Phase.RUNNING})
+        waiting = p.launch(request(p, tmp_path, SAVER, n=2))
+        deadline = time.monotonic() + 10
+        while "Insufficient nvidia.com/gpu" not in p.status(waiting).detail:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        assert p.status(waiting).phase is Phase.STARTING
+        for h in (busy, waiting):
+            p.terminate(h)
+            wait_phase(p, h, {Phase.EXITED, Phase.LOST})
+
+
+@pytest.mark.parametrize(
+    ("nodes", "options", "gpus", "words"),
+    [
+        (pool_nodes("gke", gpus_per_node=0), {}, 1, "resources.gpu_count: 1 but no matching node"),
+        (
+            pool_nodes("plain"),
+            {},
+            1,
+            "cloud.google.com/gke-spot=true that provider.kubernetes.flavour asks for",
+        ),
+        (pool_nodes("gke"), {"node_selector": {"pool": "a100"}}, 1, "pool=a100"),
+        (
+            pool_nodes("gke"),
+            {"checkpoint_pvc": "nope"},
+            1,
+            "provider.kubernetes.checkpoint_pvc: 'nope' does not exist",
+        ),
+        (
+            pool_nodes("gke"),
+            {"namespace": "research"},
+            1,
+            "provider.kubernetes.namespace: 'research' does not exist",
+        ),
+    ],
+)
+def test_a_cluster_that_cannot_run_the_job_is_refused_before_launch(
+    tmp_path, nodes, options, gpus, words
+):
+    with KubernetesEmulator(tmp_path / "c", nodes=nodes) as emu:
+        with pytest.raises(ConfigError) as err:
+            provider(emu, gpu_count=gpus, **options)
+        assert words in str(err.value)
+        assert emu.leftovers()["jobs"] == []
+
+
+def test_bad_kubeconfig_wrong_credentials_and_no_server_are_clear_errors(emu, tmp_path):
+    with pytest.raises(ConfigError, match=r"provider\.kubernetes\.kubeconfig"):
+        provider(emu, kubeconfig=str(tmp_path / "missing"))
+    with pytest.raises(ConfigError, match=r"provider\.kubernetes\.context: no context 'prod'"):
+        provider(emu, context="prod")
+    doc = yaml.safe_load(emu.kubeconfig.read_text())
+    doc["users"][0]["user"]["token"] = "stale"
+    stale = tmp_path / "stale-kubeconfig"
+    stale.write_text(yaml.safe_dump(doc))
+    with pytest.raises(ProviderUnavailableError, match="rejected the credentials") as err:
+        provider(emu, kubeconfig=str(stale))
+    assert "stale" not in str(err.value)  # the token is never echoed
+    doc["users"][0]["user"]["token"] = emu.token
+    doc["clusters"][0]["cluster"]["server"] = "http://127.0.0.1:9"  # nothing listens there
+    gone = tmp_path / "gone-kubeconfig"
+    gone.write_text(yaml.safe_dump(doc))
+    with pytest.raises(ProviderUnavailableError, match="cannot reach the Kubernetes API"):
+        provider(emu, kubeconfig=str(gone))
+
+
+def test_check_nodes_false_lets_a_pool_that_scales_from_zero_be_used(tmp_path):
+    with KubernetesEmulator(tmp_path / "c", nodes=[]) as emu:
+        with pytest.raises(ConfigError, match="check_nodes: false"):
+            provider(emu)
+        p = provider(emu, check_nodes=False)
+        handle = p.launch(request(p, tmp_path, "pass"))
+        deadline = time.monotonic() + 10
+        while "0/0 nodes are available" not in (status := p.status(handle)).detail:
+            assert status.phase is Phase.STARTING and time.monotonic() < deadline
+            time.sleep(0.05)
+        p.terminate(handle)
+        assert wait_phase(p, handle, {Phase.EXITED, Phase.LOST}).phase is Phase.LOST
+        assert emu.leftovers() == {"jobs": [], "pods": [], "processes": []}
+
+
+def test_checkpoints_go_to_s3_or_the_claim_and_nowhere_else(emu, tmp_path):
+    p = provider(emu, checkpoint_pvc=None)
+    spec = parse_spec(
+        {
+            "command": "python train.py --run-dir $SPOTWISE_CHECKPOINT_DIR",
+            "checkpoint_dir": "s3://bucket/runs/digits",
+            "provider": {"name": "fake"},
+        },
+        base_dir=tmp_path,
+    )
+    req = launch_request(
+        spec,
+        p,
+        "digits-0a1b2c",
+        1,
+        Placement("spot", p.features.zones[0]),
+        job_dir=tmp_path / "job",
+        log_path=tmp_path / "job" / "job.log",
+    )
+    manifest = p.manifest(req)
+    pod = manifest["spec"]["template"]["spec"]
+    assert pod["containers"][0]["command"][-1] == "s3://bucket/runs/digits"
+    assert "volumes" not in pod and "volumeMounts" not in pod["containers"][0]
+    with pytest.raises(ProviderError, match="checkpoint_pvc"):
+        p.launch(request(p, tmp_path, "pass"))  # a local path would die with the pod
+    assert emu.leftovers()["jobs"] == []
