@@ -136,3 +136,48 @@ def test_s3_outputs_with_object_store_leases(aws_env, tmp_path):
         open_storage(str(tmp_path / "local")), read_plan(open_storage(str(tmp_path / "local")))
     )
     assert _run(out, model, data).computed == []
+
+
+class _NoticeAfter:
+    """A notice source whose terminate notice arrives after ``n`` polls (as SIGTERM would)."""
+
+    def __init__(self, n: int) -> None:
+        self.polls, self.n, self.acknowledged = 0, n, False
+
+    def current(self):
+        from spotwise.notices.base import Notice, NoticeKind
+
+        self.polls += 1
+        return Notice("test", NoticeKind.TERMINATE, 0.0, None) if self.polls > self.n else None
+
+    def acknowledge(self, notice) -> None:
+        self.acknowledged = True
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_notice_stops_between_batches_hands_the_lease_back_and_exits_75(tmp_path):
+    from spotwise.batch import SQLiteLeases
+
+    model, data = _model(), _data()
+    notices = _NoticeAfter(5)  # shard 0 is 4 batches: the notice comes inside shard 1
+    with pytest.raises(SystemExit) as stop:
+        run_batch(
+            data,
+            lambda b: {"y": model(b[0])},
+            str(tmp_path / "out"),
+            model=model,
+            shard_size=50,
+            batch_size=16,
+            notices=notices,
+            lease_ttl_s=600,
+        )
+    assert stop.value.code == 75 and notices.acknowledged
+    written = sorted(p.name for p in (tmp_path / "out").glob("shard-*"))
+    assert written == ["shard-000000.safetensors"], "nothing partial of shard 1"
+    board = SQLiteLeases(tmp_path / "out" / "leases.db")
+    lease = board.claim("next", [1], ttl_s=5)  # handed back: no waiting for the 600 s lease
+    assert lease is not None
+    board.renew(lease, 0.0)
+    assert _run(tmp_path / "out", model, data).computed == [1, 2, 3, 4]

@@ -6,6 +6,7 @@ holder while an earlier lease on it is live."""
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import random
 import signal
@@ -16,6 +17,7 @@ from collections import defaultdict
 from pathlib import Path
 
 import pytest
+import yaml
 
 from spotwise.batch import read_plan, verify_outputs
 from spotwise.storage import open_storage
@@ -24,7 +26,8 @@ from spotwise.telemetry.events import read_events
 pytestmark = pytest.mark.e2e
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "digits" / "infer.py"
-ARGS = ["--shard-size", "2000", "--lease-ttl", "1.5", "--item-sleep", "0.01"]
+# 30,549 items in 31 shards keep the test quick; the example's default is >= 100,000 items
+ARGS = ["--items", "30000", "--shard-size", "1000", "--lease-ttl", "1.5", "--item-sleep", "0.02"]
 
 
 def _start(out: Path, events: Path, extra: list[str]) -> subprocess.Popen[str]:
@@ -130,7 +133,7 @@ def test_three_workers_each_killed_while_holding_a_lease(tmp_path, reference):
     rng = random.Random(1603)
     out, events = tmp_path / "out", tmp_path / "events.jsonl"
     names = [f"w{i}" for i in range(3)]
-    slow = ["--item-sleep", "0.06"]  # enough work left for five kills
+    slow = ["--item-sleep", "0.15"]  # enough work left for five kills
     procs = {n: _start(out, events, ["--worker", n, *slow]) for n in names}
     _wait_for_new_lease(events, 0, procs["w0"])
     victims = []
@@ -152,3 +155,38 @@ def test_three_workers_each_killed_while_holding_a_lease(tmp_path, reference):
             if e["shard"] == victim["shard"] and e["time"] > victim["time"]
         ]
         assert later, f"shard {victim['shard']} was never leased again after its holder died"
+
+
+def test_spotwise_infer_runs_workers_through_the_controller_across_preemptions(tmp_path, reference):
+    """`spotwise infer` on the sim market: both workers start in a zone whose spot capacity
+    ends after 9 s; they get the notice (exit 75 after handing back their shard, or killed while
+    still starting up), are relaunched in the next zone and finish; the outputs equal the
+    uninterrupted run's. (The notice path itself is tested in-process in test_batch.py.)"""
+    traces = tmp_path / "traces"
+    traces.mkdir()
+    for zone, counts in {"zb": [1] * 9 + [0] * 1991, "zc": [1] * 2000}.items():
+        (traces / f"{zone}_v100_1.json").write_text(
+            json.dumps({"metadata": {"gap_seconds": 10}, "data": counts})
+        )
+    job = tmp_path / "infer.yaml"
+    job.write_text(yaml.safe_dump({
+        "name": "infer-test", "workers": 2, "output": "preds", "market": "spot",
+        "command": f"python {EXAMPLE} --out $SPOTWISE_BATCH_OUT --worker $SPOTWISE_WORKER "
+                   f"--events {tmp_path / 'events.jsonl'} {' '.join(ARGS)} --item-sleep 0.25",
+        "provider": {"name": "sim", "trace": str(traces), "zones": ["zb", "zc"],
+                     "time_compression": 10, "notice_s": 1.5, "boot_s": 0,
+                     "spot_usd_per_hour": 1.0, "ondemand_usd_per_hour": 3.0},
+    }))  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", "from spotwise.cli.main import main; main()", "infer", str(job)],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env={**os.environ, "COLUMNS": "200"},
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"last output line: {reference}" in done.stdout
+    assert "31/31 shards, 30549 items" in done.stdout and "items/s" in done.stdout
+    assert done.stdout.count(": SUCCEEDED (") == 2, done.stdout
+    assert "SUCCEEDED (2 attempt(s))" in done.stdout, "a worker was relaunched after the notice"
+    _check_outputs(tmp_path / "preds", tmp_path / "events.jsonl")

@@ -222,6 +222,7 @@ def run_batch(
                 break
             lease = board.claim(holder, todo, lease_ttl_s)
             if lease is None:  # the rest is leased by live workers: wait for them or expiry
+                worker.check_notice(None)
                 sleep(min(1.0, lease_ttl_s / 4))
                 continue
             worker.do(lease)
@@ -277,7 +278,7 @@ class _Worker:
         held: Lease | None = lease
         with torch.no_grad():
             for batch in loader:
-                self._check_notice(held)
+                self.check_notice(held)
                 held = self._keep(held)
                 if held is None:
                     return
@@ -323,7 +324,7 @@ class _Worker:
         self._emit("renew", shard=lease.shard, token=lease.token, until=renewed.expires_at)
         return renewed
 
-    def _check_notice(self, lease: Lease | None) -> None:
+    def check_notice(self, lease: Lease | None) -> None:
         if self.notices is None:
             return
         notice = self.notices.current()
@@ -332,8 +333,11 @@ class _Worker:
         from spotwise.runtime.run import EXIT_INTERRUPTED
 
         if lease is not None:  # hand the shard back now instead of at expiry
-            self.board.renew(lease, 0.0)
-            self._emit("release", shard=lease.shard, token=lease.token, until=self.clock())
+            released = self.board.renew(lease, 0.0)
+            if released is not None:
+                self._emit(
+                    "release", shard=lease.shard, token=lease.token, until=released.expires_at
+                )
         self.notices.acknowledge(notice)
         self._emit("interrupted", source=notice.source)
         print(
