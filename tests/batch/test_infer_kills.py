@@ -103,13 +103,14 @@ def _holding(events: Path, procs: dict[str, subprocess.Popen[str]]) -> dict[str,
     raise AssertionError("no worker held a lease within 60 s")
 
 
-def _check_outputs(out: Path, events: Path) -> None:
+def _check_outputs(out: Path, events: Path, redone: bool = True) -> None:
     storage = open_storage(str(out))
     plan = read_plan(storage)
     assert verify_outputs(storage, plan) == [], "the ledger is complete and every CRC matches"
-    assert len(list((out / "ledger").iterdir())) == plan.shards
+    assert len(list((out / "ledger").glob("shard-*.json"))) == plan.shards
     _check_history(events, plan.shards)
-    assert len(read_events(events, "lease")) > plan.shards, "the kills cost leases to redo"
+    if redone:
+        assert len(read_events(events, "lease")) > plan.shards, "the kills cost leases to redo"
 
 
 def test_one_worker_killed_five_times_ends_byte_identical(tmp_path, reference):
@@ -189,4 +190,4 @@ def test_spotwise_infer_runs_workers_through_the_controller_across_preemptions(t
     assert "31/31 shards, 30549 items" in done.stdout and "items/s" in done.stdout
     assert done.stdout.count(": SUCCEEDED (") == 2, done.stdout
     assert "SUCCEEDED (2 attempt(s))" in done.stdout, "a worker was relaunched after the notice"
-    _check_outputs(tmp_path / "preds", tmp_path / "events.jsonl")
+    _check_outputs(tmp_path / "preds", tmp_path / "events.jsonl", redone=False)

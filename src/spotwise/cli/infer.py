@@ -48,7 +48,12 @@ def register(app: typer.Typer) -> None:
         output = _resolve_output(str(group_file.fields["output"]), job_file)
         store = Store()
         group = submit_group(
-            store, "infer", group_file, {"SPOTWISE_BATCH_OUT": output}, str(job_file.resolve())
+            store,
+            "infer",
+            group_file,
+            {"SPOTWISE_BATCH_OUT": output},
+            str(job_file.resolve()),
+            {"output": output},
         )
         console = Console()
         console.print(

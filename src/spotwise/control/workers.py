@@ -95,9 +95,11 @@ def submit_group(
     group_file: GroupFile,
     env: Mapping[str, str],
     spec_path: str | None = None,
+    resolved: Mapping[str, Any] | None = None,
 ) -> Group:
     """Create one job per worker (checked and recorded by the controller's ``submit``), with the
-    group's deadline and without a budget of its own: the group enforces the shared one."""
+    group's deadline and without a budget of its own: the group enforces the shared one.
+    ``resolved`` are the workload's fields as resolved (absolute paths), kept in the record."""
     spec = group_file.spec
     jobs = []
     for i in range(group_file.workers):
@@ -115,7 +117,7 @@ def submit_group(
         f"{kind}-{jobs[0].rsplit('-', 1)[-1]}",
         kind,
         jobs,
-        dict(group_file.fields),
+        {**group_file.fields, **(resolved or {})},
         spec.budget_usd,
         time.time(),
     )
