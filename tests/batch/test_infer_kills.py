@@ -117,14 +117,15 @@ def test_one_worker_killed_five_times_ends_byte_identical(tmp_path, reference):
     rng = random.Random(1601)
     out, events = tmp_path / "out", tmp_path / "events.jsonl"
     seen = 0
+    slow = ["--workers", "1", "--item-sleep", "0.1"]  # enough work left for five kills
     for _ in range(5):
-        proc = _start(out, events, ["--workers", "1"])
+        proc = _start(out, events, slow)
         _wait_for_new_lease(events, seen, proc)
         time.sleep(rng.uniform(0.0, 0.6))
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
         seen = len(read_events(events, "lease"))
-    assert _finish(_start(out, events, ["--workers", "1"])) == reference
+    assert _finish(_start(out, events, slow)) == reference
     _check_outputs(out, events)
 
 

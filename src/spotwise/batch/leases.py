@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 from spotwise.errors import ConfigError, StorageError
+from spotwise.registry import Entry, Registry
 
 Clock = Callable[[], float]
 
@@ -85,6 +86,8 @@ class SQLiteLeases:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._db = sqlite3.connect(self.path, timeout=60.0, isolation_level=None)
             self._db.execute("PRAGMA journal_mode=WAL")
+            # a lease lost to a power cut only means a shard is redone: no fsync per commit
+            self._db.execute("PRAGMA synchronous=NORMAL")
             self._db.executescript(_SCHEMA)
         except (OSError, sqlite3.Error) as exc:
             raise ConfigError(
@@ -238,18 +241,33 @@ def _parse(raw: bytes) -> tuple[bool, float] | None:
         return None  # torn or foreign: treat as expired and take it over
 
 
-def open_leases(uri: str, *, clock: Clock = time.time) -> LeaseBoard:
-    """``sqlite:///abs/path.db`` or a plain path -> SQLiteLeases; ``s3://bucket/prefix`` ->
-    ObjectLeases on that prefix."""
-    if uri.startswith("s3://"):
-        from spotwise.storage import open_storage
+# lease boards by URI scheme; a plain path is a SQLite file
+LEASE_BOARDS: Registry[LeaseBoard] = Registry(
+    "lease board",
+    {
+        "sqlite": "spotwise.batch.leases:SQLiteLeases",
+        "s3": Entry("spotwise.batch.leases:object_leases", "s3"),
+    },
+)
 
-        store = open_storage(uri)
-        return ObjectLeases(store, prefix="", clock=clock)  # type: ignore[arg-type]
-    path = uri[len("sqlite:///") :] if uri.startswith("sqlite:///") else uri
-    if "://" in path:
+
+def object_leases(uri: str, *, clock: Clock = time.time) -> ObjectLeases:
+    """ObjectLeases on the object store prefix ``uri``."""
+    from spotwise.storage import open_storage
+
+    return ObjectLeases(open_storage(uri), prefix="", clock=clock)  # type: ignore[arg-type]
+
+
+def open_leases(uri: str, *, clock: Clock = time.time) -> LeaseBoard:
+    """``sqlite:///path.db`` (SQLAlchemy's spelling: four slashes for an absolute path) or a
+    plain path -> SQLiteLeases; ``s3://bucket/prefix`` -> ObjectLeases on that prefix."""
+    scheme = uri.split("://", 1)[0].lower() if "://" in uri else "sqlite"
+    if scheme not in LEASE_BOARDS:
         raise ConfigError(
             f"unsupported lease location {uri!r}",
             hint="use sqlite:///path/leases.db or s3://bucket/prefix",
         )
-    return SQLiteLeases(path, clock=clock)
+    board = LEASE_BOARDS.load(scheme)
+    if scheme == "sqlite":
+        return board(uri[len("sqlite:///") :] if uri.startswith("sqlite:///") else uri, clock=clock)
+    return board(uri, clock=clock)

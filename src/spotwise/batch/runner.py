@@ -20,6 +20,7 @@ import logging
 import os
 import socket
 import sys
+import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -43,6 +44,7 @@ from spotwise.batch.plan import (
 )
 from spotwise.errors import ConfigError, StorageNotFoundError
 from spotwise.notices.base import NoticeSource
+from spotwise.runtime.run import EXIT_INTERRUPTED, _open_notices
 from spotwise.storage import Storage, open_storage
 from spotwise.telemetry.events import EventLog
 
@@ -190,7 +192,7 @@ def run_batch(
         if not isinstance(leases, LeaseBoard) else leases  # fmt: skip
     holder = name or f"{socket.gethostname()}:{os.getpid()}"
     log_events = EventLog(events) if events is not None else None
-    source = _notices(notices)
+    source = _open_notices(notices)  # the same notice sources as spotwise.Run
     worker = _Worker(
         dataset,
         fn,
@@ -212,6 +214,7 @@ def run_batch(
             done = committed_shards(storage, plan, ledger)
             todo = [s for s in range(plan.shards) if s not in done]
             if not todo and verify:
+                worker.flush()
                 todo = verify_outputs(storage, plan)
                 for shard in todo:  # damaged since: drop the entry so the shard is redone
                     log.warning("shard %d does not match its ledger entry; redoing it", shard)
@@ -222,11 +225,16 @@ def run_batch(
                 break
             lease = board.claim(holder, todo, lease_ttl_s)
             if lease is None:  # the rest is leased by live workers: wait for them or expiry
+                if worker.pending:
+                    worker.flush()  # our own shard being written may be all that is left
+                    continue
                 worker.check_notice(None)
                 sleep(min(1.0, lease_ttl_s / 4))
                 continue
             worker.do(lease)
+        worker.flush()
     finally:
+        worker.abandon()
         if source is not None:
             source.close()
     if log_events is not None:
@@ -258,6 +266,7 @@ class _Worker:
         self.computed: list[int] = []
         self.items = 0
         self.ledger: dict[str, dict[str, Any] | None] = {}
+        self._pending: tuple[threading.Thread, Lease, int, str, list[BaseException]] | None = None
 
     def _emit(self, kind: str, **fields: Any) -> None:
         if self.events is not None:
@@ -288,31 +297,57 @@ class _Worker:
             if self.plan.kind == "tensors"
             else encode_table(parts, stop - start)
         )
-        held = self._keep(held, force=True)  # still ours right before the commit
+        held = self._keep(held)  # still ours (renewed if a third of it has passed)
         if held is None:
             return
+        self.flush()
         crc = f"{crc32c.crc32c(data):08x}"
-        self.storage.put_bytes(
-            self.plan.ledger_key(lease.shard),
-            ledger_entry(lease.shard, start, stop, len(data), crc),
-        )
-        self.ledger.pop(self.plan.ledger_key(lease.shard), None)  # re-read: it was rewritten
-        self.storage.put_bytes(self.plan.shard_key(lease.shard), data)
-        self.board.finish(held)
-        self.computed.append(lease.shard)
-        self.items += stop - start
-        self._emit("shard-written", shard=lease.shard, token=lease.token, crc32c=crc)
-        print(
-            f"shard {len(self.computed)} done: {lease.shard + 1}/{self.plan.shards} "
-            f"items {start}-{stop}",
-            flush=True,
-        )
+        entry = ledger_entry(lease.shard, start, stop, len(data), crc)
+        errors: list[BaseException] = []
+        writer = threading.Thread(target=self._write, args=(lease.shard, entry, data, errors),
+                                  name="spotwise-batch-commit")  # fmt: skip
+        writer.start()  # the next shard is computed while this one is written
+        self._pending = (writer, held, stop - start, crc, errors)
 
-    def _keep(self, lease: Lease | None, force: bool = False) -> Lease | None:
-        """Renew the lease once a third of it has passed (or now); None if it was lost."""
+    @property
+    def pending(self) -> bool:
+        return self._pending is not None
+
+    def abandon(self) -> None:
+        """On an error: let a write under way end, without marking its lease finished."""
+        if self._pending is not None:
+            self._pending[0].join()
+            self._pending = None
+
+    def _write(self, shard: int, entry: bytes, data: bytes, errors: list[BaseException]) -> None:
+        try:
+            self.storage.put_bytes(self.plan.ledger_key(shard), entry)
+            self.storage.put_bytes(self.plan.shard_key(shard), data)
+        except BaseException as exc:  # raised on the worker's thread by flush()
+            errors.append(exc)
+
+    def flush(self) -> None:
+        """Wait for the shard being written and mark its lease finished."""
+        if self._pending is None:
+            return
+        writer, lease, items, crc, errors = self._pending
+        self._pending = None
+        writer.join()
+        if errors:
+            raise errors[0]
+        self.ledger.pop(self.plan.ledger_key(lease.shard), None)  # re-read: it was rewritten
+        self.board.finish(lease)
+        self.computed.append(lease.shard)
+        self.items += items
+        self._emit("shard-written", shard=lease.shard, token=lease.token, crc32c=crc)
+        log.info("shard %d/%d committed (%d by this worker)", lease.shard + 1, self.plan.shards,
+                 len(self.computed))  # fmt: skip
+
+    def _keep(self, lease: Lease | None) -> Lease | None:
+        """Renew the lease once a third of it has passed; None if it was lost."""
         if lease is None:
             return None
-        if not force and lease.expires_at - self.clock() > self.ttl_s * 2 / 3:
+        if lease.expires_at - self.clock() > self.ttl_s * 2 / 3:
             return lease
         renewed = self.board.renew(lease, self.ttl_s)
         if renewed is None:
@@ -330,8 +365,7 @@ class _Worker:
         notice = self.notices.current()
         if notice is None or not notice.is_terminate:
             return
-        from spotwise.runtime.run import EXIT_INTERRUPTED
-
+        self.flush()  # the shard being written is committed: that work is kept
         if lease is not None:  # hand the shard back now instead of at expiry
             released = self.board.renew(lease, 0.0)
             if released is not None:
@@ -349,21 +383,6 @@ class _Worker:
         )
         self.notices.close()
         raise SystemExit(EXIT_INTERRUPTED)
-
-
-def _notices(spec: NoticeSource | str | None) -> NoticeSource | None:
-    if spec is None:
-        return None
-    if spec == "auto":
-        from spotwise.notices.watcher import watch_from_environment
-
-        return watch_from_environment()
-    if isinstance(spec, NoticeSource):
-        return spec
-    raise ConfigError(
-        f"notices={spec!r} is not a notice source",
-        hint="use 'auto', None, or an object with current()/acknowledge()/close()",
-    )
 
 
 def describe(storage: Storage) -> Mapping[str, Any] | None:
