@@ -150,3 +150,13 @@ class TransientProviderError(ProviderError):
 
 class CapacityError(ProviderError):
     """No machine of the requested kind (spot in that zone) is available right now."""
+
+
+# --- workloads (batch inference, hyperparameter search) -----------------------------------------
+class WorkloadError(SpotwiseError):
+    """A batch-inference or hyperparameter-search problem."""
+
+
+class PlanMismatchError(WorkloadError, ConfigError):
+    """Existing outputs or a study were made by a different plan (model, shard size, dataset
+    length, search space, direction); nothing is overwritten."""

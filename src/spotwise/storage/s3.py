@@ -323,6 +323,42 @@ class S3Storage:
             ),
         )
 
+    def put_if(self, key: str, data: bytes, *, etag: str | None) -> str | None:
+        """Conditional put, the object store's compare-and-swap: create ``key`` only if it is
+        absent (``etag=None``: ``If-None-Match: *``) or replace it only if it still has ``etag``
+        (``If-Match``). Returns the new ETag, or None when another writer got there first."""
+        full = self._full(key)
+        condition = {"IfNoneMatch": "*"} if etag is None else {"IfMatch": etag}
+        metadata = {CRC_METADATA_KEY: _crc_hex(crc32c.crc32c(data))}
+
+        def put() -> str | None:
+            try:
+                response = self._client.put_object(
+                    Bucket=self.bucket, Key=full, Body=data, Metadata=metadata, **condition
+                )
+            except Exception as exc:
+                if _lost_race(exc):
+                    return None
+                raise
+            return str(response["ETag"])
+
+        return self._call(f"conditional put {key!r}", put)
+
+    def get_tagged(self, key: str) -> tuple[bytes, str] | None:
+        """The object and its ETag (for a later ``put_if``), or None if it does not exist."""
+        full = self._full(key)
+
+        def fetch() -> tuple[bytes, str] | None:
+            try:
+                response = self._client.get_object(Bucket=self.bucket, Key=full)
+            except Exception as exc:
+                if classify(exc) is Failure.NOT_FOUND:
+                    return None
+                raise
+            return response["Body"].read(), str(response["ETag"])
+
+        return self._call(f"get {key!r}", fetch)
+
     def put_file(self, key: str, source: Path) -> None:
         full = self._full(key)
         source = Path(source)
@@ -546,6 +582,17 @@ def _iter_body(body: Any) -> Iterator[bytes]:
         if not chunk:
             return
         yield chunk
+
+
+def _lost_race(exc: BaseException) -> bool:
+    """A conditional write refused because the object changed (412), or a concurrent conditional
+    write to the same key (409 ConditionalRequestConflict)."""
+    response = getattr(exc, "response", None)
+    if not isinstance(response, dict):
+        return False
+    code = str((response.get("Error") or {}).get("Code", ""))
+    status = int(response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
+    return code in ("PreconditionFailed", "ConditionalRequestConflict") or status in (409, 412)
 
 
 def _check_prefix(prefix: str) -> None:

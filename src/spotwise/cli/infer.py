@@ -1,0 +1,119 @@
+"""``spotwise infer JOB.yaml``: batch inference through the controller, ``workers: N`` jobs that
+split the shards by leases, with a progress bar and the throughput."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.console import Console
+
+
+def _resolve_output(output: str, job_file: Path) -> str:
+    if "://" in output:
+        return output
+    return str((job_file.resolve().parent / Path(output).expanduser()).resolve())
+
+
+def register(app: typer.Typer) -> None:
+    @app.command()
+    def infer(
+        job_file: Path = typer.Argument(
+            ...,
+            help="batch job (YAML): a job file with output: and "
+            "workers:, e.g. examples/digits/infer.yaml",
+        ),
+    ) -> None:
+        """Map a model over a dataset exactly once with N workers on spot machines.
+
+        Every worker is an ordinary job (relaunched after preemption); its command gets
+        $SPOTWISE_BATCH_OUT (the output location) and $SPOTWISE_WORKER. Shows shards done and
+        items per second; exits 0 when every worker succeeded.
+        """
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+        from spotwise.batch import describe
+        from spotwise.control.store import Store
+        from spotwise.control.workers import (
+            group_cost_usd,
+            load_group_file,
+            run_group,
+            submit_group,
+        )
+        from spotwise.storage import open_storage
+
+        group_file = load_group_file(job_file, "infer", {"output": None})
+        output = _resolve_output(str(group_file.fields["output"]), job_file)
+        store = Store()
+        group = submit_group(
+            store,
+            "infer",
+            group_file,
+            {"SPOTWISE_BATCH_OUT": output},
+            str(job_file.resolve()),
+            {"output": output},
+        )
+        console = Console()
+        console.print(
+            f"batch [bold]{group.id}[/]: {len(group.jobs)} worker job(s) "
+            f"({', '.join(group.jobs)}), output {output}",
+            highlight=False,
+        )
+        storage = open_storage(output)
+        started = time.monotonic()
+        first: dict[str, Any] = {}
+        with Progress(
+            TextColumn("shards"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[rate]} items/s  {task.fields[workers]}"),
+            console=console,
+            transient=False,
+        ) as bar:
+            task = bar.add_task("infer", total=None, rate="-", workers="")
+
+            def update(group, store) -> None:
+                info = describe(storage)
+                states = [store.job(j).state.value for j in group.jobs]
+                if info is None:
+                    bar.update(task, workers=" ".join(states))
+                    return
+                first.setdefault("items", info["items_done"])
+                elapsed = time.monotonic() - started
+                rate = (info["items_done"] - first["items"]) / elapsed if elapsed > 0 else 0.0
+                bar.update(
+                    task,
+                    total=info["shards"],
+                    completed=info["done"],
+                    rate=f"{rate:,.0f}",
+                    workers=" ".join(states),
+                )
+
+            states = run_group(group, on_update=update)
+        info = describe(storage) or {"done": 0, "shards": "?", "items_done": 0}
+        elapsed = time.monotonic() - started
+        cost = group_cost_usd(store, group)
+        console.print(
+            f"batch {group.id}: {info['done']}/{info['shards']} shards, {info['items_done']} "
+            f"items in {elapsed:.1f}s ({info['items_done'] / max(elapsed, 1e-9):,.0f} items/s), "
+            f"cost ${cost:.2f}" + (f"; stopped: {group.stop_reason}" if group.stop_reason else ""),
+            highlight=False,
+        )
+        for job_id in group.jobs:
+            state = states.get(job_id)
+            console.print(
+                f"  {job_id}: {state.value if state else '?'} "
+                f"({len(store.attempts(job_id))} attempt(s))",
+                highlight=False,
+            )
+        from spotwise.cli.jobs import _last_output_line
+
+        last = _last_output_line(store.job(group.jobs[0]).log_path)
+        if last:
+            console.print(
+                f"last output line: {last}", highlight=False, markup=False, soft_wrap=True
+            )
+        ok = all(s is not None and s.value == "SUCCEEDED" for s in states.values())
+        raise typer.Exit(0 if ok and len(states) == len(group.jobs) else 1)
