@@ -136,6 +136,7 @@ class LoaderWorkers:
         init = loader.worker_init_fn
         self.init = init if isinstance(init, WorkerInit) and loader.num_workers > 0 else None
         self._guard: _ChildGuard | None = None
+        self._current: Iterator[Any] | None = None  # the newest multi-worker iterator
         self._closed = False
 
     def start(self) -> Iterator[Any]:
@@ -149,7 +150,8 @@ class LoaderWorkers:
         self.init.ignore = signals
         self.init.unblock = tuple(s for s in signals if s not in before)
         try:
-            return iter(self.loader)
+            self._current = iter(self.loader)
+            return self._current
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, before)
 
@@ -183,13 +185,7 @@ class LoaderWorkers:
             if not workers or time.monotonic() >= deadline:
                 return
             time.sleep(0.005)
-        shutdown = getattr(iterator, "_shutdown_workers", None)
-        if shutdown is not None:
-            shutdown()  # the living workers too: a new iterator gets a full set
-        if getattr(self.loader, "_iterator", None) is iterator:  # persistent_workers=True
-            self.loader._iterator = None
-        if self._guard is not None:
-            self._guard.held = None  # it was about these workers, now shut down
+        self._stop(iterator)  # the living workers too: a new iterator gets a full set
         ended = ", ".join(f"pid {w.pid} ({_how(w.exitcode)})" for w in dead)
         raise DataLoaderError(
             f"DataLoader worker {ended} ended: {error}",
@@ -197,9 +193,25 @@ class LoaderWorkers:
             "with num_workers=0 to see the dataset's own error",
         ) from error
 
+    def _stop(self, iterator: Iterator[Any]) -> None:
+        """Shut the iterator's workers down now, under the guard: a worker death noticed on the
+        way is about them and is dropped (torch's own shutdown, at exit or in ``__del__``,
+        would print it as an ignored exception)."""
+        shutdown = getattr(iterator, "_shutdown_workers", None)
+        if shutdown is not None:
+            shutdown()
+        if getattr(self.loader, "_iterator", None) is iterator:  # persistent_workers=True
+            self.loader._iterator = None
+        if self._guard is not None:
+            self._guard.held = None
+        if self._current is iterator:
+            self._current = None
+
     def close(self) -> None:
-        """Give torch its SIGCHLD handler back once no Run iterates any more."""
+        """Stop the workers, then give torch its SIGCHLD handler back once no Run iterates."""
         self._closed = True
+        if self._current is not None:
+            self._stop(self._current)
         if self._guard is not None:
             _release_guard(self._guard)
             self._guard = None
