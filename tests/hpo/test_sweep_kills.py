@@ -49,6 +49,10 @@ def _kill_one_mid_trial(db: Path, run_root: Path, rng: random.Random) -> int:
             if t.state.name == "RUNNING" and attempts and \
                     any((run_root / f"trial-{t.number:05d}").glob("step-*")):  # fmt: skip
                 time.sleep(rng.uniform(0.0, 0.3))
+                # the trial may have finished meanwhile: kill only a worker still training it
+                study = optuna.load_study(study_name="digits", storage=f"sqlite:///{db}")
+                if study.get_trials()[t.number].state.name != "RUNNING":
+                    continue
                 try:
                     os.kill(attempts[-1]["pid"], signal.SIGKILL)
                 except ProcessLookupError:

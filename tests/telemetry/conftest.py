@@ -34,6 +34,8 @@ def demo_job_yaml(
     text = (ROOT / "examples" / "digits" / "job.yaml").read_text()
     text = text.replace("name: digits", f"name: {name}")
     text = text.replace("start_hour: 368 ", "start_hour: 399.5 ")
+    # spot in the listed zones' order (no policy): the first zone's loss is the preemption
+    text = text.replace("market: auto ", "market: spot ")
     text = text.replace(
         "--steps 400 --save-every 10 --step-sleep 0.1",
         f"--steps {steps} --save-every 10 --step-sleep {step_sleep}",
