@@ -220,11 +220,13 @@ def divergence(reference: list[dict], records: list[dict]) -> str | None:
     return None
 
 
-def ending_problem(pattern: Pattern, rc: int, err: str, run_dir: Path, stepped: bool) -> str | None:
+def ending_problem(
+    pattern: Pattern, rc: int, out: str, err: str, run_dir: Path, stepped: bool
+) -> str | None:
     """What is wrong with how a process ended after ``pattern`` (None: as promised). ``stepped``:
     it had trained, so its notice handlers were in place when the signal came."""
-    if rc == 0:
-        return None  # it reached the last step before the signal could matter
+    if rc == 0 or (final_hash(out) is not None and rc == -pattern.signum):
+        return None  # it had finished (and closed its Run) before the signal could matter
     if pattern.is_kill:
         return None if rc == -signal.SIGKILL else f"exit {rc} after SIGKILL"
     if not stepped and rc == -pattern.signum:
@@ -310,14 +312,14 @@ class Soak:
             return f"{where}: resumed from {resumed_steps(out)}, newest valid was {resume_point}"
         if "another process" in err:
             return f"{where}: the restart was refused:\n{err[-2000:]}"
-        problem = ending_problem(pattern, rc, err, run_dir, stepped) if reached else None
+        problem = ending_problem(pattern, rc, out, err, run_dir, stepped) if reached else None
         if problem is None and pattern.is_kill and not pattern.group and alive:
             stale = alive & group_members(child.pid)
             if stale and not lock_is_free(run_dir):
                 problem = f"stale workers {sorted(stale)} keep the run directory locked"
         if problem is None:
             problem = divergence(self.reference, read_trace(trace))
-        if problem is None and rc == 0:
+        if problem is None and final_hash(out) is not None:
             problem = self.finish_round(out)
         return None if problem is None else f"{where}: {problem}"
 

@@ -87,7 +87,7 @@ def interrupt(run_dir: Path, trace: Path, workers: int, pattern, seed: int) -> N
     where = f"{pattern.name}, workers={workers}: rc {rc}\n{err[-3000:]}"
     assert soak.resumed_steps(out) == ([resume_point] if resume_point else []), where
     assert rc != 0, f"{pattern.name} came too late: the run finished"
-    assert soak.ending_problem(pattern, rc, err, run_dir, stepped=True) is None, where
+    assert soak.ending_problem(pattern, rc, out, err, run_dir, stepped=True) is None, where
     if rc == 75:
         assert "killed by signal" not in err, where
     if workers and pattern.is_kill and not pattern.group:
