@@ -210,22 +210,38 @@ def live(starts: int) -> None:
             work_s, deadline_s, d_s = 8 * 3600 / gap, 10 * 3600 / gap, 720 / gap
             n = trace.n_ticks
             for start in start_ticks(n, int(deadline_s) + 2, starts):
-                sim = ClockSim(Clock(), ("z",), trace.available(1)[None, :n], gap_s=gap,
-                               compression=gap, work_s=work_s, changeover_s=d_s,
-                               start_tick=start)
+                sim = ClockSim(
+                    Clock(),
+                    ("z",),
+                    trace.available(1)[None, :n],
+                    gap_s=gap,
+                    compression=gap,
+                    work_s=work_s,
+                    changeover_s=d_s,
+                    start_tick=start,
+                )
                 job, _ = job_for(sim, store, policy=policy, deadline=deadline_s)
-                Controller(store, job.id, clock=sim.clock, sleep=sim.clock.sleep,
-                           provider=sim, read_progress=sim.read_progress).run()
+                Controller(
+                    store,
+                    job.id,
+                    clock=sim.clock,
+                    sleep=sim.clock.sleep,
+                    provider=sim,
+                    read_progress=sim.read_progress,
+                ).run()
                 got = job_summary(store, store.job(job.id), now=sim.clock())["cost_usd"]
                 problem, g = live_problem(work_s, deadline_s, d_s, 1.0, gap, 0.918, 3.06)
-                want = simulate_run(make_policy(policy), problem,
-                                    Markets(g, sim.available, ("z",)), start).cost_usd
+                want = simulate_run(
+                    make_policy(policy), problem, Markets(g, sim.available, ("z",)), start
+                ).cost_usd
                 live_usd.append(got)
                 sim_usd.append(want)
                 agree += abs(got - want) <= 1e-6 * want
         ratio = np.mean(live_usd) / np.mean(sim_usd)
-        print(f"{policy:18s} live ${np.mean(live_usd):.2f}  simulated ${np.mean(sim_usd):.2f}  "
-              f"runs equal {agree}/{len(live_usd)}  ({time.perf_counter() - t0:.0f} s)")
+        print(
+            f"{policy:18s} live ${np.mean(live_usd):.2f}  simulated ${np.mean(sim_usd):.2f}  "
+            f"runs equal {agree}/{len(live_usd)}  ({time.perf_counter() - t0:.0f} s)"
+        )
         print(f"launch-vs-simulate: {ratio:.4f}  ({policy})")
     print()
 

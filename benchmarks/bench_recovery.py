@@ -64,10 +64,16 @@ def controller_run(script: Path, marks: Path, n: int, provider: str) -> dict[str
     options: dict = {"name": provider}
     if provider == "sim":  # on-demand: nothing but the job's own exits interrupts it
         options.update(boot_s=0, zones=["us-east-1a"])
-    spec = parse_spec({"name": "bench", "command": ["python", str(script)], "provider": options,
-                       "market": "on-demand" if provider == "sim" else "auto",
-                       "env": {"BENCH_MARKS": str(marks), "BENCH_N": str(n)}},
-                      base_dir=script.parent)
+    spec = parse_spec(
+        {
+            "name": "bench",
+            "command": ["python", str(script)],
+            "provider": options,
+            "market": "on-demand" if provider == "sim" else "auto",
+            "env": {"BENCH_MARKS": str(marks), "BENCH_N": str(n)},
+        },
+        base_dir=script.parent,
+    )
     store = Store()
     job = submit(store, spec)
     Controller(store, job.id).run()
@@ -98,14 +104,18 @@ def main() -> None:
     n = len(ctl["total"])
     print(f"recoveries measured: {n} on provider {args.provider} (medians)")
     print(f"  baseline (bare relaunch loop) exit 75 -> step 1: {_median_ms(base):8.1f} ms")
-    print(f"  spotwise                       exit 75 -> step 1: {_median_ms(ctl['total']):8.1f} ms"
-          f"  ({statistics.median(ctl['total']) / statistics.median(base):.2f}x baseline)")
+    print(
+        f"  spotwise                       exit 75 -> step 1: {_median_ms(ctl['total']):8.1f} ms"
+        f"  ({statistics.median(ctl['total']) / statistics.median(base):.2f}x baseline)"
+    )
     print(f"    provider start (machine + interpreter): {_median_ms(ctl['provider']):8.1f} ms")
     print(f"    restore (script start to step 1):       {_median_ms(ctl['restore']):8.1f} ms")
     overhead = _median_ms(ctl["controller"])
-    print(f"  controller overhead (total - provider start - restore): {overhead:.1f} ms "
-          f"(max {max(ctl['controller']) * 1000:.1f} ms; target < 1000 ms: "
-          f"{'met' if max(ctl['controller']) < 1.0 else 'NOT met'})")
+    print(
+        f"  controller overhead (total - provider start - restore): {overhead:.1f} ms "
+        f"(max {max(ctl['controller']) * 1000:.1f} ms; target < 1000 ms: "
+        f"{'met' if max(ctl['controller']) < 1.0 else 'NOT met'})"
+    )
 
 
 if __name__ == "__main__":

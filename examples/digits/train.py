@@ -77,15 +77,9 @@ def main(argv: list[str] | None = None) -> int:
     order = np.random.RandomState(0).permutation(len(x))  # fixed 80/20 train/test split
     test, train_idx = order[: len(x) // 5], order[len(x) // 5 :]
     x_train, y_train, x_test, y_test = x[train_idx], y[train_idx], x[test], y[test]
-    train = TensorDataset(
-        torch.tensor(x_train / 16.0, dtype=torch.float32), torch.tensor(y_train)
-    )
-    loader = DataLoader(
-        train, batch_size=args.batch_size, shuffle=True, num_workers=args.workers
-    )
-    model = nn.Sequential(
-        nn.Linear(64, 128), nn.ReLU(), nn.Dropout(0.2), nn.Linear(128, 10)
-    )
+    train = TensorDataset(torch.tensor(x_train / 16.0, dtype=torch.float32), torch.tensor(y_train))
+    loader = DataLoader(train, batch_size=args.batch_size, shuffle=True, num_workers=args.workers)
+    model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Dropout(0.2), nn.Linear(128, 10))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=1e-4)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=100, gamma=0.7)
     every: int | str = "auto" if args.save_every == "auto" else int(args.save_every)

@@ -29,8 +29,9 @@ class Entry:
 class Registry(Generic[T]):
     """A lazy table of one kind of backend (storage, detector, provider, price source)."""
 
-    def __init__(self, kind: str, entries: dict[str, Entry | str],
-                 group: str | None = None) -> None:
+    def __init__(
+        self, kind: str, entries: dict[str, Entry | str], group: str | None = None
+    ) -> None:
         self.kind = kind
         self.group = group  # entry-point group read for plugins, once, on first use
         self._plugins_read = group is None

@@ -120,8 +120,14 @@ def _kubernetes(request: pytest.FixtureRequest, tmp: Path, plan: Plan) -> Backen
     cluster = KubernetesEmulator(tmp / "k8s", nodes=pool_nodes("gke", gpus_per_node=0))
     cluster.start()
     request.addfinalizer(cluster.stop)
-    options = {"image": "python:3.11", "flavour": "gke", "kubeconfig": str(cluster.kubeconfig),
-               "checkpoint_pvc": "spotwise-checkpoints", "grace_s": 5.0, "poll_s": 0.1}
+    options = {
+        "image": "python:3.11",
+        "flavour": "gke",
+        "kubeconfig": str(cluster.kubeconfig),
+        "checkpoint_pvc": "spotwise-checkpoints",
+        "grace_s": 5.0,
+        "poll_s": 0.1,
+    }
     return _made("kubernetes", options, tmp, plan)
 
 

@@ -38,8 +38,12 @@ def workdir(tmp_path: Path) -> Path:
 
 
 def make_spec(workdir: Path, **fields: Any) -> JobSpec:
-    doc: dict[str, Any] = {"name": "t", "command": "python standin.py 0", "provider": "local",
-                           "restart_backoff": 0}
+    doc: dict[str, Any] = {
+        "name": "t",
+        "command": "python standin.py 0",
+        "provider": "local",
+        "restart_backoff": 0,
+    }
     doc.update(fields)
     return parse_spec(doc, base_dir=workdir)
 

@@ -15,8 +15,7 @@ SPOTWISE = [sys.executable, "-c", "from spotwise.cli.main import main; main()"]
 
 
 def _cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*SPOTWISE, *args], capture_output=True, text=True, timeout=120,
-                          cwd=cwd)
+    return subprocess.run([*SPOTWISE, *args], capture_output=True, text=True, timeout=120, cwd=cwd)
 
 
 def test_launch_status_jobs_logs_cancel(workdir: Path):
@@ -73,12 +72,18 @@ def test_bad_job_file_is_one_clear_error(tmp_path: Path):
 @pytest.mark.parametrize(
     ("lines", "needles"),
     [
-        (["deadline: 2020-01-01T00:00:00Z"], ["deadline: 2020-01-01T00:00:00Z is in the past",
-                                              "(now: 20"]),
-        (["policy: uniform-progres"], ["policy: unknown policy 'uniform-progres'",
-                                       "did you mean uniform-progress?"]),
-        (["policy: greedyy", "provider: {name: sim, time_compression: 600}"],
-         ["policy: unknown policy 'greedyy'", "did you mean greedy?"]),
+        (
+            ["deadline: 2020-01-01T00:00:00Z"],
+            ["deadline: 2020-01-01T00:00:00Z is in the past", "(now: 20"],
+        ),
+        (
+            ["policy: uniform-progres"],
+            ["policy: unknown policy 'uniform-progres'", "did you mean uniform-progress?"],
+        ),
+        (
+            ["policy: greedyy", "provider: {name: sim, time_compression: 600}"],
+            ["policy: unknown policy 'greedyy'", "did you mean greedy?"],
+        ),
         (["workdir: nowhere"], ["workdir: ", "nowhere does not exist"]),
     ],
     ids=["past-deadline", "policy-local", "policy-sim", "workdir"],

@@ -29,8 +29,7 @@ def _run_until_running(store: Store, job_id: str) -> threading.Thread:
 
 
 def test_exit_75_relaunches_until_done_and_is_not_an_error(workdir: Path, kit):
-    summary = kit.run(kit.spec(workdir, command="python standin.py 75,75,75,0",
-                                   max_restarts=0))
+    summary = kit.run(kit.spec(workdir, command="python standin.py 75,75,75,0", max_restarts=0))
     assert summary["state"] == "SUCCEEDED"
     assert [a["reason"] for a in summary["attempts"]] == ["preempted"] * 3 + ["succeeded"]
     assert summary["errors"] == 0 and summary["preemptions"] == 3
@@ -59,8 +58,12 @@ def test_missing_command_is_a_clear_failure(workdir: Path, kit):
 
 
 def test_budget_too_small_is_refused_up_front_with_the_estimate(workdir: Path, kit):
-    spec = kit.spec(workdir, provider={"name": "local", "usd_per_hour": 3.6},
-                     expected_runtime="1h", budget_usd=1.0)
+    spec = kit.spec(
+        workdir,
+        provider={"name": "local", "usd_per_hour": 3.6},
+        expected_runtime="1h",
+        budget_usd=1.0,
+    )
     with pytest.raises(BudgetError) as err:
         submit(Store(), spec)
     assert "$3.60" in str(err.value) and "$1.00" in str(err.value)
@@ -70,8 +73,12 @@ def test_budget_too_small_is_refused_up_front_with_the_estimate(workdir: Path, k
 def test_budget_stops_the_attempt_so_it_saves(workdir: Path, kit):
     # $3.60/h = 0.1 cent a second; with the local provider's 30 s of grace kept in reserve,
     # the budget allows ~3 s of running, and the job would need 60 s
-    spec = kit.spec(workdir, command="python standin.py 0 60", budget_usd=0.033,
-                     provider={"name": "local", "usd_per_hour": 3.6})
+    spec = kit.spec(
+        workdir,
+        command="python standin.py 0 60",
+        budget_usd=0.033,
+        provider={"name": "local", "usd_per_hour": 3.6},
+    )
     summary = kit.run(spec)
     assert summary["state"] == "FAILED"
     assert "budget" in summary["message"]
@@ -104,11 +111,11 @@ def test_control_plane_errors_are_not_preemptions(workdir: Path, monkeypatch, ki
     # SLURM's own commands, answering as they do when slurmctld goes away after submission.
     bindir = workdir / "bin"
     bindir.mkdir()
-    for name, body in {"scontrol": "exit 0",
-                       "sbatch": 'echo "sbatch: error: Unable to contact slurm controller" >&2;'
-                                 " exit 1",
-                       "squeue": 'echo "squeue: error: Unable to contact slurm controller" >&2;'
-                                 " exit 1"}.items():
+    for name, body in {
+        "scontrol": "exit 0",
+        "sbatch": 'echo "sbatch: error: Unable to contact slurm controller" >&2; exit 1',
+        "squeue": 'echo "squeue: error: Unable to contact slurm controller" >&2; exit 1',
+    }.items():
         (bindir / name).write_text(f"#!/bin/sh\n{body}\n")
         (bindir / name).chmod(0o755)
     monkeypatch.setenv("PATH", f"{bindir}:{os.environ['PATH']}")
@@ -121,8 +128,15 @@ def test_control_plane_errors_are_not_preemptions(workdir: Path, monkeypatch, ki
 def _crash_between_launch_and_handle(store: Store, job_id: str) -> LaunchRequest:
     """What a controller killed right after starting an attempt leaves behind."""
     job = store.job(job_id)
-    attempt = store.open_attempt(job.id, provider="local", market="on-demand", zone="local",
-                                 usd_per_hour=0, ondemand_usd_per_hour=0, time_scale=1)
+    attempt = store.open_attempt(
+        job.id,
+        provider="local",
+        market="on-demand",
+        zone="local",
+        usd_per_hour=0,
+        ondemand_usd_per_hour=0,
+        time_scale=1,
+    )
     store.update_job(job.id, state=JobState.LAUNCHING)
     ctl = Controller(store, job.id)
     req = ctl._request(job, attempt)
@@ -144,8 +158,15 @@ def test_restart_adopts_an_attempt_whose_handle_was_lost(workdir: Path, kit):
 def test_restart_launches_an_attempt_recorded_but_never_started(workdir: Path, kit):
     store = Store()
     job = submit(store, kit.spec(workdir))
-    store.open_attempt(job.id, provider="local", market="on-demand", zone="local",
-                       usd_per_hour=0, ondemand_usd_per_hour=0, time_scale=1)
+    store.open_attempt(
+        job.id,
+        provider="local",
+        market="on-demand",
+        zone="local",
+        usd_per_hour=0,
+        ondemand_usd_per_hour=0,
+        time_scale=1,
+    )
     store.update_job(job.id, state=JobState.LAUNCHING)
     Controller(store, job.id).run()
     assert store.job(job.id).state is JobState.SUCCEEDED

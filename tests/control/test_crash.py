@@ -17,8 +17,17 @@ from spotwise.control.store import JobState, Store
 
 def _controller(job_id: str) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, "-c", "from spotwise.cli.main import main; main()", "resume", job_id,
-         "--quiet"], start_new_session=True, stdout=subprocess.DEVNULL)
+        [
+            sys.executable,
+            "-c",
+            "from spotwise.cli.main import main; main()",
+            "resume",
+            job_id,
+            "--quiet",
+        ],
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+    )
 
 
 def _wait(pred: Callable[[], bool], timeout_s: float = 120.0) -> None:
@@ -29,19 +38,31 @@ def _wait(pred: Callable[[], bool], timeout_s: float = 120.0) -> None:
 
 
 def _machines_alive(store: Store, job_id: str) -> list[int]:
-    return [a.n for a in store.attempts(job_id)
-            if a.handle and lock_held(Path(a.handle["dir"]) / "lock")]
+    return [
+        a.n
+        for a in store.attempts(job_id)
+        if a.handle and lock_held(Path(a.handle["dir"]) / "lock")
+    ]
 
 
 def test_sigkill_during_launching(workdir: Path, kit):
     # on-demand on the sim provider, with a 3 s machine boot: LAUNCHING lasts 3 s
-    spec = kit.spec(workdir, command="python standin.py 0 0.5", market="on-demand",
-                    provider={"name": "sim", "zones": ["us-east-1a"], "boot_s": 3})
+    spec = kit.spec(
+        workdir,
+        command="python standin.py 0 0.5",
+        market="on-demand",
+        provider={"name": "sim", "zones": ["us-east-1a"], "boot_s": 3},
+    )
     store = Store()
     job = submit(store, spec)
     first = _controller(job.id)
-    _wait(lambda: store.job(job.id).state is JobState.LAUNCHING
-          and bool(store.attempts(job.id)) and store.attempts(job.id)[0].handle is not None)
+    _wait(
+        lambda: (
+            store.job(job.id).state is JobState.LAUNCHING
+            and bool(store.attempts(job.id))
+            and store.attempts(job.id)[0].handle is not None
+        )
+    )
     first.send_signal(signal.SIGKILL)
     first.wait()
     assert _machines_alive(store, job.id) == [1]  # the machine outlives its controller
@@ -56,8 +77,7 @@ def test_sigkill_during_launching(workdir: Path, kit):
 
 
 def test_sigkill_during_recovering(workdir: Path, kit):
-    spec = kit.spec(workdir, command="python standin.py 1,0", max_restarts=1,
-                    restart_backoff="4s")
+    spec = kit.spec(workdir, command="python standin.py 1,0", max_restarts=1, restart_backoff="4s")
     store = Store()
     job = submit(store, spec)
     first = _controller(job.id)

@@ -12,9 +12,16 @@ from spotwise.control.providers.process import ProcessMachines, lock_held
 
 
 def _req(tmp_path: Path, code: str) -> LaunchRequest:
-    return LaunchRequest(job_id="j", n=1, argv=(sys.executable, "-c", code), workdir=tmp_path,
-                         env=dict(os.environ), log_path=tmp_path / "log",
-                         attempt_dir=tmp_path / "attempts" / "1", placement=Placement("on-demand"))
+    return LaunchRequest(
+        job_id="j",
+        n=1,
+        argv=(sys.executable, "-c", code),
+        workdir=tmp_path,
+        env=dict(os.environ),
+        log_path=tmp_path / "log",
+        attempt_dir=tmp_path / "attempts" / "1",
+        placement=Placement("on-demand"),
+    )
 
 
 def _wait_end(m: ProcessMachines, handle, timeout_s: float = 60):

@@ -9,8 +9,9 @@ from spotwise.errors import ConfigError
 
 def _market(compression=10.0, start_s=0.0):
     avail = np.array([[1, 1, 0, 1, 1, 1], [0, 1, 1, 1, 0, 0]], dtype=bool)
-    return SimMarket(("a", "b"), avail, gap_s=100.0, compression=compression, epoch=1000.0,
-                     start_s=start_s)
+    return SimMarket(
+        ("a", "b"), avail, gap_s=100.0, compression=compression, epoch=1000.0, start_s=start_s
+    )
 
 
 def test_compressed_clock_maps_wall_time_to_ticks():
@@ -31,8 +32,11 @@ def test_loss_time_is_the_next_unavailable_tick():
 
 
 def test_shipped_trace_and_catalog_prices():
-    p = SimProvider({"zones": ["us-east-1d", "us-west-2a"], "time_compression": 300},
-                    epoch=0.0, instance_type="p3.2xlarge")
+    p = SimProvider(
+        {"zones": ["us-east-1d", "us-west-2a"], "time_compression": 300},
+        epoch=0.0,
+        instance_type="p3.2xlarge",
+    )
     assert p.features.zones == ("us-east-1d", "us-west-2a")
     from spotwise.control.providers.base import Placement
 
@@ -44,8 +48,12 @@ def test_shipped_trace_and_catalog_prices():
 
 @pytest.mark.parametrize(
     ("options", "needle"),
-    [({"zones": ["mars-1a"]}, "unknown zone"), ({"trace": "nope"}, "no trace"),
-     ({"speed": 3}, "unknown option"), ({"time_compression": 0}, "time_compression")],
+    [
+        ({"zones": ["mars-1a"]}, "unknown zone"),
+        ({"trace": "nope"}, "no trace"),
+        ({"speed": 3}, "unknown option"),
+        ({"time_compression": 0}, "time_compression"),
+    ],
 )
 def test_bad_sim_options(options, needle):
     with pytest.raises(ConfigError, match=needle):

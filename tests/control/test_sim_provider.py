@@ -12,7 +12,8 @@ N = 2000
 
 def _trace(d: Path, zone: str, counts: list[int]) -> None:
     (d / f"{zone}_v100_1.json").write_text(
-        json.dumps({"metadata": {"gap_seconds": 10}, "data": counts + [1] * (N - len(counts))}))
+        json.dumps({"metadata": {"gap_seconds": 10}, "data": counts + [1] * (N - len(counts))})
+    )
 
 
 def test_notice_preemption_zone_hop_and_simulated_billing(workdir: Path, kit):
@@ -22,15 +23,28 @@ def test_notice_preemption_zone_hop_and_simulated_billing(workdir: Path, kit):
     _trace(traces, "zb", [1, 1, 1] + [0] * (N - 3))  # gone for good at tick 3 (3 s wall)
     _trace(traces, "zc", [1])  # always there
 
-    spec = kit.spec(workdir, command="python standin.py 0 5", market="spot",
-                    provider={"name": "sim", "trace": str(traces), "zones": ["za", "zb", "zc"],
-                              "time_compression": 10, "notice_s": 1.5, "boot_s": 0,
-                              "spot_usd_per_hour": 1.0, "ondemand_usd_per_hour": 3.0})
+    spec = kit.spec(
+        workdir,
+        command="python standin.py 0 5",
+        market="spot",
+        provider={
+            "name": "sim",
+            "trace": str(traces),
+            "zones": ["za", "zb", "zc"],
+            "time_compression": 10,
+            "notice_s": 1.5,
+            "boot_s": 0,
+            "spot_usd_per_hour": 1.0,
+            "ondemand_usd_per_hour": 3.0,
+        },
+    )
     summary = kit.run(spec)
     assert summary["state"] == "SUCCEEDED"
     attempts = summary["attempts"]
-    assert [(a["zone"], a["reason"]) for a in attempts] == [("zb", "preempted"),
-                                                            ("zc", "succeeded")]
+    assert [(a["zone"], a["reason"]) for a in attempts] == [
+        ("zb", "preempted"),
+        ("zc", "succeeded"),
+    ]
     first = attempts[0]
     assert first["exit_code"] == 75  # the notice came early enough to save
     log = Path(summary["log"]).read_text()
@@ -51,19 +65,33 @@ def test_machine_taken_away_when_the_notice_is_ignored(workdir: Path, kit):
         "runs = int(open('runs').read()) if os.path.exists('runs') else 0\n"
         "open('runs', 'w').write(str(runs + 1))\n"
         "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
-        "time.sleep(4 if runs == 0 else 0.2)\n")
+        "time.sleep(4 if runs == 0 else 0.2)\n"
+    )
     traces = workdir / "traces"
     traces.mkdir()
     _trace(traces, "zb", [1, 1] + [0] * 10)
     _trace(traces, "zc", [1])
-    spec = kit.spec(workdir, command="python stubborn.py", market="spot",
-                    provider={"name": "sim", "trace": str(traces), "zones": ["zb", "zc"],
-                              "time_compression": 10, "notice_s": 0.5, "boot_s": 0,
-                              "spot_usd_per_hour": 1.0, "ondemand_usd_per_hour": 3.0})
+    spec = kit.spec(
+        workdir,
+        command="python stubborn.py",
+        market="spot",
+        provider={
+            "name": "sim",
+            "trace": str(traces),
+            "zones": ["zb", "zc"],
+            "time_compression": 10,
+            "notice_s": 0.5,
+            "boot_s": 0,
+            "spot_usd_per_hour": 1.0,
+            "ondemand_usd_per_hour": 3.0,
+        },
+    )
     summary = kit.run(spec)
     assert summary["state"] == "SUCCEEDED"
-    assert [(a["zone"], a["reason"]) for a in summary["attempts"]] == [("zb", "lost"),
-                                                                       ("zc", "succeeded")]
+    assert [(a["zone"], a["reason"]) for a in summary["attempts"]] == [
+        ("zb", "lost"),
+        ("zc", "succeeded"),
+    ]
     assert "machine taken away: SIGKILL" in Path(summary["log"]).read_text()
 
 
@@ -79,17 +107,39 @@ def test_aws_style_notice_through_the_imds_emulator(workdir: Path, kit):
     _trace(traces, "zb", [1] * 18 + [0] * (N - 18))  # 18 s of spot, then gone
     _trace(traces, "zc", [1])
     train = ROOT / "examples" / "digits" / "train.py"
-    spec = kit.spec(workdir, market="spot",
-                    command=["python", str(train), "--run-dir", "$SPOTWISE_CHECKPOINT_DIR",
-                             "--steps", "300", "--save-every", "50", "--step-sleep", "0.02"],
-                    provider={"name": "sim", "trace": str(traces), "zones": ["zb", "zc"],
-                              "time_compression": 10, "notice_s": 10, "boot_s": 0,
-                              "notice": "aws", "spot_usd_per_hour": 1.0,
-                              "ondemand_usd_per_hour": 3.0})
+    spec = kit.spec(
+        workdir,
+        market="spot",
+        command=[
+            "python",
+            str(train),
+            "--run-dir",
+            "$SPOTWISE_CHECKPOINT_DIR",
+            "--steps",
+            "300",
+            "--save-every",
+            "50",
+            "--step-sleep",
+            "0.02",
+        ],
+        provider={
+            "name": "sim",
+            "trace": str(traces),
+            "zones": ["zb", "zc"],
+            "time_compression": 10,
+            "notice_s": 10,
+            "boot_s": 0,
+            "notice": "aws",
+            "spot_usd_per_hour": 1.0,
+            "ondemand_usd_per_hour": 3.0,
+        },
+    )
     summary = kit.run(spec)
     assert summary["state"] == "SUCCEEDED"
     assert [(a["zone"], a["reason"], a["exit_code"]) for a in summary["attempts"]] == [
-        ("zb", "preempted", 75), ("zc", "succeeded", 0)]
+        ("zb", "preempted", 75),
+        ("zc", "succeeded", 0),
+    ]
     log = Path(summary["log"]).read_text()
     assert "interruption notice: AWS spot/instance-action" in log
     assert "resumed from step" in log and "final-weights-sha256" in log

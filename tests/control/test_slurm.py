@@ -29,8 +29,10 @@ pytestmark = pytest.mark.slurm
 
 @pytest.fixture(scope="module")
 def slurm() -> None:
-    ok = shutil.which("scontrol") is not None and subprocess.run(
-        ["scontrol", "ping"], capture_output=True, timeout=30).returncode == 0
+    ok = (
+        shutil.which("scontrol") is not None
+        and subprocess.run(["scontrol", "ping"], capture_output=True, timeout=30).returncode == 0
+    )
     if not ok:
         if os.environ.get("CI", "").lower() == "true":
             pytest.fail("slurmctld is not reachable in CI: scripts/slurm-up.sh must start it")
@@ -45,12 +47,18 @@ def _wait(pred, timeout_s: float = 180.0) -> None:
 
 
 def test_requeued_twice_finishes_with_the_uninterrupted_hash(slurm, tmp_path: Path, kit):
-    spec = kit.spec(tmp_path, name="slurm-digits", provider={"name": "slurm", "signal_s": 30},
-                    command=["python", str(TRAIN), "--run-dir", str(tmp_path / "ckpt"), *ARGS])
+    spec = kit.spec(
+        tmp_path,
+        name="slurm-digits",
+        provider={"name": "slurm", "signal_s": 30},
+        command=["python", str(TRAIN), "--run-dir", str(tmp_path / "ckpt"), *ARGS],
+    )
     # the uninterrupted run, meanwhile (it mostly overlaps SLURM's requeue delays)
     baseline = subprocess.Popen(
         [sys.executable, str(TRAIN), "--run-dir", str(tmp_path / "baseline"), *ARGS],
-        stdout=subprocess.PIPE, text=True)
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     store = Store()
     job = submit(store, spec)
     thread = threading.Thread(target=lambda: Controller(Store(), job.id).run())
@@ -62,8 +70,12 @@ def test_requeued_twice_finishes_with_the_uninterrupted_hash(slurm, tmp_path: Pa
             return log.read_text(errors="replace") if log.exists() else ""
 
         for restarts in (0, 1):  # requeue once in the first run and once after a resume
-            _wait(lambda r=restarts: text().count("resumed from step") == r
-                  and re.search(r"step \d+/200", text().split("resumed from step")[-1]))
+            _wait(
+                lambda r=restarts: (
+                    text().count("resumed from step") == r
+                    and re.search(r"step \d+/200", text().split("resumed from step")[-1])
+                )
+            )
             slurm_id = store.attempts(job.id)[-1].handle["slurm_job_id"]
             subprocess.run(["scontrol", "requeue", slurm_id], check=True, timeout=30)
             _wait(lambda r=restarts: len(store.attempts(job.id)) == r + 2)
@@ -85,14 +97,19 @@ def test_requeued_twice_finishes_with_the_uninterrupted_hash(slurm, tmp_path: Pa
 
 
 def test_exit_1_fails_without_retry_and_cancel_cleans_up(slurm, tmp_path: Path, kit):
-    failing = kit.spec(tmp_path, name="slurm-fail", provider="slurm",
-                       command=["python", "-c", "import sys; sys.exit(1)"])
+    failing = kit.spec(
+        tmp_path,
+        name="slurm-fail",
+        provider="slurm",
+        command=["python", "-c", "import sys; sys.exit(1)"],
+    )
     summary = kit.run(failing)
     assert summary["state"] == "FAILED" and [a["exit_code"] for a in summary["attempts"]] == [1]
 
     store = Store()
-    job = submit(store, kit.spec(tmp_path, name="slurm-sleep", provider="slurm",
-                                 command=["sleep", "300"]))
+    job = submit(
+        store, kit.spec(tmp_path, name="slurm-sleep", provider="slurm", command=["sleep", "300"])
+    )
     thread = threading.Thread(target=lambda: Controller(Store(), job.id).run())
     thread.start()
     _wait(lambda: store.job(job.id).state is JobState.RUNNING)
@@ -100,5 +117,12 @@ def test_exit_1_fails_without_retry_and_cancel_cleans_up(slurm, tmp_path: Path, 
     thread.join(120)
     assert store.job(job.id).state is JobState.CANCELLED
     slurm_id = store.attempts(job.id)[0].handle["slurm_job_id"]
-    _wait(lambda: subprocess.run(["squeue", "-h", "-j", slurm_id], capture_output=True,
-                                 text=True).stdout.strip() == "", 60)
+    _wait(
+        lambda: (
+            subprocess.run(
+                ["squeue", "-h", "-j", slurm_id], capture_output=True, text=True
+            ).stdout.strip()
+            == ""
+        ),
+        60,
+    )

@@ -31,11 +31,15 @@ def test_example_job_file_is_valid():
         ({"command": "x", "expected_runtime": "long"}, ["expected_runtime:", "'long'"]),
         ({"command": "x", "restart_backoff": -1}, ["restart_backoff:", ">= 0"]),
         ({"command": "x", "budget_usd": -1}, ["budget_usd", "greater than 0"]),
-        ({"command": "x", "max_restart": 3},
-         ["max_restart: unknown field; did you mean max_restarts?"]),
+        (
+            {"command": "x", "max_restart": 3},
+            ["max_restart: unknown field; did you mean max_restarts?"],
+        ),
         ({"command": "x", "deadlin": "2h"}, ["deadlin: unknown field; did you mean deadline"]),
-        ({"command": "x", "resources": {"gpus": 2}},
-         ["resources.gpus: unknown field; did you mean gpu"]),
+        (
+            {"command": "x", "resources": {"gpus": 2}},
+            ["resources.gpus: unknown field; did you mean gpu"],
+        ),
         ({"market": "spot"}, ["command", "required field is missing"]),
         ({"command": ""}, ["command", "empty"]),
         ({"command": "x", "env": {"1BAD": "v"}}, ["env", "1BAD"]),
@@ -70,8 +74,15 @@ def test_durations_and_paths(tmp_path: Path):
     (tmp_path / "sub").mkdir()
     assert parse_duration_s("90s") == 90 and parse_duration_s("2h") == 7200
     assert parse_duration_s(15) == 15 and parse_duration_s("1.5m") == 90
-    spec = parse_spec({"command": ["python", "t.py", 3], "workdir": "sub", "checkpoint": "ck",
-                       "provider": {"name": "sim", "time_compression": 10}}, base_dir=tmp_path)
+    spec = parse_spec(
+        {
+            "command": ["python", "t.py", 3],
+            "workdir": "sub",
+            "checkpoint": "ck",
+            "provider": {"name": "sim", "time_compression": 10},
+        },
+        base_dir=tmp_path,
+    )
     assert spec.command == ["python", "t.py", "3"]
     assert spec.workdir == str(tmp_path / "sub")
     assert spec.checkpoint_dir == str(tmp_path / "sub" / "ck")
@@ -95,7 +106,7 @@ def _clock() -> float:
         ("deadline: 2026-06-01 14:00:00", 7200),  # YAML-native, naive: UTC
         ("deadline: '2026-06-01T14:00:00Z'", 7200),  # quoted
         ("deadline: '2026-06-01T14:00'", 7200),  # quoted, naive, no seconds: UTC
-        ("deadline: \"2026-06-01T09:00:00-05:00\"", 7200),
+        ('deadline: "2026-06-01T09:00:00-05:00"', 7200),
     ],
 )
 def test_deadlines_as_durations_and_timestamps(tmp_path: Path, written: str, seconds: float):
@@ -107,8 +118,10 @@ def test_deadlines_as_durations_and_timestamps(tmp_path: Path, written: str, sec
 @pytest.mark.parametrize(
     ("written", "needles"),
     [
-        ("deadline: 2026-06-01T11:00:00Z",
-         ["deadline: 2026-06-01T11:00:00Z is in the past", "now: 2026-06-01T12:00:00Z"]),
+        (
+            "deadline: 2026-06-01T11:00:00Z",
+            ["deadline: 2026-06-01T11:00:00Z is in the past", "now: 2026-06-01T12:00:00Z"],
+        ),
         ("deadline: '2020-01-01T00:00:00'", ["in the past", "now: 2026-06-01T12:00:00Z"]),
         ("deadline: 2026-06-02", ["deadline: 2026-06-02 is a date without a time", "T18:00:00Z"]),
         ("deadline: '2026-06-02'", ["date without a time"]),
@@ -163,9 +176,17 @@ def test_workdir_must_be_an_existing_directory(tmp_path: Path):
 
 def test_every_problem_of_a_file_at_once(tmp_path: Path):
     with pytest.raises(ConfigError) as err:
-        parse_spec({"command": "x", "workdir": "gone", "policy": "greedyy",
-                    "deadline": "2020-01-01T00:00:00Z", "budget": 0}, base_dir=tmp_path,
-                   clock=_clock)
+        parse_spec(
+            {
+                "command": "x",
+                "workdir": "gone",
+                "policy": "greedyy",
+                "deadline": "2020-01-01T00:00:00Z",
+                "budget": 0,
+            },
+            base_dir=tmp_path,
+            clock=_clock,
+        )
     lines = str(err.value).splitlines()
     for key in ("workdir:", "policy:", "deadline:", "budget:"):
         assert any(line.strip().startswith(key) for line in lines), (key, lines)

@@ -9,8 +9,16 @@ from spotwise.errors import ControlError, JobNotFoundError
 def test_jobs_attempts_and_events_persist_across_connections():
     store = Store()
     job = store.create_job("demo", {"command": ["x"]}, None, now=100.0)
-    a = store.open_attempt(job.id, provider="sim", market="spot", zone="z1", usd_per_hour=1.0,
-                           ondemand_usd_per_hour=3.0, time_scale=600.0, now=100.0)
+    a = store.open_attempt(
+        job.id,
+        provider="sim",
+        market="spot",
+        zone="z1",
+        usd_per_hour=1.0,
+        ondemand_usd_per_hour=3.0,
+        time_scale=600.0,
+        now=100.0,
+    )
     store.update_job(job.id, state=JobState.RUNNING, message="go")
     store.close()
     again = Store()
@@ -28,11 +36,25 @@ def test_jobs_attempts_and_events_persist_across_connections():
 def test_never_two_open_attempts():
     store = Store()
     job = store.create_job("demo", {}, None)
-    store.open_attempt(job.id, provider="local", market="on-demand", zone="", usd_per_hour=0,
-                       ondemand_usd_per_hour=0, time_scale=1)
+    store.open_attempt(
+        job.id,
+        provider="local",
+        market="on-demand",
+        zone="",
+        usd_per_hour=0,
+        ondemand_usd_per_hour=0,
+        time_scale=1,
+    )
     with pytest.raises(ControlError, match="already has attempt 1 open"):
-        store.open_attempt(job.id, provider="local", market="on-demand", zone="",
-                           usd_per_hour=0, ondemand_usd_per_hour=0, time_scale=1)
+        store.open_attempt(
+            job.id,
+            provider="local",
+            market="on-demand",
+            zone="",
+            usd_per_hour=0,
+            ondemand_usd_per_hour=0,
+            time_scale=1,
+        )
 
 
 def test_unknown_job():

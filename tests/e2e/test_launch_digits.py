@@ -29,11 +29,13 @@ def _cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
 @pytest.mark.e2e
 def test_readme_main_job_survives_preemptions_with_identical_weights(tmp_path: Path):
     spec = load_spec(JOB)
-    argv = [a.replace("$SPOTWISE_CHECKPOINT_DIR", str(tmp_path / "baseline"))
-            for a in spec.command[1:]]
+    argv = [
+        a.replace("$SPOTWISE_CHECKPOINT_DIR", str(tmp_path / "baseline")) for a in spec.command[1:]
+    ]
     env = {**os.environ, "SPOTWISE_PLATFORM": "none"}
-    baseline = subprocess.Popen([sys.executable, *argv], cwd=spec.workdir, env=env,
-                                stdout=subprocess.PIPE, text=True)
+    baseline = subprocess.Popen(
+        [sys.executable, *argv], cwd=spec.workdir, env=env, stdout=subprocess.PIPE, text=True
+    )
 
     launched = _cli("launch", str(JOB), timeout=600)
     assert launched.returncode == 0, launched.stdout + launched.stderr

@@ -77,11 +77,16 @@ def test_instance_document_says_where_the_vm_runs(raw) -> None:  # type: ignore[
         assert status == 200 and headers["content-type"].startswith("application/json")
         compute = json.loads(body)["compute"]
         assert (compute["location"], compute["vmSize"], compute["zone"]) == (
-            "westeurope", "Standard_ND96asr_v4", "2")
+            "westeurope",
+            "Standard_ND96asr_v4",
+            "2",
+        )
         assert compute["priority"] == "Spot" and compute["name"] == "spotwise-vm"
         assert len(compute["vmId"]) == 36
-        assert json.loads(body)["network"]["interface"][0]["ipv4"]["ipAddress"][0][
-            "privateIpAddress"] == "10.0.0.4"
+        assert (
+            json.loads(body)["network"]["interface"][0]["ipv4"]["ipAddress"][0]["privateIpAddress"]
+            == "10.0.0.4"
+        )
         sub = raw(emu.url, "GET", "/metadata/instance/compute?api-version=2021-02-01", M)
         assert json.loads(sub[2]) == compute
         leaf = "/metadata/instance/compute/vmSize?api-version=2021-02-01"
@@ -90,7 +95,8 @@ def test_instance_document_says_where_the_vm_runs(raw) -> None:  # type: ignore[
         assert status == 400 and "format=text" in json.loads(body)["error"]
         deep = "/metadata/instance/network/interface/0/ipv4/ipAddress/0/privateIpAddress"
         assert raw(emu.url, "GET", deep + "?api-version=2021-02-01&format=text", M)[2] == (
-            b"10.0.0.4")
+            b"10.0.0.4"
+        )
         for missing in ("compute/nope", "network/interface/3"):
             path = f"/metadata/instance/{missing}?api-version=2021-02-01&format=text"
             assert raw(emu.url, "GET", path, M)[0] == 404

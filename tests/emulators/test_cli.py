@@ -78,8 +78,17 @@ def test_emulate_aws_placement_options() -> None:
 
 def test_emulate_refuses_a_zone_outside_its_region() -> None:
     done = subprocess.run(
-        [SPOTWISE, "emulate", "aws", "--port", "0", "--region", "eu-west-1",
-         "--zone", "us-east-1a"],
+        [
+            SPOTWISE,
+            "emulate",
+            "aws",
+            "--port",
+            "0",
+            "--region",
+            "eu-west-1",
+            "--zone",
+            "us-east-1a",
+        ],
         capture_output=True,
         text=True,
         timeout=60,

@@ -227,29 +227,53 @@ def test_invalid_utf8_late_in_a_big_file_still_means_latin1(store, tmp_path):
     assert {r.zone for r in store.history(instance_type="p3.2xlarge")} == {"us-east-1a", "Zoné"}
 
 
-AWS_HISTORY = ("timestamp,region,availability_zone,instance_type,product_description,"
-               "spot_price_usd_per_hour")
-AWS_ZONE_IDS = ("availability_zone_id,instance_type,product_description,spot_price_usd_per_hour,"
-                "timestamp")
+AWS_HISTORY = (
+    "timestamp,region,availability_zone,instance_type,product_description,spot_price_usd_per_hour"
+)
+AWS_ZONE_IDS = (
+    "availability_zone_id,instance_type,product_description,spot_price_usd_per_hour,timestamp"
+)
 SKYPILOT = "InstanceType,AcceleratorName,AcceleratorCount,Price,SpotPrice,Region,snapshot_utc"
 
 
 @pytest.mark.parametrize(
     ("header", "good", "bad", "message"),
     [
-        (SPOTWISE_HEADER, ROW, "aws,us-east-1,us-east-1a,,spot,0.9,2026-01-01",
-         "empty instance_type"),
+        (
+            SPOTWISE_HEADER,
+            ROW,
+            "aws,us-east-1,us-east-1a,,spot,0.9,2026-01-01",
+            "empty instance_type",
+        ),
         (SPOTWISE_HEADER, ROW, "aws, ,us-east-1a,p3.2xlarge,spot,0.9,2026-01-01", "empty region"),
         (SPOTWISE_HEADER, ROW, ",us-east-1,,,spot,0.9,2026-01-01", "empty cloud, instance_type"),
-        (AWS_HISTORY, "2026-01-01T00:00:00Z,us-east-1,us-east-1a,p3.2xlarge,Linux/UNIX,0.9",
-         "2026-01-01T00:00:00Z,us-east-1,,p3.2xlarge,Linux/UNIX,0.9", "empty availability_zone"),
-        (AWS_ZONE_IDS, "use1-az2,p3.2xlarge,Linux/UNIX,0.9,2026-01-01",
-         "use1-az2,,Linux/UNIX,0.9,2026-01-01", "empty instance_type"),
-        (SKYPILOT, "Standard_NC6s_v3,V100,1,3.06,0.9,eastus,2026-01-01",
-         ",V100,1,3.06,0.9,eastus,2026-01-01", "empty InstanceType"),
+        (
+            AWS_HISTORY,
+            "2026-01-01T00:00:00Z,us-east-1,us-east-1a,p3.2xlarge,Linux/UNIX,0.9",
+            "2026-01-01T00:00:00Z,us-east-1,,p3.2xlarge,Linux/UNIX,0.9",
+            "empty availability_zone",
+        ),
+        (
+            AWS_ZONE_IDS,
+            "use1-az2,p3.2xlarge,Linux/UNIX,0.9,2026-01-01",
+            "use1-az2,,Linux/UNIX,0.9,2026-01-01",
+            "empty instance_type",
+        ),
+        (
+            SKYPILOT,
+            "Standard_NC6s_v3,V100,1,3.06,0.9,eastus,2026-01-01",
+            ",V100,1,3.06,0.9,eastus,2026-01-01",
+            "empty InstanceType",
+        ),
     ],
-    ids=["spotwise-type", "spotwise-blank-region", "spotwise-two", "aws-zone", "aws-zone-id",
-         "skypilot-type"],
+    ids=[
+        "spotwise-type",
+        "spotwise-blank-region",
+        "spotwise-two",
+        "aws-zone",
+        "aws-zone-id",
+        "skypilot-type",
+    ],
 )
 def test_rows_with_empty_key_fields_are_rejected_with_their_line(
     store, tmp_path, header, good, bad, message

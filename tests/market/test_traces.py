@@ -95,9 +95,7 @@ def test_shipped_traces_match_shared_originals() -> None:
             ref = load_trace(original)
             assert shipped.gap_s == ref.gap_s
             assert np.array_equal(shipped.counts, ref.counts)
-    assert (shipped_trace_path(names[0]).parent.parent / "README.md").read_text().count(
-        "221da1ab"
-    )
+    assert (shipped_trace_path(names[0]).parent.parent / "README.md").read_text().count("221da1ab")
 
 
 def test_shipped_lookup_by_stem_and_ambiguity() -> None:

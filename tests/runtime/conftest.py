@@ -126,7 +126,10 @@ class ScriptedNotices:
 
 def make_notice(kind: NoticeKind, received: float = 1.0) -> Notice:
     return Notice(
-        source="fake", kind=kind, received_monotonic=received, deadline_monotonic=None,
+        source="fake",
+        kind=kind,
+        received_monotonic=received,
+        deadline_monotonic=None,
         action=kind.value,
     )
 

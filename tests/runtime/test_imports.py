@@ -5,8 +5,16 @@ from __future__ import annotations
 import subprocess
 import sys
 
-HEAVY = ("boto3", "botocore", "cryptography", "matplotlib", "pynvml", "sklearn", "moto",
-         "kubernetes")
+HEAVY = (
+    "boto3",
+    "botocore",
+    "cryptography",
+    "matplotlib",
+    "pynvml",
+    "sklearn",
+    "moto",
+    "kubernetes",
+)
 
 
 def test_runtime_imports_no_cloud_sdk() -> None:

@@ -100,6 +100,4 @@ def test_notice_exit_due(remaining_s, step_s, save_s, margin_s, expected):
     from spotwise.runtime.interval import DEFAULT_NOTICE_MARGIN_S, notice_exit_due
 
     assert math.isinf(DEFAULT_NOTICE_MARGIN_S)
-    assert (
-        notice_exit_due(remaining_s, step_s=step_s, save_s=save_s, margin_s=margin_s) is expected
-    )
+    assert notice_exit_due(remaining_s, step_s=step_s, save_s=save_s, margin_s=margin_s) is expected

@@ -229,14 +229,29 @@ def parse_ec2_fault(text: str) -> Any:
     action, sep, rest = text.partition("=")
     code, _, count = rest.partition(":")
     if not sep or not action.isalnum() or not code or (count and not count.isdigit()):
-        raise ConfigError(f"--fault {text!r} is not OPERATION=CODE[:COUNT]",
-                          hint="e.g. --fault RunInstances=InsufficientInstanceCapacity:2")
-    status = int(code) if code.isdigit() else 503 if code in _THROTTLE else \
-        500 if code in ("InsufficientInstanceCapacity", "InternalError") else 400
+        raise ConfigError(
+            f"--fault {text!r} is not OPERATION=CODE[:COUNT]",
+            hint="e.g. --fault RunInstances=InsufficientInstanceCapacity:2",
+        )
+    status = (
+        int(code)
+        if code.isdigit()
+        else 503
+        if code in _THROTTLE
+        else 500
+        if code in ("InsufficientInstanceCapacity", "InternalError")
+        else 400
+    )
     name = "InternalError" if code.isdigit() else code
-    return Fault("status", method="POST", body_contains=f"Action={action}&",
-                 times=int(count) if count else 1_000_000, status=status, code=name,
-                 message=f"{name} (injected by spotwise emulate ec2)")
+    return Fault(
+        "status",
+        method="POST",
+        body_contains=f"Action={action}&",
+        times=int(count) if count else 1_000_000,
+        status=status,
+        code=name,
+        message=f"{name} (injected by spotwise emulate ec2)",
+    )
 
 
 def _register_ec2(emulate: typer.Typer) -> None:
@@ -246,14 +261,19 @@ def _register_ec2(emulate: typer.Typer) -> None:
         region: str = typer.Option("us-east-1", help="Region the machines run in."),
         bucket: list[str] = typer.Option([], help="Create this S3 bucket (repeatable)."),
         interrupt_after: list[float] = typer.Option(
-            [], help="Seconds after the N-th instance starts that its spot notice appears "
-            "(repeat once per instance, in launch order)."),
+            [],
+            help="Seconds after the N-th instance starts that its spot notice appears "
+            "(repeat once per instance, in launch order).",
+        ),
         notice_lead: float = typer.Option(120.0, help="Seconds from the notice to the kill."),
-        stop_grace: float = typer.Option(30.0, help="Seconds from TerminateInstances' SIGTERM "
-                                         "to the kill."),
+        stop_grace: float = typer.Option(
+            30.0, help="Seconds from TerminateInstances' SIGTERM to the kill."
+        ),
         fault: list[str] = typer.Option([], help=EC2_FAULT_HELP),
-        workdir: Path = typer.Option(None, help="Where machines keep user-data and console "
-                                     "logs (default: a temporary directory)."),
+        workdir: Path = typer.Option(
+            None,
+            help="Where machines keep user-data and console logs (default: a temporary directory).",
+        ),
         duration: float = typer.Option(None, help="Stop after this many seconds."),
     ) -> None:
         """Emulate EC2 + S3 on 127.0.0.1: moto keeps the API, machines run as local processes."""
@@ -276,19 +296,33 @@ def _register_ec2(emulate: typer.Typer) -> None:
             proxy.add(f)
         import boto3
 
-        s3 = boto3.client("s3", endpoint_url=moto_url, region_name=region,
-                          aws_access_key_id="testing", aws_secret_access_key="testing")
+        s3 = boto3.client(
+            "s3",
+            endpoint_url=moto_url,
+            region_name=region,
+            aws_access_key_id="testing",
+            aws_secret_access_key="testing",
+        )
         for name in bucket:
             s3.create_bucket(Bucket=name)
         home = workdir or Path(tempfile.mkdtemp(prefix="spotwise-ec2-"))
-        plane = Ec2DataPlane(moto_url, workdir=home, region=region,
-                             interrupt_after_s=interrupt_after, notice_lead_s=notice_lead,
-                             stop_grace_s=stop_grace).start()
+        plane = Ec2DataPlane(
+            moto_url,
+            workdir=home,
+            region=region,
+            interrupt_after_s=interrupt_after,
+            notice_lead_s=notice_lead,
+            stop_grace_s=stop_grace,
+        ).start()
         endpoint = proxy.url if proxy else moto_url
         typer.echo(f"ec2 emulator listening on {endpoint} (machines in {home})")
-        for line in (f"AWS_ENDPOINT_URL={endpoint}", "AWS_ACCESS_KEY_ID=testing",
-                     "AWS_SECRET_ACCESS_KEY=testing", f"AWS_DEFAULT_REGION={region}",
-                     "AWS_EC2_METADATA_DISABLED=true"):
+        for line in (
+            f"AWS_ENDPOINT_URL={endpoint}",
+            "AWS_ACCESS_KEY_ID=testing",
+            "AWS_SECRET_ACCESS_KEY=testing",
+            f"AWS_DEFAULT_REGION={region}",
+            "AWS_EC2_METADATA_DISABLED=true",
+        ):
             typer.echo(f"export {line}")
         started = time.monotonic()
         try:

@@ -41,12 +41,17 @@ def _view(summary: dict[str, Any]) -> Table:
     attempts = summary["attempts"]
     last = attempts[-1] if attempts else None
     table.add_row("state", f"[bold]{summary['state']}[/] {summary['message']}")
-    table.add_row("attempt", f"{len(attempts)} ({summary['preemptions']} preempted, "
-                  f"{summary['switches']} switched)")
+    table.add_row(
+        "attempt",
+        f"{len(attempts)} ({summary['preemptions']} preempted, {summary['switches']} switched)",
+    )
     table.add_row("placement", f"{last['market']} {last['zone']}" if last else "-")
     table.add_row("progress", _progress(Path(summary["log"])))
-    table.add_row("cost", f"${summary['cost_usd']:.2f} (on-demand would be "
-                  f"${summary['ondemand_cost_usd']:.2f}; saved ${summary['savings_usd']:.2f})")
+    table.add_row(
+        "cost",
+        f"${summary['cost_usd']:.2f} (on-demand would be "
+        f"${summary['ondemand_cost_usd']:.2f}; saved ${summary['savings_usd']:.2f})",
+    )
     return table
 
 
@@ -62,6 +67,7 @@ def _run_controller(job_id: str, quiet: bool) -> str:
         return Controller(store, job_id).run().value
     if console.is_terminal:
         with Live(console=console, refresh_per_second=4) as live:
+
             def update(job, attempts) -> None:
                 live.update(_view(job_summary(store, job)))
 
@@ -75,8 +81,10 @@ def _run_controller(job_id: str, quiet: bool) -> str:
                 seen[0] = key
                 last = attempts[-1] if attempts else None
                 where = f" attempt {last.n} {last.market} {last.zone}" if last else ""
-                console.print(f"[{time.strftime('%H:%M:%S')}] {job.state.value}{where}: "
-                              f"{job.message}", highlight=False)
+                console.print(
+                    f"[{time.strftime('%H:%M:%S')}] {job.state.value}{where}: {job.message}",
+                    highlight=False,
+                )
 
         state = Controller(store, job_id, on_update=update).run().value
     summary = job_summary(store, store.job(job_id))
@@ -84,7 +92,8 @@ def _run_controller(job_id: str, quiet: bool) -> str:
         f"job {job_id} {summary['state']}: {len(summary['attempts'])} attempt(s), "
         f"{summary['preemptions']} preempted, cost ${summary['cost_usd']:.2f} vs "
         f"${summary['ondemand_cost_usd']:.2f} on-demand (saved ${summary['savings_usd']:.2f})",
-        highlight=False)
+        highlight=False,
+    )
     last = _last_output_line(store.job(job_id).log_path)
     if last:
         console.print(f"last output line: {last}", highlight=False, markup=False, soft_wrap=True)
@@ -107,21 +116,32 @@ def _spawn_controller(job_id: str) -> None:
 
     job = Store().job(job_id)
     with open(job.dir / "controller.log", "ab") as out:
-        subprocess.Popen([sys.executable, "-c", "from spotwise.cli.main import main; main()",
-                          "resume", job_id, "--quiet"],
-                         stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                         start_new_session=True)
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                "from spotwise.cli.main import main; main()",
+                "resume",
+                job_id,
+                "--quiet",
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
 
 
 def register(app: typer.Typer) -> None:
     @app.command()
     def launch(
         job_file: Path = typer.Argument(..., help="job spec (YAML), e.g. examples/digits/job.yaml"),
-        detach: bool = typer.Option(False, "--detach", "-d",
-                                    help="run the controller in the background, print the id"),
-        dry_run: bool = typer.Option(False, "--dry-run",
-                                     help="print the first attempt's manifests (YAML), create "
-                                     "nothing"),
+        detach: bool = typer.Option(
+            False, "--detach", "-d", help="run the controller in the background, print the id"
+        ),
+        dry_run: bool = typer.Option(
+            False, "--dry-run", help="print the first attempt's manifests (YAML), create nothing"
+        ),
     ) -> None:
         """Run a job to completion across preemptions: relaunch, resume, stay on budget.
 
@@ -168,16 +188,23 @@ def register(app: typer.Typer) -> None:
         if as_json:
             typer.echo(json.dumps(rows, indent=2))
             return
-        table = Table("id", "state", "attempts", "preempted", "cost $", "saved $", "controller",
-                      "command")
+        table = Table(
+            "id", "state", "attempts", "preempted", "cost $", "saved $", "controller", "command"
+        )
         for r in rows:
             alive = "running" if r["controller_alive"] else "-"
-            if not r["controller_alive"] and r["state"] not in ("SUCCEEDED", "FAILED",
-                                                                "CANCELLED"):
+            if not r["controller_alive"] and r["state"] not in ("SUCCEEDED", "FAILED", "CANCELLED"):
                 alive = f"[red]stopped[/] (spotwise resume {r['id']})"
-            table.add_row(r["id"], r["state"], str(len(r["attempts"])), str(r["preemptions"]),
-                          f"{r['cost_usd']:.2f}", f"{r['savings_usd']:.2f}", alive,
-                          r["command"][:40])
+            table.add_row(
+                r["id"],
+                r["state"],
+                str(len(r["attempts"])),
+                str(r["preemptions"]),
+                f"{r['cost_usd']:.2f}",
+                f"{r['savings_usd']:.2f}",
+                alive,
+                r["command"][:40],
+            )
         Console().print(table)
 
     @app.command()
@@ -198,9 +225,16 @@ def register(app: typer.Typer) -> None:
         table = Table("#", "market", "zone", "start", "end", "reason", "exit", "cost $")
         for a in summary["attempts"]:
             end = time.strftime("%H:%M:%S", time.localtime(a["end"])) if a["end"] else "-"
-            table.add_row(str(a["n"]), a["market"], a["zone"],
-                          time.strftime("%H:%M:%S", time.localtime(a["start"])), end,
-                          a["reason"] or a["state"], str(a["exit_code"]), f"{a['cost_usd']:.4f}")
+            table.add_row(
+                str(a["n"]),
+                a["market"],
+                a["zone"],
+                time.strftime("%H:%M:%S", time.localtime(a["start"])),
+                end,
+                a["reason"] or a["state"],
+                str(a["exit_code"]),
+                f"{a['cost_usd']:.4f}",
+            )
         console.print(table)
 
     @app.command()

@@ -194,8 +194,11 @@ def prices_ingest(
                 typer.echo(f"  ... and {len(report.errors) - show_errors:,} more")
         typer.echo(f"{store.path}: {store.count():,} rows in total")
     if rejected:
-        typer.echo(f"{rejected:,} row(s) rejected; the other rows were stored "
-                   f"(exit status {EXIT_ROWS_REJECTED})", err=True)
+        typer.echo(
+            f"{rejected:,} row(s) rejected; the other rows were stored "
+            f"(exit status {EXIT_ROWS_REJECTED})",
+            err=True,
+        )
         raise typer.Exit(EXIT_ROWS_REJECTED)
 
 

@@ -71,8 +71,13 @@ ProgressReader = Callable[[str], Committed]
 
 def provider_for(job: Job) -> Provider:
     spec = JobSpec.model_validate(job.spec)
-    return make_provider(spec.provider.name, spec.provider.options, epoch=job.created_at,
-                         instance_type=spec.resources.instance_type, resources=spec.resources)
+    return make_provider(
+        spec.provider.name,
+        spec.provider.options,
+        epoch=job.created_at,
+        instance_type=spec.resources.instance_type,
+        resources=spec.resources,
+    )
 
 
 DEFAULT_DECISION_S = 60.0  # wall seconds between policy decisions (decision_interval)
@@ -90,28 +95,40 @@ def build_driver(spec: JobSpec, provider: Provider, compute_wall_s: float) -> Po
     spot = provider.prices.of(Placement("spot", zones[0]))
     assert spec.deadline_s is not None
     changeover = DEFAULT_CHANGEOVER_S if spec.changeover_s is None else spec.changeover_s
-    problem, gap_s = live_problem(compute_wall_s, spec.deadline_s, changeover,
-                                  spec.decision_interval_s or DEFAULT_DECISION_S,
-                                  spot.time_scale, spot.usd_per_hour, spot.ondemand_usd_per_hour)
+    problem, gap_s = live_problem(
+        compute_wall_s,
+        spec.deadline_s,
+        changeover,
+        spec.decision_interval_s or DEFAULT_DECISION_S,
+        spot.time_scale,
+        spot.usd_per_hour,
+        spot.ondemand_usd_per_hour,
+    )
     return PolicyDriver(make_policy(spec.policy), problem, gap_s, len(zones), name=spec.policy)
 
 
 def submit(store: Store, spec: JobSpec, spec_path: str | None = None) -> Job:
     """Check the job can run (provider reachable, budget covers the estimate), then record it."""
-    provider = make_provider(spec.provider.name, spec.provider.options, epoch=time.time(),
-                             instance_type=spec.resources.instance_type, preflight=True,
-                             resources=spec.resources)
+    provider = make_provider(
+        spec.provider.name,
+        spec.provider.options,
+        epoch=time.time(),
+        instance_type=spec.resources.instance_type,
+        preflight=True,
+        resources=spec.resources,
+    )
     if spec.budget_usd is not None and spec.expected_runtime_s is not None:
         zone = provider.features.zones[0]
-        market = "on-demand" if spec.market == "on-demand" or not provider.features.spot \
-            else "spot"
-        cheapest = estimate_cost_usd(spec.expected_runtime_s,
-                                     provider.prices.of(Placement(market, zone)))
+        market = "on-demand" if spec.market == "on-demand" or not provider.features.spot else "spot"
+        cheapest = estimate_cost_usd(
+            spec.expected_runtime_s, provider.prices.of(Placement(market, zone))
+        )
         if cheapest > spec.budget_usd:
             raise BudgetError(
                 f"budget ${spec.budget_usd:.2f} is below the estimated ${cheapest:.2f} for "
                 f"{spec.expected_runtime_s:.0f}s of {market} on {spec.provider.name}",
-                hint=f"raise budget_usd to at least {cheapest:.2f} or shorten the job")
+                hint=f"raise budget_usd to at least {cheapest:.2f} or shorten the job",
+            )
     if plans(spec, provider):
         load_readers()
         if spec.expected_runtime_s:
@@ -122,20 +139,31 @@ def submit(store: Store, spec: JobSpec, spec_path: str | None = None) -> Job:
 def dry_run(spec: JobSpec) -> list[dict[str, Any]]:
     """The objects launching ``spec`` would create for its first attempt, as the provider's
     own manifests (``launch --dry-run``). Nothing is contacted or created."""
-    provider = make_provider(spec.provider.name, spec.provider.options, epoch=time.time(),
-                             instance_type=spec.resources.instance_type,
-                             resources=spec.resources)
+    provider = make_provider(
+        spec.provider.name,
+        spec.provider.options,
+        epoch=time.time(),
+        instance_type=spec.resources.instance_type,
+        resources=spec.resources,
+    )
     build = getattr(provider, "manifest", None)  # providers that create API objects have one
     if build is None:
-        raise ConfigError(f"provider {spec.provider.name!r} creates no manifests to show",
-                          hint="--dry-run prints the objects a cluster provider (kubernetes) "
-                          "would create")
+        raise ConfigError(
+            f"provider {spec.provider.name!r} creates no manifests to show",
+            hint="--dry-run prints the objects a cluster provider (kubernetes) would create",
+        )
     spot = provider.features.spot and spec.market != "on-demand"
     job_id = f"{spec.name[:24]}-dryrun"
     job_dir = spotwise_home() / "jobs" / job_id
-    req = launch_request(spec, provider, job_id, 1,
-                         Placement("spot" if spot else "on-demand", provider.features.zones[0]),
-                         job_dir=job_dir, log_path=job_dir / "job.log")
+    req = launch_request(
+        spec,
+        provider,
+        job_id,
+        1,
+        Placement("spot" if spot else "on-demand", provider.features.zones[0]),
+        job_dir=job_dir,
+        log_path=job_dir / "job.log",
+    )
     return [build(req)]
 
 
@@ -152,8 +180,10 @@ def controller_lock(job: Job):
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         os.close(fd)
-        raise ControlError(f"job {job.id} already has a running controller",
-                           hint=f"watch it with: spotwise status {job.id}") from None
+        raise ControlError(
+            f"job {job.id} already has a running controller",
+            hint=f"watch it with: spotwise status {job.id}",
+        ) from None
     try:
         yield
     finally:
@@ -170,8 +200,16 @@ def attempts_dir(job_dir: Path) -> Path:
     return job_dir / "attempts"
 
 
-def launch_request(spec: JobSpec, provider: Provider, job_id: str, n: int, placement: Placement,
-                   *, job_dir: Path, log_path: Path) -> LaunchRequest:
+def launch_request(
+    spec: JobSpec,
+    provider: Provider,
+    job_id: str,
+    n: int,
+    placement: Placement,
+    *,
+    job_dir: Path,
+    log_path: Path,
+) -> LaunchRequest:
     """What attempt ``n`` of the job runs: command, environment, directories, placement
     (also what ``launch --dry-run`` shows, so it is built in this one place)."""
     ckpt = spec.checkpoint_dir or str(job_dir / "checkpoint")
@@ -180,25 +218,42 @@ def launch_request(spec: JobSpec, provider: Provider, job_id: str, n: int, place
     if features.platform is not None:
         env["SPOTWISE_PLATFORM"] = features.platform
     env.update(spec.env)
-    env.update(SPOTWISE_JOB_ID=job_id, SPOTWISE_ATTEMPT=str(n), SPOTWISE_CHECKPOINT_DIR=ckpt,
-               SPOTWISE_GRACE_S=f"{features.grace_s:g}")
+    env.update(
+        SPOTWISE_JOB_ID=job_id,
+        SPOTWISE_ATTEMPT=str(n),
+        SPOTWISE_CHECKPOINT_DIR=ckpt,
+        SPOTWISE_GRACE_S=f"{features.grace_s:g}",
+    )
     argv = [string.Template(a).safe_substitute(env) for a in spec.command]
     if argv[0] in ("python", "python3") and features.same_host:
         argv[0] = sys.executable  # the interpreter spotwise runs in (its virtualenv)
     return LaunchRequest(
-        job_id=job_id, n=n, argv=tuple(argv), workdir=Path(spec.workdir), env=env,
-        log_path=log_path, attempt_dir=attempts_dir(job_dir) / str(n),
-        placement=placement, grace_s=features.grace_s)
+        job_id=job_id,
+        n=n,
+        argv=tuple(argv),
+        workdir=Path(spec.workdir),
+        env=env,
+        log_path=log_path,
+        attempt_dir=attempts_dir(job_dir) / str(n),
+        placement=placement,
+        grace_s=features.grace_s,
+    )
 
 
 class Controller:
     """Runs one job to a terminal state; safe to start again after being killed."""
 
-    def __init__(self, store: Store, job_id: str, *, clock: Clock = time.time,
-                 sleep: Callable[[float], None] = time.sleep,
-                 on_update: Callable[[Job, list[Attempt]], None] | None = None,
-                 provider: Provider | None = None,
-                 read_progress: ProgressReader = read_committed) -> None:
+    def __init__(
+        self,
+        store: Store,
+        job_id: str,
+        *,
+        clock: Clock = time.time,
+        sleep: Callable[[float], None] = time.sleep,
+        on_update: Callable[[Job, list[Attempt]], None] | None = None,
+        provider: Provider | None = None,
+        read_progress: ProgressReader = read_committed,
+    ) -> None:
         self.store = store
         self.job_id = store.job(job_id).id
         self.clock = clock
@@ -215,8 +270,11 @@ class Controller:
     def run(self) -> JobState:
         job = self.store.job(self.job_id)
         with controller_lock(job):
-            self.store.event(self.job_id, "controller", f"controller {os.getpid()} started "
-                             f"in state {job.state.value}")
+            self.store.event(
+                self.job_id,
+                "controller",
+                f"controller {os.getpid()} started in state {job.state.value}",
+            )
             self._sweep(job)  # machines a crashed controller left behind
             if plans(self.spec, self.provider):
                 load_readers()
@@ -259,8 +317,13 @@ class Controller:
         if attempt is None:
             if job.stop_reason == "cancel":
                 self._set(JobState.CANCELLED, "cancelled by the user")
-            elif job.state in (JobState.PENDING, JobState.RECOVERING, JobState.PREEMPTED,
-                               JobState.LAUNCHING, JobState.RUNNING):
+            elif job.state in (
+                JobState.PENDING,
+                JobState.RECOVERING,
+                JobState.PREEMPTED,
+                JobState.LAUNCHING,
+                JobState.RUNNING,
+            ):
                 self._maybe_launch(job, self.clock())  # billed from now, after the decision
         elif attempt.handle is None:
             self._launch_or_adopt(job, attempt)
@@ -275,8 +338,7 @@ class Controller:
             # An unanswered status says nothing about the attempt: never an end, never a
             # relaunch. Only a confirmed end (exit code, machine gone) ends it; an outage
             # longer than control_plane_timeout fails the job (docs/control.md).
-            raise TransientProviderError(f"status of attempt {attempt.n} failed: "
-                                         f"{exc}") from exc
+            raise TransientProviderError(f"status of attempt {attempt.n} failed: {exc}") from exc
         self._observe(job, attempt, status, now)
 
     # --- launching -------------------------------------------------------------------------
@@ -290,30 +352,45 @@ class Controller:
         if self.spec.budget_usd is not None:
             spent = sum(a.cost_usd(now) for a in attempts)
             if spent >= self.spec.budget_usd:
-                self._set(JobState.FAILED, f"budget ${self.spec.budget_usd:.2f} spent "
-                          f"(${spent:.2f}); state saved")
+                self._set(
+                    JobState.FAILED,
+                    f"budget ${self.spec.budget_usd:.2f} spent (${spent:.2f}); state saved",
+                )
                 return
         if self._driver is not None and self._driver.decision is not None:
-            placement = (None if self._stale(job, attempts) else
-                         decision_placement(self._driver.decision, self.provider.features.zones))
+            placement = (
+                None
+                if self._stale(job, attempts)
+                else decision_placement(self._driver.decision, self.provider.features.zones)
+            )
             retry_at = self._boundary_wall(job, self._driver.tick + 1)
         else:
             placement = choose_placement(
-                self.spec.market, self.provider.features.zones, job.blocked,
-                attempts[-1].zone if attempts else "", now,
-                spot_supported=self.provider.features.spot)
+                self.spec.market,
+                self.provider.features.zones,
+                job.blocked,
+                attempts[-1].zone if attempts else "",
+                now,
+                spot_supported=self.provider.features.spot,
+            )
             retry_at = now + 1.0
         if placement is None:
             self.store.update_job(self.job_id, next_launch_at=retry_at)
             return
         pricing = self.provider.prices.of(placement)
         attempt = self.store.open_attempt(
-            self.job_id, provider=self.provider.name, market=placement.market,
-            zone=placement.zone, usd_per_hour=pricing.usd_per_hour,
-            ondemand_usd_per_hour=pricing.ondemand_usd_per_hour, time_scale=pricing.time_scale,
-            now=now)
-        self._set(JobState.LAUNCHING, f"attempt {attempt.n}: {placement.market} "
-                  f"{placement.zone}".rstrip())
+            self.job_id,
+            provider=self.provider.name,
+            market=placement.market,
+            zone=placement.zone,
+            usd_per_hour=pricing.usd_per_hour,
+            ondemand_usd_per_hour=pricing.ondemand_usd_per_hour,
+            time_scale=pricing.time_scale,
+            now=now,
+        )
+        self._set(
+            JobState.LAUNCHING, f"attempt {attempt.n}: {placement.market} {placement.zone}".rstrip()
+        )
         self._launch_or_adopt(self.store.job(self.job_id), attempt)
 
     def _launch_or_adopt(self, job: Job, attempt: Attempt) -> None:
@@ -321,8 +398,9 @@ class Controller:
         req = self._request(job, attempt)
         handle = adoptable(self.provider.find(job.id, self._attempts_dir(job)), attempt.n)
         if handle is not None:
-            self.store.event(self.job_id, "adopt", f"attempt {attempt.n} was already launched; "
-                             "adopting it")
+            self.store.event(
+                self.job_id, "adopt", f"attempt {attempt.n} was already launched; adopting it"
+            )
         else:
             try:
                 handle = self.provider.launch(req)
@@ -332,40 +410,69 @@ class Controller:
                 now = self.clock()
                 blocked[attempt.zone] = now + self.spec.zone_cooldown_s
                 # with a policy, the next try is its next decision (at the next boundary)
-                retry_at = (self._boundary_wall(job, self._driver.tick + 1)
-                            if self._driver is not None else now)
-                self.store.update_job(self.job_id, blocked=blocked, state=JobState.RECOVERING,
-                                      next_launch_at=retry_at,
-                                      message=f"{exc.message}; trying elsewhere")
+                retry_at = (
+                    self._boundary_wall(job, self._driver.tick + 1)
+                    if self._driver is not None
+                    else now
+                )
+                self.store.update_job(
+                    self.job_id,
+                    blocked=blocked,
+                    state=JobState.RECOVERING,
+                    next_launch_at=retry_at,
+                    message=f"{exc.message}; trying elsewhere",
+                )
                 return
             except TransientProviderError:
                 raise  # the attempt stays open without a handle: find() settles it next time
             except ProviderError as exc:
-                self._end_attempt(job, attempt, AttemptStatus(Phase.EXITED, exit_code=None),
-                                  Reason.ERROR, detail=f"launch failed: {exc.message}")
+                self._end_attempt(
+                    job,
+                    attempt,
+                    AttemptStatus(Phase.EXITED, exit_code=None),
+                    Reason.ERROR,
+                    detail=f"launch failed: {exc.message}",
+                )
                 return
         self.store.update_attempt(self.job_id, attempt.n, handle=handle)
 
     def _request(self, job: Job, attempt: Attempt) -> LaunchRequest:
-        return launch_request(self.spec, self.provider, job.id, attempt.n,
-                              Placement(attempt.market, attempt.zone), job_dir=job.dir,
-                              log_path=job.log_path)
+        return launch_request(
+            self.spec,
+            self.provider,
+            job.id,
+            attempt.n,
+            Placement(attempt.market, attempt.zone),
+            job_dir=job.dir,
+            log_path=job.log_path,
+        )
 
     # --- watching --------------------------------------------------------------------------
     def _observe(self, job: Job, attempt: Attempt, status: AttemptStatus, now: float) -> None:
         assert attempt.handle is not None
         known_restarts = int(attempt.handle.get("restarts", 0))
         if status.restarts > known_restarts:  # the provider requeued it by itself (SLURM)
-            self._end_attempt(job, attempt, status, Reason.PREEMPTED, now=now,
-                              detail=f"requeued by {self.provider.name}")
+            self._end_attempt(
+                job,
+                attempt,
+                status,
+                Reason.PREEMPTED,
+                now=now,
+                detail=f"requeued by {self.provider.name}",
+            )
             job = self.store.job(self.job_id)
             if job.state is JobState.RECOVERING:
                 nxt = self.store.open_attempt(
-                    self.job_id, provider=attempt.provider, market=attempt.market,
-                    zone=attempt.zone, usd_per_hour=attempt.usd_per_hour,
+                    self.job_id,
+                    provider=attempt.provider,
+                    market=attempt.market,
+                    zone=attempt.zone,
+                    usd_per_hour=attempt.usd_per_hour,
                     ondemand_usd_per_hour=attempt.ondemand_usd_per_hour,
                     time_scale=attempt.time_scale,
-                    handle={**attempt.handle, "restarts": status.restarts}, now=now)
+                    handle={**attempt.handle, "restarts": status.restarts},
+                    now=now,
+                )
                 self._set(JobState.LAUNCHING, f"attempt {nxt.n}: requeued")
             return
         if status.phase is Phase.STARTING:
@@ -373,8 +480,9 @@ class Controller:
                 self._set(JobState.LAUNCHING, "waiting for the machine")
         elif status.phase is Phase.RUNNING:
             if attempt.state != "running":
-                self.store.update_attempt(self.job_id, attempt.n, state="running",
-                                          running_at=status.running_at or now)
+                self.store.update_attempt(
+                    self.job_id, attempt.n, state="running", running_at=status.running_at or now
+                )
                 self._set(JobState.RUNNING, f"attempt {attempt.n} running")
             self._check_budget(job, attempt, now)
         if job.stop_reason and now - self._terminate_sent.get(attempt.n, -1e18) > 10.0:
@@ -393,20 +501,43 @@ class Controller:
         burn = attempt.usd_per_hour * attempt.time_scale / 3600.0
         horizon = self.provider.features.grace_s + 2 * self.provider.features.poll_s
         if stop_for_budget(spent, burn, self.spec.budget_usd, horizon):
-            self.store.update_job(self.job_id, stop_reason="budget", event=(
-                "budget", f"${spent:.2f} spent of ${self.spec.budget_usd:.2f}: stopping attempt "
-                f"{attempt.n} so it saves before the budget runs out"))
+            self.store.update_job(
+                self.job_id,
+                stop_reason="budget",
+                event=(
+                    "budget",
+                    f"${spent:.2f} spent of ${self.spec.budget_usd:.2f}: stopping attempt "
+                    f"{attempt.n} so it saves before the budget runs out",
+                ),
+            )
             job.stop_reason = "budget"
 
-    def _end_attempt(self, job: Job, attempt: Attempt, status: AttemptStatus, reason: Reason,
-                     now: float | None = None, detail: str = "") -> None:
+    def _end_attempt(
+        self,
+        job: Job,
+        attempt: Attempt,
+        status: AttemptStatus,
+        reason: Reason,
+        now: float | None = None,
+        detail: str = "",
+    ) -> None:
         now = self.clock() if now is None else now
         ended_at = min(status.ended_at or now, now)
-        self.store.update_attempt(self.job_id, attempt.n, state="ended", ended_at=ended_at,
-                                  reason=reason.value, exit_code=status.exit_code)
-        self.store.event(self.job_id, "attempt-end", f"attempt {attempt.n} ended: {reason.value}"
-                         + (f" ({detail or status.detail})" if detail or status.detail else ""),
-                         {"n": attempt.n, "exit_code": status.exit_code, "reason": reason.value})
+        self.store.update_attempt(
+            self.job_id,
+            attempt.n,
+            state="ended",
+            ended_at=ended_at,
+            reason=reason.value,
+            exit_code=status.exit_code,
+        )
+        self.store.event(
+            self.job_id,
+            "attempt-end",
+            f"attempt {attempt.n} ended: {reason.value}"
+            + (f" ({detail or status.detail})" if detail or status.detail else ""),
+            {"n": attempt.n, "exit_code": status.exit_code, "reason": reason.value},
+        )
         decision = after_attempt(reason, job.errors_used, self.spec.max_restarts)
         errors_used = job.errors_used + (1 if decision.counts_as_error else 0)
         if decision.next is Next.SUCCEED:
@@ -424,18 +555,28 @@ class Controller:
                 self._set(JobState.PREEMPTED, decision.message, blocked=blocked)
             elif reason is not Reason.SWITCHED:
                 delay = self.spec.restart_backoff_s * 2 ** max(0, errors_used - 1)
-            self._set(JobState.RECOVERING, decision.message, errors_used=errors_used,
-                      next_launch_at=now + delay, stop_reason="")
+            self._set(
+                JobState.RECOVERING,
+                decision.message,
+                errors_used=errors_used,
+                next_launch_at=now + delay,
+                stop_reason="",
+            )
 
     def _control_plane_error(self, job: Job, exc: TransientProviderError) -> None:
         now = self.clock()
         since = job.control_error_since or now
         if job.control_error_since is None:
-            self.store.update_job(self.job_id, control_error_since=now,
-                                  event=("control-plane", f"provider error: {exc.message}"))
+            self.store.update_job(
+                self.job_id,
+                control_error_since=now,
+                event=("control-plane", f"provider error: {exc.message}"),
+            )
         if now - since > self.spec.control_plane_timeout_s:
-            self._set(JobState.FAILED, f"provider {self.provider.name} unreachable for "
-                      f"{now - since:.0f}s: {exc.message}")
+            self._set(
+                JobState.FAILED,
+                f"provider {self.provider.name} unreachable for {now - since:.0f}s: {exc.message}",
+            )
 
     # --- helpers ---------------------------------------------------------------------------
     def _open_attempt(self) -> Attempt | None:
@@ -445,8 +586,13 @@ class Controller:
         return None
 
     def _set(self, state: JobState, message: str, **fields: Any) -> None:
-        self.store.update_job(self.job_id, state=state, message=message,
-                              event=("state", f"{state.value}: {message}"), **fields)
+        self.store.update_job(
+            self.job_id,
+            state=state,
+            message=message,
+            event=("state", f"{state.value}: {message}"),
+            **fields,
+        )
 
     # --- the job's policy ------------------------------------------------------------------
     def _tick_wall_s(self) -> float:
@@ -497,31 +643,51 @@ class Controller:
         prices_now = self.provider.prices
         available = tuple(
             (prices_now.has_capacity(z, now) and job.blocked.get(z, 0.0) <= now) or z_i == zone
-            for z_i, z in enumerate(zones))
+            for z_i, z in enumerate(zones)
+        )
         last = self._boundary_wall(job, driver.tick)
         preempted = attempt is None and any(
             a.reason in (Reason.PREEMPTED.value, Reason.LOST.value) and (a.ended_at or 0) > last
-            for a in self.store.attempts(self.job_id))
+            for a in self.store.attempts(self.job_id)
+        )
         done = self.read_progress(self._checkpoint_dir(job))
         total_wall = driver.problem.compute_s / scale
-        progress = min(driver.problem.compute_s,
-                       progress_s(done, self.spec.steps, total_wall) * scale)
+        progress = min(
+            driver.problem.compute_s, progress_s(done, self.spec.steps, total_wall) * scale
+        )
         before = driver.decision
-        decision = driver.decide(tick, progress, market, zone, left, available,
-                                 tuple(p.usd_per_hour for p in prices),
-                                 prices[0].ondemand_usd_per_hour, preempted)
+        decision = driver.decide(
+            tick,
+            progress,
+            market,
+            zone,
+            left,
+            available,
+            tuple(p.usd_per_hour for p in prices),
+            prices[0].ondemand_usd_per_hour,
+            preempted,
+        )
         event = None
         if decision != before:
-            event = ("decision", f"policy {driver.name} at tick {tick}: {decision} "
-                     f"(progress {progress / 3600:.2f} of {driver.problem.compute_h:.2f} h)")
+            event = (
+                "decision",
+                f"policy {driver.name} at tick {tick}: {decision} "
+                f"(progress {progress / 3600:.2f} of {driver.problem.compute_h:.2f} h)",
+            )
         self.store.update_job(self.job_id, policy=driver.to_json(), event=event)
         want = decision_placement(decision, zones)
         if attempt is None or here is None or _same_place(here, want):
             return
         moving = f"{want.market} {want.zone}".rstrip() if want else "idle"
-        self.store.update_job(self.job_id, stop_reason="switch", event=(
-            "switch", f"attempt {attempt.n}: {here.market} {here.zone} -> {moving} "
-            f"(policy {driver.name}, tick {tick}): saving and stopping it"))
+        self.store.update_job(
+            self.job_id,
+            stop_reason="switch",
+            event=(
+                "switch",
+                f"attempt {attempt.n}: {here.market} {here.zone} -> {moving} "
+                f"(policy {driver.name}, tick {tick}): saving and stopping it",
+            ),
+        )
         job.stop_reason = "switch"
 
     def _stale(self, job: Job, attempts: list[Attempt]) -> bool:
@@ -529,8 +695,11 @@ class Controller:
         preemption or an error after it): then the next boundary decides again."""
         assert self._driver is not None
         last = attempts[-1] if attempts else None
-        return (last is not None and last.reason != Reason.SWITCHED.value
-                and (last.ended_at or 0.0) > self._boundary_wall(job, self._driver.tick))
+        return (
+            last is not None
+            and last.reason != Reason.SWITCHED.value
+            and (last.ended_at or 0.0) > self._boundary_wall(job, self._driver.tick)
+        )
 
     def _cleanup(self, job: Job) -> None:
         """A finished job leaves nothing running: end any attempt still open, sweep the rest."""
@@ -538,8 +707,13 @@ class Controller:
         if attempt is not None:
             if attempt.handle is not None:
                 self._terminate_and_wait(attempt.handle)
-            self.store.update_attempt(self.job_id, attempt.n, state="ended",
-                                      ended_at=self.clock(), reason=job.state.value.lower())
+            self.store.update_attempt(
+                self.job_id,
+                attempt.n,
+                state="ended",
+                ended_at=self.clock(),
+                reason=job.state.value.lower(),
+            )
         self._sweep(job)
 
     def _terminate_and_wait(self, handle: Handle) -> None:
@@ -560,14 +734,20 @@ class Controller:
         try:
             found = self.provider.find(job.id, self._attempts_dir(job))
         except TransientProviderError as exc:  # the next start or the job's end sweeps again
-            self.store.event(self.job_id, "control-plane", f"orphan sweep not possible now: "
-                             f"{exc.message}")
+            self.store.event(
+                self.job_id, "control-plane", f"orphan sweep not possible now: {exc.message}"
+            )
             return
-        for handle in orphans(found, attempt.n if attempt else None,
-                              attempt.handle if attempt else None):
+        for handle in orphans(
+            found, attempt.n if attempt else None, attempt.handle if attempt else None
+        ):
             if self.provider.status(handle).phase not in (Phase.EXITED, Phase.LOST):
-                self.store.event(self.job_id, "orphan", f"terminating {handle['id']} "
-                                 f"(attempt {handle['n']}), which no live attempt owns")
+                self.store.event(
+                    self.job_id,
+                    "orphan",
+                    f"terminating {handle['id']} "
+                    f"(attempt {handle['n']}), which no live attempt owns",
+                )
                 self._terminate_and_wait(handle)
 
 
@@ -579,30 +759,46 @@ def job_summary(store: Store, job: Job, now: float | None = None) -> dict[str, A
     cost = sum(a.cost_usd(now) for a in attempts)
     ondemand = sum(a.ondemand_cost_usd(now) for a in attempts)
     return {
-        "id": job.id, "name": job.name, "state": job.state.value, "message": job.message,
-        "command": spec.command_line, "provider": spec.provider.name, "market": spec.market,
-        "created_at": job.created_at, "updated_at": job.updated_at,
+        "id": job.id,
+        "name": job.name,
+        "state": job.state.value,
+        "message": job.message,
+        "command": spec.command_line,
+        "provider": spec.provider.name,
+        "market": spec.market,
+        "created_at": job.created_at,
+        "updated_at": job.updated_at,
         "attempts": [a.as_dict(now) for a in attempts],
-        "preemptions": sum(a.reason in (Reason.PREEMPTED.value, Reason.LOST.value)
-                           for a in attempts),
+        "preemptions": sum(
+            a.reason in (Reason.PREEMPTED.value, Reason.LOST.value) for a in attempts
+        ),
         "switches": sum(a.reason == Reason.SWITCHED.value for a in attempts),
         "policy": _policy_summary(job.policy),
         "errors": job.errors_used,
-        "cost_usd": round(cost, 6), "ondemand_cost_usd": round(ondemand, 6),
+        "cost_usd": round(cost, 6),
+        "ondemand_cost_usd": round(ondemand, 6),
         "savings_usd": round(ondemand - cost, 6),
-        "budget_usd": spec.budget_usd, "log": str(job.log_path),
+        "budget_usd": spec.budget_usd,
+        "log": str(job.log_path),
         "controller_alive": controller_alive(job),
     }
 
 
 def _same_place(here: Placement, want: Placement | None) -> bool:
-    return want is not None and here.market == want.market and (
-        want.market != "spot" or want.zone == here.zone)
+    return (
+        want is not None
+        and here.market == want.market
+        and (want.market != "spot" or want.zone == here.zone)
+    )
 
 
 def _policy_summary(doc: dict[str, Any] | None) -> dict[str, Any] | None:
     """The job's policy in ``status --json``: name, last boundary decided and its decision."""
     if doc is None:
         return None
-    return {"name": doc["policy"], "tick": doc["tick"], "gap_s": doc["gap_s"],
-            "decision": doc["decision"]}
+    return {
+        "name": doc["policy"],
+        "tick": doc["tick"],
+        "gap_s": doc["gap_s"],
+        "decision": doc["decision"],
+    }

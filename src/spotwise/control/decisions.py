@@ -33,8 +33,9 @@ def classify(status: AttemptStatus, stop_reason: str = "") -> Reason:
         return Reason.CANCELLED
     if stop_reason == "budget":
         return Reason.BUDGET
-    if stop_reason == "switch" and (status.phase is Phase.LOST
-                                    or status.exit_code == EXIT_PREEMPTED):
+    if stop_reason == "switch" and (
+        status.phase is Phase.LOST or status.exit_code == EXIT_PREEMPTED
+    ):
         return Reason.SWITCHED
     if status.phase is Phase.LOST:
         return Reason.LOST
@@ -70,14 +71,21 @@ def after_attempt(reason: Reason, errors_used: int, max_restarts: int) -> AfterA
     if reason is Reason.SWITCHED:
         return AfterAttempt(Next.RECOVER, message="attempt stopped to move; launching the next")
     if errors_used < max_restarts:
-        return AfterAttempt(Next.RECOVER, counts_as_error=True,
-                            message=f"command failed; restart {errors_used + 1}/{max_restarts}")
-    return AfterAttempt(Next.FAIL, counts_as_error=True,
-                        message=f"command failed and max_restarts={max_restarts} is used up")
+        return AfterAttempt(
+            Next.RECOVER,
+            counts_as_error=True,
+            message=f"command failed; restart {errors_used + 1}/{max_restarts}",
+        )
+    return AfterAttempt(
+        Next.FAIL,
+        counts_as_error=True,
+        message=f"command failed and max_restarts={max_restarts} is used up",
+    )
 
 
-def stop_for_budget(cost_usd: float, burn_usd_per_s: float, budget_usd: float | None,
-                    horizon_s: float) -> bool:
+def stop_for_budget(
+    cost_usd: float, burn_usd_per_s: float, budget_usd: float | None, horizon_s: float
+) -> bool:
     """Stop (and save) now if running ``horizon_s`` more (notice + poll) would pass the budget."""
     return budget_usd is not None and cost_usd + burn_usd_per_s * horizon_s >= budget_usd
 
@@ -86,8 +94,9 @@ def estimate_cost_usd(runtime_s: float, pricing: Pricing) -> float:
     return runtime_s * pricing.time_scale / 3600.0 * pricing.usd_per_hour
 
 
-def zone_order(zones: tuple[str, ...], blocked: dict[str, float], last_zone: str,
-               now: float) -> list[str]:
+def zone_order(
+    zones: tuple[str, ...], blocked: dict[str, float], last_zone: str, now: float
+) -> list[str]:
     """Zones to try, best first: unblocked ones, starting after the one just used, so a lost
     zone goes last (and stays out while blocked)."""
     if last_zone in zones:
@@ -96,8 +105,14 @@ def zone_order(zones: tuple[str, ...], blocked: dict[str, float], last_zone: str
     return [z for z in zones if blocked.get(z, 0.0) <= now]
 
 
-def choose_placement(mode: str, zones: tuple[str, ...], blocked: dict[str, float],
-                     last_zone: str, now: float, spot_supported: bool = True) -> Placement | None:
+def choose_placement(
+    mode: str,
+    zones: tuple[str, ...],
+    blocked: dict[str, float],
+    last_zone: str,
+    now: float,
+    spot_supported: bool = True,
+) -> Placement | None:
     """The next attempt's placement when no policy plans the job; None means wait and ask again.
 
     ``mode`` is the job's market: ``spot`` and ``on-demand`` are obeyed; ``auto`` without a
@@ -113,9 +128,15 @@ def choose_placement(mode: str, zones: tuple[str, ...], blocked: dict[str, float
     return Placement("spot", usable[0]) if usable else Placement("on-demand", zones[0])
 
 
-def live_problem(compute_wall_s: float, deadline_wall_s: float, changeover_wall_s: float,
-                 tick_wall_s: float, time_scale: float, spot_usd_per_hour: float,
-                 ondemand_usd_per_hour: float) -> tuple[Problem, float]:
+def live_problem(
+    compute_wall_s: float,
+    deadline_wall_s: float,
+    changeover_wall_s: float,
+    tick_wall_s: float,
+    time_scale: float,
+    spot_usd_per_hour: float,
+    ondemand_usd_per_hour: float,
+) -> tuple[Problem, float]:
     """The policy's job terms and tick length (seconds of *billed* time, wall x ``time_scale``,
     the time the market's rates and the simulator's traces are in) for a live job.
 
@@ -124,11 +145,13 @@ def live_problem(compute_wall_s: float, deadline_wall_s: float, changeover_wall_
     """
     gap_s = max(0.001, round(tick_wall_s * time_scale, 3))
     changeover_s = float(round(changeover_wall_s * time_scale))
-    problem = Problem(compute_h=max(compute_wall_s * time_scale, 1.0) / 3600.0,
-                      deadline_h=max(deadline_wall_s * time_scale, 1.0) / 3600.0,
-                      changeover_h=changeover_s / 3600.0,
-                      spot_price_usd_per_hour=spot_usd_per_hour,
-                      ondemand_price_usd_per_hour=ondemand_usd_per_hour)
+    problem = Problem(
+        compute_h=max(compute_wall_s * time_scale, 1.0) / 3600.0,
+        deadline_h=max(deadline_wall_s * time_scale, 1.0) / 3600.0,
+        changeover_h=changeover_s / 3600.0,
+        spot_price_usd_per_hour=spot_usd_per_hour,
+        ondemand_price_usd_per_hour=ondemand_usd_per_hour,
+    )
     return problem, gap_s
 
 

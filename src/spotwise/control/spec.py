@@ -171,9 +171,16 @@ class JobSpec(BaseModel):
             raise ValueError("the command is empty")
         return argv
 
-    @field_validator("deadline_s", "expected_runtime_s", "restart_backoff_s",
-                     "control_plane_timeout_s", "zone_cooldown_s", "changeover_s",
-                     "decision_interval_s", mode="before")
+    @field_validator(
+        "deadline_s",
+        "expected_runtime_s",
+        "restart_backoff_s",
+        "control_plane_timeout_s",
+        "zone_cooldown_s",
+        "changeover_s",
+        "decision_interval_s",
+        mode="before",
+    )
     @classmethod
     def _duration(cls, v: Any) -> float | None:
         return None if v is None else parse_duration_s(v)
@@ -189,8 +196,10 @@ class JobSpec(BaseModel):
         except UnknownBackendError as exc:
             raise ValueError(f"{exc.message}; {exc.hint}" if exc.hint else exc.message) from None
         if hasattr(POLICIES.load(v), "plan"):
-            raise ValueError(f"policy {v!r} needs the future (hindsight only): use it in "
-                             "`spotwise simulate`; for a job choose uniform-progress or spotwise")
+            raise ValueError(
+                f"policy {v!r} needs the future (hindsight only): use it in "
+                "`spotwise simulate`; for a job choose uniform-progress or spotwise"
+            )
         return v
 
     @field_validator("env", mode="before")
@@ -219,11 +228,17 @@ class JobSpec(BaseModel):
         return shlex.join(self.command)
 
 
-_ALIASES = {"deadline": "deadline_s", "expected_runtime": "expected_runtime_s",
-            "restart_backoff": "restart_backoff_s", "budget": "budget_usd",
-            "checkpoint": "checkpoint_dir", "control_plane_timeout": "control_plane_timeout_s",
-            "zone_cooldown": "zone_cooldown_s", "changeover": "changeover_s",
-            "decision_interval": "decision_interval_s"}
+_ALIASES = {
+    "deadline": "deadline_s",
+    "expected_runtime": "expected_runtime_s",
+    "restart_backoff": "restart_backoff_s",
+    "budget": "budget_usd",
+    "checkpoint": "checkpoint_dir",
+    "control_plane_timeout": "control_plane_timeout_s",
+    "zone_cooldown": "zone_cooldown_s",
+    "changeover": "changeover_s",
+    "decision_interval": "decision_interval_s",
+}
 
 
 def _allowed(loc: tuple[Any, ...]) -> str:
@@ -272,8 +287,10 @@ def _normalize(
     workdir = (base_dir / Path(str(written)).expanduser()).resolve()
     if not workdir.is_dir():
         what = "is not a directory" if workdir.exists() else "does not exist"
-        problems.append(f"{keys.get('workdir', 'workdir')}: {workdir} {what} (given: "
-                        f"{written!r}; a relative workdir starts at the job file's folder)")
+        problems.append(
+            f"{keys.get('workdir', 'workdir')}: {workdir} {what} (given: "
+            f"{written!r}; a relative workdir starts at the job file's folder)"
+        )
     doc["workdir"] = str(workdir)
     if doc.get("checkpoint_dir") is not None and "://" not in str(doc["checkpoint_dir"]):
         ckpt = Path(str(doc["checkpoint_dir"])).expanduser()  # (an s3:// URI stays as given)
@@ -293,8 +310,10 @@ def parse_spec(
     ``clock`` is the wall time an absolute deadline is measured from (injected for tests).
     """
     if not isinstance(doc, dict):
-        raise ConfigError(f"{source}: expected a mapping of fields at the top level",
-                          hint="see examples/digits/job.yaml")
+        raise ConfigError(
+            f"{source}: expected a mapping of fields at the top level",
+            hint="see examples/digits/job.yaml",
+        )
     keys: dict[str, str] = {}
     lines: list[str] = []
     normalized = _normalize(doc, base_dir or Path.cwd(), clock(), keys, lines)
@@ -339,6 +358,7 @@ def load_spec(path: str | Path, *, clock: Callable[[], float] = time.time) -> Jo
     try:
         doc = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise ConfigError(f"{p} is not valid YAML: {exc}", hint="check indentation and quoting") \
-            from None
+        raise ConfigError(
+            f"{p} is not valid YAML: {exc}", hint="check indentation and quoting"
+        ) from None
     return parse_spec(doc, base_dir=p.resolve().parent, source=str(p), clock=clock)

@@ -100,10 +100,18 @@ class Attempt:
 
     def as_dict(self, now: float) -> dict[str, Any]:
         return {
-            "n": self.n, "state": self.state, "provider": self.provider, "market": self.market,
-            "zone": self.zone, "start": self.started_at, "running_at": self.running_at,
-            "end": self.ended_at, "reason": self.reason, "exit_code": self.exit_code,
-            "usd_per_hour": self.usd_per_hour, "cost_usd": round(self.cost_usd(now), 6),
+            "n": self.n,
+            "state": self.state,
+            "provider": self.provider,
+            "market": self.market,
+            "zone": self.zone,
+            "start": self.started_at,
+            "running_at": self.running_at,
+            "end": self.ended_at,
+            "reason": self.reason,
+            "exit_code": self.exit_code,
+            "usd_per_hour": self.usd_per_hour,
+            "cost_usd": round(self.cost_usd(now), 6),
             "handle": self.handle,
         }
 
@@ -137,11 +145,19 @@ class Job:
 
 def _row_job(r: sqlite3.Row) -> Job:
     return Job(
-        id=r["id"], name=r["name"], spec=json.loads(r["spec_json"]), spec_path=r["spec_path"],
-        state=JobState(r["state"]), created_at=r["created_at"], updated_at=r["updated_at"],
-        cancel_requested=bool(r["cancel_requested"]), next_launch_at=r["next_launch_at"],
-        errors_used=r["errors_used"], message=r["message"],
-        blocked=json.loads(r["blocked_json"]), control_error_since=r["control_error_since"],
+        id=r["id"],
+        name=r["name"],
+        spec=json.loads(r["spec_json"]),
+        spec_path=r["spec_path"],
+        state=JobState(r["state"]),
+        created_at=r["created_at"],
+        updated_at=r["updated_at"],
+        cancel_requested=bool(r["cancel_requested"]),
+        next_launch_at=r["next_launch_at"],
+        errors_used=r["errors_used"],
+        message=r["message"],
+        blocked=json.loads(r["blocked_json"]),
+        control_error_since=r["control_error_since"],
         stop_reason=r["stop_reason"],
         policy=json.loads(r["policy_json"]) if r["policy_json"] else None,
     )
@@ -149,12 +165,21 @@ def _row_job(r: sqlite3.Row) -> Job:
 
 def _row_attempt(r: sqlite3.Row) -> Attempt:
     return Attempt(
-        job_id=r["job_id"], n=r["n"], state=r["state"], provider=r["provider"],
-        market=r["market"], zone=r["zone"],
+        job_id=r["job_id"],
+        n=r["n"],
+        state=r["state"],
+        provider=r["provider"],
+        market=r["market"],
+        zone=r["zone"],
         handle=json.loads(r["handle_json"]) if r["handle_json"] else None,
-        started_at=r["started_at"], running_at=r["running_at"], ended_at=r["ended_at"],
-        reason=r["reason"], exit_code=r["exit_code"], usd_per_hour=r["usd_per_hour"],
-        ondemand_usd_per_hour=r["ondemand_usd_per_hour"], time_scale=r["time_scale"],
+        started_at=r["started_at"],
+        running_at=r["running_at"],
+        ended_at=r["ended_at"],
+        reason=r["reason"],
+        exit_code=r["exit_code"],
+        usd_per_hour=r["usd_per_hour"],
+        ondemand_usd_per_hour=r["ondemand_usd_per_hour"],
+        time_scale=r["time_scale"],
     )
 
 
@@ -180,8 +205,10 @@ class Store:
                         if "duplicate column" not in str(exc):
                             raise
         except sqlite3.Error as exc:
-            raise ControlError(f"cannot open the job database {self.path}: {exc}",
-                               hint="check SPOTWISE_HOME and its permissions") from exc
+            raise ControlError(
+                f"cannot open the job database {self.path}: {exc}",
+                hint="check SPOTWISE_HOME and its permissions",
+            ) from exc
 
     def close(self) -> None:
         self._db.close()
@@ -197,8 +224,9 @@ class Store:
         self._db.execute("COMMIT")
 
     # --- jobs ------------------------------------------------------------------------------
-    def create_job(self, name: str, spec: dict[str, Any], spec_path: str | None,
-                   now: float | None = None) -> Job:
+    def create_job(
+        self, name: str, spec: dict[str, Any], spec_path: str | None, now: float | None = None
+    ) -> Job:
         now = time.time() if now is None else now
         job_id = f"{name[:24]}-{secrets.token_hex(3)}"
         with self.tx() as db:
@@ -216,8 +244,8 @@ class Store:
         r = self._db.execute("SELECT * FROM jobs WHERE id = ?", (job_id,)).fetchone()
         if r is None:
             rows = self._db.execute(
-                "SELECT id FROM jobs WHERE id LIKE ? ORDER BY created_at DESC",
-                (f"{job_id}%",)).fetchall()
+                "SELECT id FROM jobs WHERE id LIKE ? ORDER BY created_at DESC", (f"{job_id}%",)
+            ).fetchall()
             if len(rows) == 1:
                 return self.job(rows[0]["id"])
             raise JobNotFoundError(f"no job {job_id!r}", hint="list jobs with: spotwise jobs")
@@ -227,8 +255,14 @@ class Store:
         rows = self._db.execute("SELECT * FROM jobs ORDER BY created_at").fetchall()
         return [_row_job(r) for r in rows]
 
-    def update_job(self, job_id: str, *, event: tuple[str, str] | None = None,
-                   now: float | None = None, **fields: Any) -> None:
+    def update_job(
+        self,
+        job_id: str,
+        *,
+        event: tuple[str, str] | None = None,
+        now: float | None = None,
+        **fields: Any,
+    ) -> None:
         """Change job fields (and log one event) in one transaction."""
         now = time.time() if now is None else now
         cols = {k: (v.value if isinstance(v, Enum) else v) for k, v in fields.items()}
@@ -248,38 +282,69 @@ class Store:
     # --- attempts ----------------------------------------------------------------------------
     def attempts(self, job_id: str) -> list[Attempt]:
         rows = self._db.execute(
-            "SELECT * FROM attempts WHERE job_id = ? ORDER BY n", (job_id,)).fetchall()
+            "SELECT * FROM attempts WHERE job_id = ? ORDER BY n", (job_id,)
+        ).fetchall()
         return [_row_attempt(r) for r in rows]
 
-    def open_attempt(self, job_id: str, *, provider: str, market: str, zone: str,
-                     usd_per_hour: float, ondemand_usd_per_hour: float, time_scale: float,
-                     handle: dict[str, Any] | None = None, now: float | None = None) -> Attempt:
+    def open_attempt(
+        self,
+        job_id: str,
+        *,
+        provider: str,
+        market: str,
+        zone: str,
+        usd_per_hour: float,
+        ondemand_usd_per_hour: float,
+        time_scale: float,
+        handle: dict[str, Any] | None = None,
+        now: float | None = None,
+    ) -> Attempt:
         """Record an attempt *before* launching it, so a crash can never leave one unknown."""
         now = time.time() if now is None else now
         with self.tx() as db:
-            row = db.execute("SELECT COALESCE(MAX(n), 0) + 1 FROM attempts WHERE job_id = ?",
-                             (job_id,)).fetchone()
+            row = db.execute(
+                "SELECT COALESCE(MAX(n), 0) + 1 FROM attempts WHERE job_id = ?", (job_id,)
+            ).fetchone()
             n = int(row[0])
-            open_ = db.execute("SELECT n FROM attempts WHERE job_id = ? AND state != 'ended'",
-                               (job_id,)).fetchone()
+            open_ = db.execute(
+                "SELECT n FROM attempts WHERE job_id = ? AND state != 'ended'", (job_id,)
+            ).fetchone()
             if open_ is not None:
                 raise ControlError(f"job {job_id} already has attempt {open_[0]} open")
             db.execute(
                 "INSERT INTO attempts (job_id, n, state, provider, market, zone, handle_json,"
                 " started_at, usd_per_hour, ondemand_usd_per_hour, time_scale)"
                 " VALUES (?, ?, 'launching', ?, ?, ?, ?, ?, ?, ?, ?)",
-                (job_id, n, provider, market, zone, json.dumps(handle) if handle else None,
-                 now, usd_per_hour, ondemand_usd_per_hour, time_scale),
+                (
+                    job_id,
+                    n,
+                    provider,
+                    market,
+                    zone,
+                    json.dumps(handle) if handle else None,
+                    now,
+                    usd_per_hour,
+                    ondemand_usd_per_hour,
+                    time_scale,
+                ),
             )
-            self._event(db, job_id, now, "attempt", f"attempt {n}: {market} {zone}".rstrip(),
-                        {"n": n, "market": market, "zone": zone})
+            self._event(
+                db,
+                job_id,
+                now,
+                "attempt",
+                f"attempt {n}: {market} {zone}".rstrip(),
+                {"n": n, "market": market, "zone": zone},
+            )
         return self.attempts(job_id)[-1]
 
     def discard_attempt(self, job_id: str, n: int, reason: str) -> None:
         """Forget an attempt whose launch was refused before anything started (no capacity)."""
         with self.tx() as db:
-            db.execute("DELETE FROM attempts WHERE job_id = ? AND n = ? AND state = 'launching'",
-                       (job_id, n))
+            db.execute(
+                "DELETE FROM attempts WHERE job_id = ? AND n = ? AND state = 'launching'",
+                (job_id, n),
+            )
             self._event(db, job_id, time.time(), "launch-refused", reason, {"n": n})
 
     def update_attempt(self, job_id: str, n: int, **fields: Any) -> None:
@@ -287,22 +352,47 @@ class Store:
             fields["handle_json"] = json.dumps(fields.pop("handle"))
         sets = ", ".join(f"{k} = ?" for k in fields)
         with self.tx() as db:
-            db.execute(f"UPDATE attempts SET {sets} WHERE job_id = ? AND n = ?",
-                       (*fields.values(), job_id, n))
+            db.execute(
+                f"UPDATE attempts SET {sets} WHERE job_id = ? AND n = ?",
+                (*fields.values(), job_id, n),
+            )
 
     # --- events ----------------------------------------------------------------------------
-    def _event(self, db: sqlite3.Connection, job_id: str, at: float, kind: str, message: str,
-               data: dict[str, Any] | None = None) -> None:
-        db.execute("INSERT INTO events (job_id, at, kind, message, data_json) VALUES (?,?,?,?,?)",
-                   (job_id, at, kind, message, json.dumps(data or {})))
+    def _event(
+        self,
+        db: sqlite3.Connection,
+        job_id: str,
+        at: float,
+        kind: str,
+        message: str,
+        data: dict[str, Any] | None = None,
+    ) -> None:
+        db.execute(
+            "INSERT INTO events (job_id, at, kind, message, data_json) VALUES (?,?,?,?,?)",
+            (job_id, at, kind, message, json.dumps(data or {})),
+        )
 
-    def event(self, job_id: str, kind: str, message: str, data: dict[str, Any] | None = None,
-              now: float | None = None) -> None:
+    def event(
+        self,
+        job_id: str,
+        kind: str,
+        message: str,
+        data: dict[str, Any] | None = None,
+        now: float | None = None,
+    ) -> None:
         with self.tx() as db:
             self._event(db, job_id, time.time() if now is None else now, kind, message, data)
 
     def events(self, job_id: str) -> list[dict[str, Any]]:
-        rows = self._db.execute("SELECT * FROM events WHERE job_id = ? ORDER BY id",
-                                (job_id,)).fetchall()
-        return [{"at": r["at"], "kind": r["kind"], "message": r["message"],
-                 "data": json.loads(r["data_json"])} for r in rows]
+        rows = self._db.execute(
+            "SELECT * FROM events WHERE job_id = ? ORDER BY id", (job_id,)
+        ).fetchall()
+        return [
+            {
+                "at": r["at"],
+                "kind": r["kind"],
+                "message": r["message"],
+                "data": json.loads(r["data_json"]),
+            }
+            for r in rows
+        ]

@@ -158,7 +158,7 @@ class AwsImdsEmulator(LoopbackEmulator):
             return leaves[key.rstrip("/")]
         if not key.endswith("/"):
             return None
-        children = {k[len(key):].partition("/") for k in leaves if k.startswith(key)}
+        children = {k[len(key) :].partition("/") for k in leaves if k.startswith(key)}
         listing = sorted(head + ("/" if sep else "") for head, sep, _ in children)
         return "\n".join(listing).encode() if listing else None
 

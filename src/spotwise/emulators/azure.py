@@ -126,12 +126,18 @@ class AzureScheduledEventsEmulator(LoopbackEmulator):
         text = request.query.get("format") == "text"
         if isinstance(node, (dict, list)):
             if text:
-                return Response(400, json_body({"error": "Bad request. format=text is only "
-                                                "supported for leaf nodes"}), plain)
+                return Response(
+                    400,
+                    json_body(
+                        {"error": "Bad request. format=text is only supported for leaf nodes"}
+                    ),
+                    plain,
+                )
             return Response(200, json_body(node), plain)
         if not text:
-            return Response(400, json_body({"error": "Bad request. Leaf nodes require "
-                                            "format=text"}), plain)
+            return Response(
+                400, json_body({"error": "Bad request. Leaf nodes require format=text"}), plain
+            )
         return Response(200, str(node).encode(), {"Content-Type": "text/plain; charset=utf-8"})
 
     def _throttled(self) -> bool:

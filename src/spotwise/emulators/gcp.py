@@ -119,8 +119,10 @@ class GcpMetadataEmulator(LoopbackEmulator):
         if request.path == "/computeMetadata/":
             return Response(200, b"v1/\n", text)
         key = request.path.removeprefix(PREFIX) if request.path != PREFIX.rstrip("/") else ""
-        as_json = (request.query.get("alt") == "json"
-                   or request.query.get("recursive", "").lower() == "true")
+        as_json = (
+            request.query.get("alt") == "json"
+            or request.query.get("recursive", "").lower() == "true"
+        )
         with self._changed:
             token = self._token(key)
             if token is not None:
@@ -138,8 +140,10 @@ class GcpMetadataEmulator(LoopbackEmulator):
             return Response(404, b"Not Found\n", {**base, "Content-Type": "text/html"})
         if as_json:
             return Response(200, json_body(tree), {**base, "Content-Type": "application/json"})
-        listing = "".join(f"{name}/\n" if isinstance(sub, dict) else f"{name}\n"
-                          for name, sub in self._children(key).items())
+        listing = "".join(
+            f"{name}/\n" if isinstance(sub, dict) else f"{name}\n"
+            for name, sub in self._children(key).items()
+        )
         return Response(200, listing.encode(), text)
 
     def _children(self, key: str) -> dict[str, object]:
@@ -148,7 +152,7 @@ class GcpMetadataEmulator(LoopbackEmulator):
         children: dict[str, object] = {}
         for path in sorted(self._values):
             if path.startswith(prefix):
-                head, sep, _ = path[len(prefix):].partition("/")
+                head, sep, _ = path[len(prefix) :].partition("/")
                 children[head] = {} if sep else path
         return children
 
@@ -160,8 +164,11 @@ class GcpMetadataEmulator(LoopbackEmulator):
         prefix = key.rstrip("/") + "/" if key else ""
         tree: dict[str, object] = {}
         for name, sub in children.items():
-            value = self._subtree(prefix + name) if isinstance(sub, dict) else _leaf_json(
-                name, self._values[prefix + name])
+            value = (
+                self._subtree(prefix + name)
+                if isinstance(sub, dict)
+                else _leaf_json(name, self._values[prefix + name])
+            )
             tree[name if "@" in name else _camel(name)] = value
         return tree
 
@@ -171,8 +178,7 @@ class GcpMetadataEmulator(LoopbackEmulator):
         if match is None or match.group(1) not in ("default", self.service_account):
             return None
         placeholder = "emulated-" + secrets.token_urlsafe(16)
-        return {"access_token": placeholder, "expires_in": TOKEN_LIFETIME_S,
-                "token_type": "Bearer"}
+        return {"access_token": placeholder, "expires_in": TOKEN_LIFETIME_S, "token_type": "Bearer"}
 
     def _wait(self, key: str, request: Request) -> None:
         """Block (lock held by the condition) until the value's ETag differs or time is up."""

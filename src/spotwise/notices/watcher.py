@@ -108,9 +108,7 @@ class Watcher:
         try:
             found = discover()
         except Exception as exc:  # detection must not stop training: fall back to signals
-            log.exception(
-                "spotwise: platform detection failed (%r); only signals are watched", exc
-            )
+            log.exception("spotwise: platform detection failed (%r); only signals are watched", exc)
             found = []
         for detector in found:
             if self._stop.is_set():

@@ -29,8 +29,9 @@ PROVIDERS: Registry[Any] = Registry(
     {
         "aws": Entry("spotwise.control.providers.aws:AwsProvider", "aws"),
         "fake": "spotwise.control.providers.fake:FakeProvider",
-        "kubernetes": Entry("spotwise.control.providers.kubernetes:KubernetesProvider",
-                            "kubernetes"),
+        "kubernetes": Entry(
+            "spotwise.control.providers.kubernetes:KubernetesProvider", "kubernetes"
+        ),
         "local": "spotwise.control.providers.local:LocalProvider",
         "sim": "spotwise.control.providers.sim:SimProvider",
         "slurm": "spotwise.control.providers.slurm:SlurmProvider",
@@ -44,18 +45,39 @@ def check_options(name: str, options: dict[str, Any]) -> None:
     parse_options(PROVIDERS.load(name).Options, name, options)
 
 
-def make_provider(name: str, options: dict[str, Any], *, epoch: float,
-                  instance_type: str | None = None, preflight: bool = False,
-                  resources: Resources | None = None) -> Provider:
+def make_provider(
+    name: str,
+    options: dict[str, Any],
+    *,
+    epoch: float,
+    instance_type: str | None = None,
+    preflight: bool = False,
+    resources: Resources | None = None,
+) -> Provider:
     """A provider object for one job (``epoch``: the job's creation time, the sim's clock 0).
 
     ``preflight``: also check that it is reachable with these settings (at submit time).
     ``resources``: what one machine must have (a provider that requests GPUs needs the count)."""
-    provider: Provider = PROVIDERS.load(name)(options, epoch=epoch, instance_type=instance_type,
-                                              preflight=preflight, resources=resources)
+    provider: Provider = PROVIDERS.load(name)(
+        options, epoch=epoch, instance_type=instance_type, preflight=preflight, resources=resources
+    )
     return provider
 
 
-__all__ = ["PROVIDERS", "AttemptStatus", "Features", "Handle", "LaunchRequest", "NoticeKind",
-           "Options", "Phase", "Placement", "Prices", "Pricing", "Provider", "check_options",
-           "make_provider", "parse_options"]
+__all__ = [
+    "PROVIDERS",
+    "AttemptStatus",
+    "Features",
+    "Handle",
+    "LaunchRequest",
+    "NoticeKind",
+    "Options",
+    "Phase",
+    "Placement",
+    "Prices",
+    "Pricing",
+    "Provider",
+    "check_options",
+    "make_provider",
+    "parse_options",
+]

@@ -77,8 +77,9 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
     def finish(outcome: str, code: int | None) -> int:
-        write_json_atomic(args.dir / "exit.json",
-                          {"outcome": outcome, "exit_code": code, "ended_at": time.time()})
+        write_json_atomic(
+            args.dir / "exit.json", {"outcome": outcome, "exit_code": code, "ended_at": time.time()}
+        )
         return 0
 
     boot_end = time.time() + args.boot_s
@@ -102,20 +103,36 @@ def main(argv: list[str] | None = None) -> int:
             imds.stop()
 
 
-def _supervise(args: argparse.Namespace, command: list[str], env: dict[str, str], imds: Any,
-               state: dict[str, Any], machine_file: Path, stop_at: list[float],
-               finish: Any) -> int:
+def _supervise(
+    args: argparse.Namespace,
+    command: list[str],
+    env: dict[str, str],
+    imds: Any,
+    state: dict[str, Any],
+    machine_file: Path,
+    stop_at: list[float],
+    finish: Any,
+) -> int:
     with open(args.log, "ab", buffering=0) as log:
         if args.banner:
             log.write(f"[spotwise] {args.banner}\n".encode())
         try:
-            child = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                     stdin=subprocess.DEVNULL, start_new_session=True)
+            child = subprocess.Popen(
+                command,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
         except OSError as exc:
             log.write(f"[spotwise] cannot start {command[:1]}: {exc}\n".encode())
             return int(finish("exited", 127))
-        state.update(child_pid=child.pid, child_start_ticks=proc_start_ticks(child.pid),
-                     running_at=time.time())
+        state.update(
+            child_pid=child.pid,
+            child_start_ticks=proc_start_ticks(child.pid),
+            running_at=time.time(),
+        )
         write_json_atomic(machine_file, state)
 
         notice_at, lost_at, noticed, outcome = args.notice_at, args.lost_at, False, "exited"
@@ -147,8 +164,9 @@ def _supervise(args: argparse.Namespace, command: list[str], env: dict[str, str]
             return int(finish("exited", code))
         # Died of the notice itself (e.g. before its handler was installed): the platform's
         # doing, not the command's, so it is a lost machine and not a user error.
-        return int(finish(outcome if outcome == "terminated" else "lost" if noticed
-                          else "exited", code))
+        return int(
+            finish(outcome if outcome == "terminated" else "lost" if noticed else "exited", code)
+        )
 
 
 if __name__ == "__main__":

@@ -58,9 +58,16 @@ def _signal_if_same(pid: int | None, ticks: int | None, sig: int, group: bool = 
 class ProcessMachines:
     """Start, observe and stop machine processes (see ``machine.py``)."""
 
-    def launch(self, req: LaunchRequest, *, boot_s: float = 0.0, notice_at: float | None = None,
-               lost_at: float | None = None, banner: str = "",
-               notice_via: str = "sigterm") -> Handle:
+    def launch(
+        self,
+        req: LaunchRequest,
+        *,
+        boot_s: float = 0.0,
+        notice_at: float | None = None,
+        lost_at: float | None = None,
+        banner: str = "",
+        notice_via: str = "sigterm",
+    ) -> Handle:
         req.attempt_dir.mkdir(parents=True, exist_ok=True)
         for stale in ("exit.json", "machine.json"):
             (req.attempt_dir / stale).unlink(missing_ok=True)
@@ -71,10 +78,25 @@ class ProcessMachines:
         except BlockingIOError:
             os.close(fd)
             raise ProviderError(f"attempt {req.key} is already running") from None
-        cmd = [sys.executable, "-m", "spotwise.control.providers.machine",
-               "--dir", str(req.attempt_dir), "--log", str(req.log_path),
-               "--lock-fd", str(fd), "--grace-s", str(req.grace_s), "--boot-s", str(boot_s),
-               "--banner", banner, "--notice-via", notice_via]
+        cmd = [
+            sys.executable,
+            "-m",
+            "spotwise.control.providers.machine",
+            "--dir",
+            str(req.attempt_dir),
+            "--log",
+            str(req.log_path),
+            "--lock-fd",
+            str(fd),
+            "--grace-s",
+            str(req.grace_s),
+            "--boot-s",
+            str(boot_s),
+            "--banner",
+            banner,
+            "--notice-via",
+            notice_via,
+        ]
         if notice_at is not None:
             cmd += ["--notice-at", repr(notice_at)]
         if lost_at is not None:
@@ -82,15 +104,29 @@ class ProcessMachines:
         cmd += ["--", *req.argv]
         try:
             proc = subprocess.Popen(
-                cmd, cwd=req.workdir, env=req.env, pass_fds=(fd,), start_new_session=True,
-                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                cmd,
+                cwd=req.workdir,
+                env=req.env,
+                pass_fds=(fd,),
+                start_new_session=True,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
         except OSError as exc:
-            raise ProviderError(f"cannot start attempt {req.key}: {exc}",
-                                hint=f"check the working directory {req.workdir}") from exc
+            raise ProviderError(
+                f"cannot start attempt {req.key}: {exc}",
+                hint=f"check the working directory {req.workdir}",
+            ) from exc
         finally:
             os.close(fd)  # the machine keeps the lock alive through its inherited descriptor
-        return {"n": req.n, "id": str(req.attempt_dir), "dir": str(req.attempt_dir),
-                "pid": proc.pid, "start_ticks": proc_start_ticks(proc.pid)}
+        return {
+            "n": req.n,
+            "id": str(req.attempt_dir),
+            "dir": str(req.attempt_dir),
+            "pid": proc.pid,
+            "start_ticks": proc_start_ticks(proc.pid),
+        }
 
     def find(self, attempts_dir: Path) -> list[Handle]:
         """Machines of a job's attempts (``attempts_dir/<n>/``) that live or left an outcome."""
@@ -105,8 +141,13 @@ class ProcessMachines:
             for _ in range(200):  # a machine that just started writes machine.json at once
                 machine = _read_json(d / "machine.json")
                 if machine is not None:
-                    return {"n": n, "id": str(d), "dir": str(d), "pid": machine["pid"],
-                            "start_ticks": machine["start_ticks"]}
+                    return {
+                        "n": n,
+                        "id": str(d),
+                        "dir": str(d),
+                        "pid": machine["pid"],
+                        "start_ticks": machine["start_ticks"],
+                    }
                 if not lock_held(d / "lock"):
                     break
                 time.sleep(0.05)
@@ -122,32 +163,48 @@ class ProcessMachines:
             killed = end["outcome"] == "terminated" and (end["exit_code"] or 0) < 0
             if end["outcome"] == "lost" or end["exit_code"] is None or killed:
                 # (killed: the stop signal reached it before it could handle it and save)
-                return AttemptStatus(Phase.LOST, exit_code=end["exit_code"],
-                                     ended_at=end["ended_at"], running_at=running_at,
-                                     detail=end["outcome"])
-            return AttemptStatus(Phase.EXITED, exit_code=end["exit_code"],
-                                 ended_at=end["ended_at"], running_at=running_at)
+                return AttemptStatus(
+                    Phase.LOST,
+                    exit_code=end["exit_code"],
+                    ended_at=end["ended_at"],
+                    running_at=running_at,
+                    detail=end["outcome"],
+                )
+            return AttemptStatus(
+                Phase.EXITED,
+                exit_code=end["exit_code"],
+                ended_at=end["ended_at"],
+                running_at=running_at,
+            )
         if lock_held(d / "lock"):
             phase = Phase.RUNNING if running_at else Phase.STARTING
             return AttemptStatus(phase, running_at=running_at)
         if _read_json(d / "exit.json") is not None:  # it finished between the two reads
             return self.status(handle)
         # The machine died without a word (killed, host gone): clean up what it left.
-        _signal_if_same(machine.get("child_pid"), machine.get("child_start_ticks"),
-                        signal.SIGKILL, group=True)
-        return AttemptStatus(Phase.LOST, ended_at=None, running_at=running_at,
-                             detail="machine process vanished")
+        _signal_if_same(
+            machine.get("child_pid"), machine.get("child_start_ticks"), signal.SIGKILL, group=True
+        )
+        return AttemptStatus(
+            Phase.LOST, ended_at=None, running_at=running_at, detail="machine process vanished"
+        )
 
     def terminate(self, handle: Handle) -> None:
         d = Path(handle["dir"])
         # machine.json may not be written yet right after launch: the handle knows the pid too
-        machine = _read_json(d / "machine.json") or {"pid": handle.get("pid"),
-                                                     "start_ticks": handle.get("start_ticks")}
+        machine = _read_json(d / "machine.json") or {
+            "pid": handle.get("pid"),
+            "start_ticks": handle.get("start_ticks"),
+        }
         if lock_held(d / "lock"):
             _signal_if_same(machine.get("pid"), machine.get("start_ticks"), signal.SIGTERM)
         else:
-            _signal_if_same(machine.get("child_pid"), machine.get("child_start_ticks"),
-                            signal.SIGKILL, group=True)
+            _signal_if_same(
+                machine.get("child_pid"),
+                machine.get("child_start_ticks"),
+                signal.SIGKILL,
+                group=True,
+            )
 
 
 class ProcessBacked:

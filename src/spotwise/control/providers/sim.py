@@ -97,15 +97,19 @@ def _load_zones(trace: str, zones: list[str] | None) -> tuple[tuple[str, ...], n
         paths = sorted(p.glob("*.json")) if p.is_dir() else ([p] if p.is_file() else [])
     if not paths:
         groups = sorted({n.split("/")[0] for n in shipped_traces()})
-        raise ConfigError(f"provider.sim.trace: no trace {trace!r}",
-                          hint=f"use a shipped group ({', '.join(groups)}) or a directory")
+        raise ConfigError(
+            f"provider.sim.trace: no trace {trace!r}",
+            hint=f"use a shipped group ({', '.join(groups)}) or a directory",
+        )
     traces = [load_trace(p) for p in paths]
     by_zone = {t.zone: t for t in traces}
     chosen = zones or sorted(by_zone)
     missing = [z for z in chosen if z not in by_zone]
     if missing:
-        raise ConfigError(f"provider.sim.zones: unknown zone(s) {missing}",
-                          hint=f"zones in {trace}: {', '.join(sorted(by_zone))}")
+        raise ConfigError(
+            f"provider.sim.zones: unknown zone(s) {missing}",
+            hint=f"zones in {trace}: {', '.join(sorted(by_zone))}",
+        )
     gaps = {by_zone[z].gap_s for z in chosen}
     if len(gaps) != 1:
         raise ConfigError("provider.sim: the chosen traces have different tick lengths")
@@ -118,28 +122,49 @@ class SimProvider(ProcessBacked):
     name = "sim"
     Options = SimOptions
 
-    def __init__(self, options: dict[str, Any], *, epoch: float, instance_type: str | None,
-                 preflight: bool = False, resources: Resources | None = None):
+    def __init__(
+        self,
+        options: dict[str, Any],
+        *,
+        epoch: float,
+        instance_type: str | None,
+        preflight: bool = False,
+        resources: Resources | None = None,
+    ):
         opts = parse_options(SimOptions, self.name, options)
         self.notice_s, self.boot_s, self.notice = opts.notice_s, opts.boot_s, opts.notice
         zones, avail, gap_s = _load_zones(opts.trace, opts.zones)
-        self.market = SimMarket(zones, avail, gap_s, opts.time_compression, epoch,
-                                opts.start_hour * 3600.0)
+        self.market = SimMarket(
+            zones, avail, gap_s, opts.time_compression, epoch, opts.start_hour * 3600.0
+        )
         self.instance_type = instance_type or "p3.2xlarge"
         given = {"spot": opts.spot_usd_per_hour, "on-demand": opts.ondemand_usd_per_hour}
 
         def price(market: str, zone: str) -> float:
             fixed = given[market]
-            return fixed if fixed is not None else catalog_usd_per_hour(
-                self.instance_type, zone, market)
+            return (
+                fixed
+                if fixed is not None
+                else catalog_usd_per_hour(self.instance_type, zone, market)
+            )
 
-        self.prices = Prices({
-            (m, z): Pricing(price(m, z), price("on-demand", z), opts.time_compression)
-            for m in MARKETS for z in zones},
-            capacity=lambda zone, at_s: self.market.is_available(zone, at_s + self.boot_s))
+        self.prices = Prices(
+            {
+                (m, z): Pricing(price(m, z), price("on-demand", z), opts.time_compression)
+                for m in MARKETS
+                for z in zones
+            },
+            capacity=lambda zone, at_s: self.market.is_available(zone, at_s + self.boot_s),
+        )
         # The machine sets SPOTWISE_PLATFORM=aws itself when the notice comes from its IMDS.
-        self.features = Features(zones=zones, spot=True, notice=NOTICES[opts.notice],
-                                 poll_s=0.05, grace_s=self.notice_s, platform="none")
+        self.features = Features(
+            zones=zones,
+            spot=True,
+            notice=NOTICES[opts.notice],
+            poll_s=0.05,
+            grace_s=self.notice_s,
+            platform="none",
+        )
         self._machines = ProcessMachines()
 
     def launch(self, req: LaunchRequest) -> Handle:
@@ -148,13 +173,21 @@ class SimProvider(ProcessBacked):
         notice_at = lost_at = None
         if req.placement.market == "spot":
             if not self.market.is_available(zone, now + self.boot_s):
-                raise CapacityError(f"no spot capacity for {self.instance_type} in {zone}",
-                                    hint="another zone or on-demand may have some")
+                raise CapacityError(
+                    f"no spot capacity for {self.instance_type} in {zone}",
+                    hint="another zone or on-demand may have some",
+                )
             lost_at = self.market.loss_wall(zone, now + self.boot_s)
             if lost_at is not None:
                 notice_at = max(now + self.boot_s, lost_at - self.notice_s)
         banner = f"attempt {req.n} on sim {req.placement.market} {zone}"
         if lost_at is not None:
             banner += f" (spot lasts {lost_at - now:.1f}s wall)"
-        return self._machines.launch(req, boot_s=self.boot_s, notice_at=notice_at,
-                                     lost_at=lost_at, banner=banner, notice_via=self.notice)
+        return self._machines.launch(
+            req,
+            boot_s=self.boot_s,
+            notice_at=notice_at,
+            lost_at=lost_at,
+            banner=banner,
+            notice_via=self.notice,
+        )

@@ -39,11 +39,17 @@ from spotwise.errors import (
 if TYPE_CHECKING:
     from spotwise.control.spec import Resources
 
-_PENDING = {"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "CONFIGURING", "RESIZING",
-            "SUSPENDED"}
+_PENDING = {
+    "PENDING",
+    "REQUEUED",
+    "REQUEUE_HOLD",
+    "REQUEUE_FED",
+    "CONFIGURING",
+    "RESIZING",
+    "SUSPENDED",
+}
 _RUNNING = {"RUNNING", "COMPLETING", "STAGE_OUT", "SIGNALING"}
-_LOST = {"NODE_FAIL", "BOOT_FAIL", "PREEMPTED", "DEADLINE", "TIMEOUT", "CANCELLED",
-         "OUT_OF_MEMORY"}
+_LOST = {"NODE_FAIL", "BOOT_FAIL", "PREEMPTED", "DEADLINE", "TIMEOUT", "CANCELLED", "OUT_OF_MEMORY"}
 
 
 def _run(argv: list[str], timeout_s: float = 30.0) -> str:
@@ -53,15 +59,21 @@ def _run(argv: list[str], timeout_s: float = 30.0) -> str:
     except FileNotFoundError:
         raise ProviderUnavailableError(
             f"SLURM command {argv[0]!r} is not installed",
-            hint="install slurm-wlm (scripts/slurm-up.sh starts a local cluster)") from None
+            hint="install slurm-wlm (scripts/slurm-up.sh starts a local cluster)",
+        ) from None
     except subprocess.TimeoutExpired:
         raise TransientProviderError(f"{argv[0]} timed out after {timeout_s:.0f}s") from None
     if done.returncode != 0:
         err = (done.stderr or done.stdout).strip()
-        if "Unable to contact slurm controller" in err or "Connection refused" in err \
-                or "Socket timed out" in err:
-            raise TransientProviderError(f"{argv[0]} cannot reach slurmctld: {err}",
-                                         hint="is slurmctld running? (scontrol ping)")
+        if (
+            "Unable to contact slurm controller" in err
+            or "Connection refused" in err
+            or "Socket timed out" in err
+        ):
+            raise TransientProviderError(
+                f"{argv[0]} cannot reach slurmctld: {err}",
+                hint="is slurmctld running? (scontrol ping)",
+            )
         raise ProviderError(f"{shlex.join(argv)} failed: {err}")
     return done.stdout
 
@@ -89,14 +101,27 @@ class SlurmProvider:
     name = "slurm"
     Options = SlurmOptions
 
-    def __init__(self, options: dict[str, Any], *, epoch: float, instance_type: str | None,
-                 preflight: bool = False, resources: Resources | None = None):
+    def __init__(
+        self,
+        options: dict[str, Any],
+        *,
+        epoch: float,
+        instance_type: str | None,
+        preflight: bool = False,
+        resources: Resources | None = None,
+    ):
         opts = parse_options(SlurmOptions, self.name, options)
         self.partition, self.signal, self.signal_s = opts.partition, opts.signal, opts.signal_s
         self.time_limit, self.extra_args = opts.time_limit, opts.extra_args
-        self.features = Features(zones=("slurm",), spot=False, multi_node=True,
-                                 self_requeue=True, notice=NoticeKind.SLURM, poll_s=0.5,
-                                 grace_s=30.0)
+        self.features = Features(
+            zones=("slurm",),
+            spot=False,
+            multi_node=True,
+            self_requeue=True,
+            notice=NoticeKind.SLURM,
+            poll_s=0.5,
+            grace_s=30.0,
+        )
         self.prices = Prices.flat(self.features.zones, opts.usd_per_hour)
         if preflight:
             self._ping()
@@ -108,12 +133,16 @@ class SlurmProvider:
         except TransientProviderError as exc:
             raise ProviderUnavailableError(exc.message, hint=exc.hint) from None
         except ProviderError as exc:  # ping exits 1 when the controller is DOWN
-            raise ProviderUnavailableError(f"slurmctld is not reachable: {exc.message}",
-                                           hint="start it (scripts/slurm-up.sh)") from None
+            raise ProviderUnavailableError(
+                f"slurmctld is not reachable: {exc.message}", hint="start it (scripts/slurm-up.sh)"
+            ) from None
 
     def _script(self, req: LaunchRequest) -> Path:
-        exports = "\n".join(f"export {k}={shlex.quote(v)}" for k, v in sorted(req.env.items())
-                             if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k))
+        exports = "\n".join(
+            f"export {k}={shlex.quote(v)}"
+            for k, v in sorted(req.env.items())
+            if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k)
+        )
         script = req.attempt_dir / "batch.sh"
         script.write_text(
             "#!/bin/bash\n"
@@ -123,15 +152,24 @@ class SlurmProvider:
             'echo "[spotwise] slurm job $SLURM_JOB_ID start"'
             ' "(restart ${SLURM_RESTART_COUNT:-0})"\n'
             f"cd {shlex.quote(str(req.workdir))}\n"
-            f"exec {shlex.join(req.argv)}\n")
+            f"exec {shlex.join(req.argv)}\n"
+        )
         script.chmod(0o700)
         return script
 
     def launch(self, req: LaunchRequest) -> Handle:
         req.attempt_dir.mkdir(parents=True, exist_ok=True)
-        argv = ["sbatch", "--parsable", "--requeue", "--open-mode=append",
-                f"--signal=B:{self.signal}@{self.signal_s}", f"--job-name={req.key}",
-                f"--output={req.log_path}", f"--chdir={req.workdir}", "--export=NONE"]
+        argv = [
+            "sbatch",
+            "--parsable",
+            "--requeue",
+            "--open-mode=append",
+            f"--signal=B:{self.signal}@{self.signal_s}",
+            f"--job-name={req.key}",
+            f"--output={req.log_path}",
+            f"--chdir={req.workdir}",
+            "--export=NONE",
+        ]
         if self.partition:
             argv.append(f"--partition={self.partition}")
         if self.time_limit:

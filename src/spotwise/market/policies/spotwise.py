@@ -269,11 +269,7 @@ class SpotwisePolicy(BasePolicy):
         )
 
     def _planned(self, obs: Observation) -> Decision:
-        if (
-            self._plan_tick < 0
-            or obs.tick >= self._plan_until
-            or self._stranded(obs, self._zones)
-        ):
+        if self._plan_tick < 0 or obs.tick >= self._plan_until or self._stranded(obs, self._zones):
             self._replan(obs)
         lat: Lattice = self._lattice
         cell = waste_cell(lat, obs)

@@ -187,8 +187,11 @@ class CsvSource:
         except OSError as exc:
             raise IngestError(f"cannot read {self.path}: {exc.strerror}") from exc
         if encoding == "latin-1":
-            log.warning("%s is not valid UTF-8; reading it as Latin-1 (save it as UTF-8 if "
-                        "names look wrong)", self.path.name)
+            log.warning(
+                "%s is not valid UTF-8; reading it as Latin-1 (save it as UTF-8 if "
+                "names look wrong)",
+                self.path.name,
+            )
         with handle:
             reader = csv.DictReader(handle)
             header = list(reader.fieldnames or [])
