@@ -162,7 +162,7 @@ def test_mirror_hooks_run_in_order(tmp_path: Path, trainer: Any) -> None:
 def test_checkpoint_of_a_different_model_is_refused_untouched(tmp_path: Path, trainer: Any) -> None:
     trainer(tmp_path, 10)
     before = {c.step: c.as_dict() for c in list_checkpoints(tmp_path, deep=True)}
-    with pytest.raises(StateMismatchError, match=r"does not fit model 'main'.*mismatched") as err:
+    with pytest.raises(StateMismatchError, match=r"does not fit model 'model'.*mismatched") as err:
         trainer(tmp_path, 20, hidden=32)
     assert "new run directory" in str(err.value)
     assert {c.step: c.as_dict() for c in list_checkpoints(tmp_path, deep=True)} == before
