@@ -185,6 +185,7 @@ class Run:
         self._position: Any = None  # what keeps a stateful loader's position
         self._workers: LoaderWorkers | None = None
         self._micro = 0  # micro-batches of the current accumulation window already yielded
+        self._in_body = False  # between a yield and the code after it
         if loader is not None:
             self._position = stateful_source(loader)
             if self._position is None:
@@ -260,7 +261,9 @@ class Run:
         try:
             while self.step < self.total_steps:
                 item = self._next_item()
+                self._in_body = True
                 yield item
+                self._in_body = False
                 if self.loader is not None:
                     self.batch_in_epoch += 1
                 self._micro += 1
@@ -273,7 +276,7 @@ class Run:
             self.events.emit("finished", step=self.step)
             clean_exit = True
         finally:
-            self._iter = None
+            self._stop_loader()
             if clean_exit:
                 self.close()
             else:
@@ -287,7 +290,7 @@ class Run:
 
     def save(self, *, block: bool = True) -> None:
         """Save now (blocking by default); the periodic schedule continues from here."""
-        if self._micro:
+        if self._in_body and not self.sync_gradients:
             raise ConfigError(
                 "run.save() inside an accumulation window: the window's gradients are not saved",
                 hint="call it where run.sync_gradients is true, after the optimizer step",
@@ -353,7 +356,8 @@ class Run:
                 self._after_loader_failure(failure)
 
     def _start_loader(self) -> Iterator[Any]:
-        """A new iterator at the run's position. A stateful loader draws its shuffling and
+        """A new iterator at the run's position; a stateful loader's parts that have
+        ``set_epoch`` are told the epoch. A stateful loader draws its shuffling and
         worker seeds from the global torch RNG when it has no generator of its own: it does so
         here from a seed of (run seed, epoch), then the global RNG is put back, so dropout
         after a resume sees the numbers it would have seen."""
@@ -363,9 +367,24 @@ class Run:
             self.loader.generator.manual_seed(derive_seed(self.seed, self.epoch, "loader"))
             assert self._workers is not None
             return self._workers.start()
+        # the epoch convention of DistributedSampler and Hugging Face datasets: a resumed
+        # stream applies its loaded position only in the epoch it was saved in
+        parts = (self._position, getattr(self.loader, "dataset", None),
+                 getattr(self.loader, "sampler", None))
+        for part in {id(p): p for p in parts if callable(getattr(p, "set_epoch", None))}.values():
+            part.set_epoch(self.epoch)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(derive_seed(self.seed, self.epoch, "loader"))
             return self._workers.start() if self._workers is not None else iter(self.loader)
+
+    def _stop_loader(self) -> None:
+        """End the iterator's workers now. A stateful loader keeps a reference to its iterator
+        (for ``state_dict``), so dropping ours would leave them waiting for work, and the
+        interpreter's exit waiting for them."""
+        iterator, self._iter = self._iter, None
+        shutdown = getattr(iterator, "_shutdown_workers", None)
+        if shutdown is not None:
+            shutdown()
 
     def _handle_pending_notice(self) -> None:
         """Act on a notice that arrived while the loader failed (only at a step boundary:
