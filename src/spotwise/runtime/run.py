@@ -369,10 +369,11 @@ class Run:
             return self._workers.start()
         # the epoch convention of DistributedSampler and Hugging Face datasets: a resumed
         # stream applies its loaded position only in the epoch it was saved in
-        parts = (self._position, getattr(self.loader, "dataset", None),
-                 getattr(self.loader, "sampler", None))
-        for part in {id(p): p for p in parts if callable(getattr(p, "set_epoch", None))}.values():
-            part.set_epoch(self.epoch)
+        parts: list[Any] = [self._position, getattr(self.loader, "dataset", None),
+                            getattr(self.loader, "sampler", None)]
+        setters = {id(p): p.set_epoch for p in parts if callable(getattr(p, "set_epoch", None))}
+        for set_epoch in setters.values():
+            set_epoch(self.epoch)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(derive_seed(self.seed, self.epoch, "loader"))
             return self._workers.start() if self._workers is not None else iter(self.loader)
