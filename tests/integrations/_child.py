@@ -7,6 +7,7 @@ argv: RUN_DIR TRACE MODE WORKERS
   stateful    torchdata StatefulDataLoader over an IterableDataset with state_dict (WORKERS)
   hf          Hugging Face datasets IterableDataset built in memory, DataLoader(num_workers=0)
   eval        an eval pass on its own loader every 5 steps, noise from Generators in run.extras
+  accelerate  Hugging Face Accelerate, gradient_accumulation_steps=2, accelerator.accumulate()
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from torch.utils.data import DataLoader, IterableDataset, TensorDataset, get_wor
 
 from spotwise import Run
 
-STEPS = {"accumulate": 12, "stateful": 24, "hf": 24, "eval": 20}
+STEPS = {"accumulate": 12, "stateful": 24, "hf": 24, "eval": 20, "accelerate": 16}
 SIZE = 40  # samples: several epochs in every mode
 SLEEP_S = 0.03  # per loop body, so that a kill can land anywhere
 
@@ -91,16 +92,24 @@ def main() -> None:
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Dropout(0.3), nn.Linear(16, 3))
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    accumulate = 4 if mode == "accumulate" else 1
-    run = Run(
-        run_dir,
-        state={"model": model, "opt": opt},
-        loader=loader_for(mode, workers),
-        steps=STEPS[mode],
-        accumulate=accumulate,
-        every=2,
-        seed=11,
-    )
+    accelerator = None
+    settings: dict[str, Any] = {
+        "loader": loader_for(mode, workers),
+        "steps": STEPS[mode],
+        "every": 2,
+        "seed": 11,
+    }
+    if mode == "accelerate":
+        from accelerate import Accelerator
+
+        from spotwise.integrations.accelerate import accelerated_run
+
+        accelerator = Accelerator(cpu=True, gradient_accumulation_steps=2)
+        model, opt = accelerator.prepare(model, opt)
+        run = accelerated_run(accelerator, run_dir, model=model, optimizer=opt, **settings)
+    else:
+        accumulate = 4 if mode == "accumulate" else 1
+        run = Run(run_dir, state={"model": model, "opt": opt}, accumulate=accumulate, **settings)
     if run.resumed_from is not None:
         print(f"resumed-from: {run.step}", flush=True)
     noise = run.extras.setdefault("noise", torch.Generator().manual_seed(5))
@@ -115,10 +124,20 @@ def main() -> None:
             inputs = inputs + 0.01 * torch.randn(inputs.shape, generator=noise) * float(
                 mix.random()
             )
-        loss = nn.functional.cross_entropy(model(inputs), labels)
-        (loss / run.accumulate).backward()
+        if accelerator is not None:
+            with accelerator.accumulate(model):
+                loss = nn.functional.cross_entropy(model(inputs), labels)
+                accelerator.backward(loss)
+                opt.step()  # Accelerate's optimizer steps only where gradients sync
+                opt.zero_grad()
+            assert accelerator.sync_gradients == run.sync_gradients, "windows out of step"
+        else:
+            loss = nn.functional.cross_entropy(model(inputs), labels)
+            (loss / run.accumulate).backward()
         record: dict[str, Any] = {"step": run.step + 1, "micro": micro, "loss": loss.item().hex()}
-        if run.sync_gradients:
+        if accelerator is not None:
+            micro = 0 if run.sync_gradients else micro + 1
+        elif run.sync_gradients:
             opt.step()
             opt.zero_grad()
             micro = 0

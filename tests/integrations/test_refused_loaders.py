@@ -63,3 +63,25 @@ def test_no_save_inside_an_accumulation_window(tmp_path: Path) -> None:
                 run.save()
     # 2 optimizer steps of 2 micro-batches: the loader's position counts micro-batches
     assert flags == [False, True, False, True] and run.step == 2 and run.batch_in_epoch == 4
+
+
+def test_accelerate_settings_spotwise_cannot_make_exact_are_refused(tmp_path: Path) -> None:
+    from accelerate import Accelerator
+
+    from spotwise.integrations.accelerate import accelerated_run
+
+    accelerator = Accelerator(cpu=True, gradient_accumulation_steps=2)
+    model = torch.nn.Linear(1, 1)
+    loader = DataLoader(TensorDataset(torch.arange(8).float()), batch_size=2)
+    with pytest.raises(ConfigError, match=r"passed through accelerator\.prepare") as err:
+        accelerated_run(
+            accelerator, tmp_path / "a", model=model, loader=accelerator.prepare(loader)
+        )
+    assert "before prepare()" in err.value.hint
+    with pytest.raises(ConfigError, match="accumulate= comes from the Accelerator"):
+        accelerated_run(accelerator, tmp_path / "b", model=model, accumulate=4)
+    run = accelerated_run(
+        accelerator, tmp_path / "c", model=model, loader=loader, steps=1, notices=None
+    )
+    assert run.accumulate == 2
+    run.close()

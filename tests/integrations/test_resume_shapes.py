@@ -1,7 +1,8 @@
 """Exact resume for the loop shapes users write, with real processes: gradient accumulation
 (K=4, killed inside a window), torchdata's StatefulDataLoader over a stateful IterableDataset
 (workers 0 and 2), a Hugging Face ``datasets`` stream built in memory, and an eval pass mid
-training with Generators in ``run.extras`` (killed during the evaluation). Each is killed with
+training with Generators in ``run.extras`` (killed during the evaluation), and a Hugging Face
+Accelerate loop (``accelerator.accumulate``, killed inside a window). Each is killed with
 SIGKILL to the main PID, SIGKILL to the process group and SIGTERM, restarted each time, and ends
 with the uninterrupted run's weights and the same loss at every (step, micro-batch)."""
 
@@ -71,6 +72,8 @@ def moment(mode: str, records: list[dict[str, Any]], start: int, target: int) ->
     last = new[-1]
     if mode == "accumulate":
         return last["micro"] in (1, 2)  # micro-batches 2-3 of 4 are running next
+    if mode == "accelerate":
+        return last["micro"] == 0  # the window's second micro-batch is running next
     if mode == "eval":
         return "evaluating" in last
     return True
@@ -109,7 +112,14 @@ def interrupted(tmp_path: Path, mode: str, workers: int, seed: int) -> tuple[str
 
 @pytest.mark.parametrize(
     ("mode", "workers"),
-    [("accumulate", 0), ("stateful", 0), ("stateful", 2), ("hf", 0), ("eval", 0)],
+    [
+        ("accumulate", 0),
+        ("stateful", 0),
+        ("stateful", 2),
+        ("hf", 0),
+        ("eval", 0),
+        ("accelerate", 0),
+    ],
 )
 def test_killed_runs_end_like_the_uninterrupted_one(
     tmp_path: Path, mode: str, workers: int
