@@ -10,7 +10,7 @@ import torch
 
 from spotwise import CheckpointConfig
 from spotwise.errors import ConfigError
-from spotwise.runtime import Run, load_newest_valid
+from spotwise.runtime import Run, load_newest_valid, write_checkpoint
 
 
 def test_config_is_validated_and_reads_no_environment(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -53,3 +53,36 @@ def test_state_mapping_and_keyword_spellings_are_one_mapping(tmp_path: Path) -> 
         Run(tmp_path / "d", state={"extra": 3}, notices=None)
     with pytest.raises(ConfigError, match="accumulate must be a whole number"):
         Run(tmp_path / "e", model=model, accumulate=0, notices=None)
+
+
+def test_a_version_1_checkpoint_still_resumes(tmp_path: Path) -> None:
+    """Written the way the previous release laid the state out (four fixed sections)."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    with Run(tmp_path / "new", model=model, optimizer=opt, steps=2, notices=None) as run:
+        for _ in run:
+            model(torch.randn(4, 3)).sum().backward()
+            opt.step()
+    loaded = load_newest_valid(tmp_path / "new")
+    assert loaded is not None
+    state = dict(loaded.state)
+    entries = state.pop("state")
+    state["spotwise"] = {k: v for k, v in state["spotwise"].items() if k != "accumulate"}
+    state["spotwise"]["version"] = 1
+    state.update(
+        models={"main": entries["model"]},
+        optimizers={"main": entries["optimizer"]},
+        schedulers={},
+        scalers={},
+    )
+    write_checkpoint(tmp_path / "old", 2, dict(loaded.tensors), state)
+    other = torch.nn.Linear(3, 2)
+    other_opt = torch.optim.SGD(other.parameters(), lr=0.1, momentum=0.9)
+    resumed = Run(tmp_path / "old", model=other, optimizer=other_opt, steps=2, notices=None)
+    assert resumed.step == 2 and resumed.resumed_from is not None
+    assert all(
+        torch.equal(a, b) for a, b in zip(model.parameters(), other.parameters(), strict=True)
+    )
+    assert other_opt.state_dict()["state"][0]["momentum_buffer"] is not None
+    resumed.close()

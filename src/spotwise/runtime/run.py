@@ -636,7 +636,7 @@ class Run:
         leaves them as they were; should applying still fail, the next checkpoint tried
         re-applies every object completely."""
         where = loaded.info.path
-        doc = loaded.doc
+        doc = _upgrade_v1(loaded.doc)
         meta = doc.get("spotwise") if isinstance(doc, dict) else None
         if not isinstance(meta, dict) or not isinstance(doc.get("state"), dict):
             raise StateMismatchError(
@@ -745,6 +745,31 @@ def _local_run_dir(run_dir: str | os.PathLike[str]) -> Path:
             hint="use a new or empty directory for the run, e.g. runs/<name>",
         )
     return path
+
+
+_V1_SECTIONS = {"models": "model", "optimizers": "optimizer", "schedulers": "scheduler",
+                "scalers": "scaler"}
+
+
+def _upgrade_v1(doc: Any) -> Any:
+    """A version-1 document (objects in four fixed sections, ``main`` for a single one) in
+    today's layout, so a run started before the upgrade resumes after it. Anything malformed
+    is left as it is, for the checks that follow to refuse."""
+    meta = doc.get("spotwise") if isinstance(doc, dict) else None
+    if not isinstance(meta, dict) or meta.get("version") != 1:
+        return doc
+    sections = [doc.get(kind) for kind in _V1_SECTIONS]
+    if not all(isinstance(section, dict) for section in sections):
+        return doc
+    state = {
+        prefix if name == "main" else f"{prefix}.{name}": value
+        for prefix, section in zip(_V1_SECTIONS.values(), sections, strict=True)
+        for name, value in section.items()
+    }
+    upgraded = {k: v for k, v in doc.items() if k not in _V1_SECTIONS}
+    upgraded["spotwise"] = {**meta, "version": STATE_VERSION, "accumulate": 1}
+    upgraded["state"] = state
+    return upgraded
 
 
 def _check_optimizer_state(where: Path, name: str, optimizer: Any, saved: Any) -> None:
