@@ -22,6 +22,7 @@ test: setup
 
 lint: setup
 	$(BIN)/ruff check src tests benchmarks examples
+	$(BIN)/ruff format --check src tests benchmarks examples
 	$(BIN)/mypy
 
 bench: setup

@@ -15,6 +15,7 @@ __version__ = "0.1.0"
 _EXPORTS = {
     # runtime: exact-resume checkpoints inside the training loop
     "Run": "spotwise.runtime",
+    "CheckpointConfig": "spotwise.runtime",
     "EXIT_INTERRUPTED": "spotwise.runtime",
     # storage: where checkpoints live
     "Storage": "spotwise.storage",
@@ -35,6 +36,7 @@ _EXPORTS = {
 
 __all__ = [
     "EXIT_INTERRUPTED",
+    "CheckpointConfig",
     "JobRequest",
     "Notice",
     "NoticeKind",
@@ -61,7 +63,7 @@ if TYPE_CHECKING:
     )
     from spotwise.notices import Notice, NoticeKind
     from spotwise.notices.watcher import watch_from_environment
-    from spotwise.runtime import EXIT_INTERRUPTED, Run
+    from spotwise.runtime import EXIT_INTERRUPTED, CheckpointConfig, Run
     from spotwise.storage import Storage, open_storage
 
 

@@ -335,7 +335,7 @@ def test_special_files(template: Any, trainer: Any, target: str, kind: str) -> N
 
 # --- consistent-checksum content swaps ---------------------------------------------------------
 def model_tensor(tensors: dict[str, torch.Tensor], pick: int) -> str:
-    names = sorted(n for n in tensors if n.startswith("models/"))
+    names = sorted(n for n in tensors if n.startswith("state/model/"))
     return names[pick % len(names)]
 
 
@@ -345,16 +345,16 @@ SWAPS: dict[str, Callable[[dict[str, torch.Tensor], dict[str, Any], int], None]]
     ),
     "shape": lambda t, s, i: t.__setitem__(n := model_tensor(t, i), t[n].reshape(-1)[1:]),
     "drop-tensor": lambda t, s, i: t.pop(sorted(t)[i % len(t)]),
-    "drop-model-key": lambda t, s, i: s["models"]["main"].pop(
-        sorted(s["models"]["main"])[i % len(s["models"]["main"])]
+    "drop-model-key": lambda t, s, i: s["state"]["model"].pop(
+        sorted(s["state"]["model"])[i % len(s["state"]["model"])]
     ),
     "empty-state": lambda t, s, i: s.clear(),
     "no-run-state": lambda t, s, i: s.pop("spotwise"),
     "step-counter": lambda t, s, i: s["spotwise"].__setitem__("step", [99, "x", -1, None][i % 4]),
-    "models-not-dict": lambda t, s, i: s.__setitem__("models", [1, 2]),
-    "optimizer-groups": lambda t, s, i: s["optimizers"]["main"]["param_groups"][0]["params"].pop(),
-    "bad-reference": lambda t, s, i: s["models"]["main"].__setitem__(
-        sorted(s["models"]["main"])[0], {"__tensor__": [1, 2]}
+    "models-not-dict": lambda t, s, i: s.__setitem__("state", [1, 2]),
+    "optimizer-groups": lambda t, s, i: s["state"]["optimizer"]["param_groups"][0]["params"].pop(),
+    "bad-reference": lambda t, s, i: s["state"]["model"].__setitem__(
+        sorted(s["state"]["model"])[0], {"__tensor__": [1, 2]}
     ),
 }
 
@@ -444,7 +444,7 @@ def test_when_no_checkpoint_fits_run_raises_and_leaves_objects_untouched(tmp_pat
         warnings.simplefilter("always")
         Run(tmp_path, model=model, optimizer=optimizer, steps=6, notices=None)
     assert "none of the 3 valid checkpoints" in str(err.value)
-    assert "optimizer 'main'" in str(err.value) and "hint:" in str(err.value)
+    assert "optimizer 'optimizer'" in str(err.value) and "hint:" in str(err.value)
     assert sum("does not fit this Run" in str(w.message) for w in caught) == 3
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
     model, optimizer = _linear(groups=2)  # the lock was released, and the original fits

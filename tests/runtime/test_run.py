@@ -116,9 +116,7 @@ def test_advisory_notice_saves_once_and_continues(
     second = make_notice(NoticeKind.ADVISORY, 2.0)
     source = source_cls(at_call={3: advisory, 4: advisory, 8: second})
     trainer(tmp_path, 12, notices=source, every=None, keep_last=10)
-    saved = [
-        e["step"] for e in read_events(tmp_path / "events.jsonl", "checkpoint")
-    ]
+    saved = [e["step"] for e in read_events(tmp_path / "events.jsonl", "checkpoint")]
     assert saved == [3, 8, 12]
     assert source.acknowledged == []
 
@@ -162,7 +160,7 @@ def test_mirror_hooks_run_in_order(tmp_path: Path, trainer: Any) -> None:
 def test_checkpoint_of_a_different_model_is_refused_untouched(tmp_path: Path, trainer: Any) -> None:
     trainer(tmp_path, 10)
     before = {c.step: c.as_dict() for c in list_checkpoints(tmp_path, deep=True)}
-    with pytest.raises(StateMismatchError, match=r"does not fit model 'main'.*mismatched") as err:
+    with pytest.raises(StateMismatchError, match=r"does not fit model 'model'.*mismatched") as err:
         trainer(tmp_path, 20, hidden=32)
     assert "new run directory" in str(err.value)
     assert {c.step: c.as_dict() for c in list_checkpoints(tmp_path, deep=True)} == before

@@ -7,7 +7,7 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 from spotwise.errors import ConfigError, StateMismatchError
-from spotwise.runtime.sampler import ResumableBatchSampler, make_resumable
+from spotwise.runtime.sampler import ResumableBatchSampler, make_resumable, stateful_source
 
 
 def batches(sampler: ResumableBatchSampler) -> list[list[int]]:
@@ -91,5 +91,5 @@ def test_unsupported_loaders_are_refused() -> None:
         def __iter__(self):
             return iter(range(3))
 
-    with pytest.raises(ConfigError, match="IterableDataset"):
-        make_resumable(DataLoader(Stream()), seed=0)
+    with pytest.raises(ConfigError, match="IterableDataset Stream mid-stream"):
+        stateful_source(DataLoader(Stream()))

@@ -16,12 +16,14 @@ from spotwise.runtime.commit import (
     verify_checkpoint,
     write_checkpoint,
 )
+from spotwise.runtime.config import CheckpointConfig
 from spotwise.runtime.interval import young_daly_interval_s
 from spotwise.runtime.retention import RetentionPolicy
 from spotwise.runtime.run import EXIT_INTERRUPTED, Mirror, Run
 
 __all__ = [
     "EXIT_INTERRUPTED",
+    "CheckpointConfig",
     "CheckpointInfo",
     "LoadedCheckpoint",
     "Mirror",

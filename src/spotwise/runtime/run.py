@@ -7,8 +7,23 @@ reacts to interruption notices and exits 75 when the machine is about to go away
         loss = F.cross_entropy(model(x), y)
         opt.zero_grad(); loss.backward(); opt.step(); sched.step()
 
-The code after each ``yield`` is the step boundary: the step counter advances, a failed
-background save is raised, notices are checked and, when due, a snapshot is taken.
+What is saved is one mapping of stateful objects (``state={"model": m, "opt": o}``; the
+``model=``/``optimizer=``/``scheduler=``/``scaler=`` keywords are spellings that fill it), plus
+the loader's position, the RNGs and ``run.extras``. Checkpoint settings are one
+:class:`~spotwise.runtime.config.CheckpointConfig` (or its fields as keywords).
+
+With ``accumulate=K`` the loop gets K micro-batches per optimizer step; ``run.sync_gradients``
+is true in the body of the last one, where the optimizer steps:
+
+    for x, y in run:
+        (F.cross_entropy(model(x), y) / run.accumulate).backward()
+        if run.sync_gradients:
+            opt.step(); opt.zero_grad()
+
+The code after the yield of an optimizer step's last micro-batch is the step boundary: the step
+counter advances, a failed background save is raised, notices are checked and, when due, a
+snapshot is taken. Nothing is saved inside a window (its gradients are not part of the state),
+so a kill there resumes from the window's start.
 """
 
 from __future__ import annotations
@@ -44,18 +59,16 @@ from spotwise.runtime.commit import (
     retain,
     write_checkpoint,
 )
+from spotwise.runtime.config import CheckpointConfig, checkpoint_config
 from spotwise.runtime.format import TensorBlob, pack_tensors
-from spotwise.runtime.interval import (
-    DEFAULT_MTBI_S,
-    DEFAULT_NOTICE_MARGIN_S,
-    MTBI_ENV,
-    NOTICE_MARGIN_ENV,
-    notice_exit_due,
-    parse_every,
-    save_due,
+from spotwise.runtime.interval import notice_exit_due, save_due
+from spotwise.runtime.sampler import (
+    ResumableBatchSampler,
+    derive_seed,
+    has_state,
+    make_resumable,
+    stateful_source,
 )
-from spotwise.runtime.retention import RetentionPolicy
-from spotwise.runtime.sampler import ResumableBatchSampler, derive_seed, make_resumable
 from spotwise.runtime.snapshot import SnapshotBuffer
 from spotwise.runtime.state import (
     StateEncoder,
@@ -71,7 +84,7 @@ from spotwise.telemetry.runmetrics import RunTelemetry
 log = logging.getLogger(__name__)
 
 EXIT_INTERRUPTED = 75  # EX_TEMPFAIL: interrupted, state saved, restart me
-STATE_VERSION = 1
+STATE_VERSION = 2  # 2: one "state" mapping instead of models/optimizers/schedulers/scalers
 # a loader whose workers die this often at one position has a problem a restart does not fix
 MAX_LOADER_RESTARTS = 2
 _OURS = (dirlock.LOCK_FILE, EVENTS_FILE, "step-", ".tmp-step-", ".trash-step-")
@@ -101,55 +114,62 @@ class Run:
         self,
         run_dir: str | os.PathLike[str],
         *,
+        state: Mapping[str, Any] | None = None,
         model: Any = None,
         optimizer: Any = None,
         scheduler: Any = None,
         scaler: Any = None,
-        loader: DataLoader | None = None,
+        loader: Any = None,
         steps: int | None = None,
+        accumulate: int = 1,
+        seed: int | None = None,
+        checkpoint: CheckpointConfig | None = None,
         every: int | str | None = "auto",
         keep_last: int = 3,
         keep_best: int = 0,
         best_metric: str | None = None,
         best_mode: str = "min",
         keep_every: int | None = None,
-        seed: int | None = None,
-        notices: NoticeSource | str | None = "auto",
-        mirror: Mirror | None = None,
-        local_dir: str | os.PathLike[str] | None = None,  # staging dir for an s3:// run_dir
         async_save: bool = True,
         mtbi_s: float | None = None,
         notice_margin_s: float | None = None,
+        notices: NoticeSource | str | None = "auto",
+        mirror: Mirror | None = None,
+        local_dir: str | os.PathLike[str] | None = None,  # staging dir for an s3:// run_dir
         metrics_port: int | None = None,  # or SPOTWISE_METRICS_PORT: /metrics on 127.0.0.1
         gpu_sample_s: float | None = None,  # or SPOTWISE_GPU_SAMPLE_S; default 5, 0 is off
     ) -> None:
         remote_uri = os.fspath(run_dir) if is_remote(run_dir) else None
         self.run_dir = _local_run_dir(staging_dir(remote_uri, local_dir) if remote_uri else run_dir)
-        self.models = _named(model, "model")
-        self.optimizers = _named(optimizer, "optimizer")
-        self.schedulers = _named(scheduler, "scheduler")
-        self.scalers = _named(scaler, "scaler")
+        self.state = _stateful(
+            state, model=model, optimizer=optimizer, scheduler=scheduler, scaler=scaler
+        )
         if steps is not None and (isinstance(steps, bool) or steps < 0):
             raise ConfigError(f"steps must be a non-negative number of steps, got {steps!r}")
-        self.total_steps = steps
-        self.schedule = parse_every(every)
-        try:
-            self.retention = RetentionPolicy(
-                keep_last, keep_best, best_metric, best_mode, keep_every
+        if isinstance(accumulate, bool) or not isinstance(accumulate, int) or accumulate < 1:
+            raise ConfigError(
+                f"accumulate must be a whole number of micro-batches per step, got {accumulate!r}"
             )
-        except ValueError as exc:
-            raise ConfigError(f"invalid retention settings: {exc}") from exc
-        self.mtbi_s = float(mtbi_s or os.environ.get(MTBI_ENV) or DEFAULT_MTBI_S)
-        self.notice_margin_s = float(
-            notice_margin_s
-            if notice_margin_s is not None
-            else os.environ.get(NOTICE_MARGIN_ENV) or DEFAULT_NOTICE_MARGIN_S
-        )
-        self.async_save = async_save
+        self.total_steps = steps
+        self.accumulate = accumulate
+        self.config = checkpoint_config(
+            checkpoint,
+            {
+                "every": every,
+                "keep_last": keep_last,
+                "keep_best": keep_best,
+                "best_metric": best_metric,
+                "best_mode": best_mode,
+                "keep_every": keep_every,
+                "async_save": async_save,
+                "mtbi_s": mtbi_s,
+                "notice_margin_s": notice_margin_s,
+            },
+        ).with_environment(os.environ)
         if remote_uri is not None:  # two tiers: commit locally, upload in the background
             if mirror is not None:
                 raise ConfigError("pass either a remote run_dir or mirror=, not both")
-            mirror = TieredMirror.from_uri(remote_uri, retention=self.retention)
+            mirror = TieredMirror.from_uri(remote_uri, retention=self.config.retention)
         self.mirror = mirror
 
         self.step = 0
@@ -160,15 +180,24 @@ class Run:
         self.resumed_from: CheckpointInfo | None = None
         self.seed = seed if seed is not None else _draw_seed()
 
-        self.loader: DataLoader | None = None
-        self._batches: ResumableBatchSampler | None = None
+        self.loader: Any = None
+        self._batches: ResumableBatchSampler | None = None  # our sampler, for plain loaders
+        self._position: Any = None  # what keeps a stateful loader's position
         self._workers: LoaderWorkers | None = None
+        self._micro = 0  # micro-batches of the current accumulation window already yielded
+        self._in_body = False  # between a yield and the code after it
         if loader is not None:
-            self.loader, self._batches = make_resumable(loader, self.seed)
-            if len(self._batches) == 0:
-                raise ConfigError("the data loader yields no batches (empty dataset?)")
-            self._workers = LoaderWorkers(self.loader)
+            self._position = stateful_source(loader)
+            if self._position is None:
+                self.loader, self._batches = make_resumable(loader, self.seed)
+                if len(self._batches) == 0:
+                    raise ConfigError("the data loader yields no batches (empty dataset?)")
+            else:
+                self.loader = loader
+            if isinstance(self.loader, DataLoader):
+                self._workers = LoaderWorkers(self.loader)
         self._iter: Iterator[Any] | None = None
+        self._empty_epochs = 0
         self._loader_failures: tuple[tuple[int, int], int] = ((-1, -1), 0)  # position, count
 
         self._snapshot = SnapshotBuffer()
@@ -195,8 +224,9 @@ class Run:
             self._resume()
             restore_s = time.monotonic() - restore_started
             self._notices = _open_notices(notices)
-            self.telemetry = RunTelemetry(self, metrics_port=metrics_port,
-                                          gpu_sample_s=gpu_sample_s)
+            self.telemetry = RunTelemetry(
+                self, metrics_port=metrics_port, gpu_sample_s=gpu_sample_s
+            )
         except BaseException:
             if self._notices is not None:
                 self._notices.close()
@@ -216,24 +246,38 @@ class Run:
     def done(self) -> bool:
         return self.total_steps is not None and self.step >= self.total_steps
 
+    @property
+    def sync_gradients(self) -> bool:
+        """True in the loop body of an optimizer step's last micro-batch (always, without
+        accumulation): step the optimizer there."""
+        return self._micro == self.accumulate - 1
+
     def __iter__(self) -> Iterator[Any]:
-        """Yield one batch per optimizer step (or the step number without a loader) until
-        ``steps``; then save the final checkpoint and release the run directory."""
+        """Yield ``accumulate`` batches per optimizer step (or the step number without a
+        loader) until ``steps``; then save the final checkpoint and release the run
+        directory."""
         if self.total_steps is None:
             raise ConfigError("Run needs steps=N (total optimizer steps) to be iterated")
         clean_exit = False
         try:
             while self.step < self.total_steps:
                 item = self._next_item()
+                self._in_body = True
                 yield item
-                self._step_boundary()
+                self._in_body = False
+                if self.loader is not None:
+                    self.batch_in_epoch += 1
+                self._micro += 1
+                if self._micro == self.accumulate:
+                    self._micro = 0
+                    self._step_boundary()
             self._wait_writer()
             if self._committed_step != self.step:
                 self._save(block=True, reason="final")
             self.events.emit("finished", step=self.step)
             clean_exit = True
         finally:
-            self._iter = None
+            self._stop_loader()
             if clean_exit:
                 self.close()
             else:
@@ -247,6 +291,11 @@ class Run:
 
     def save(self, *, block: bool = True) -> None:
         """Save now (blocking by default); the periodic schedule continues from here."""
+        if self._in_body and not self.sync_gradients:
+            raise ConfigError(
+                "run.save() inside an accumulation window: the window's gradients are not saved",
+                hint="call it where run.sync_gradients is true, after the optimizer step",
+            )
         self._wait_writer()
         if self._committed_step != self.step:
             self._save(block=block, reason="manual")
@@ -281,33 +330,81 @@ class Run:
 
     # --- the loop -------------------------------------------------------------------------------
     def _next_item(self) -> Any:
-        if self.loader is None or self._batches is None or self._workers is None:
+        if self.loader is None:
             return self.step
         while True:
             if self._iter is None:
-                self._batches.set_position(self.epoch, self.batch_in_epoch)
-                assert self.loader.generator is not None
-                self.loader.generator.manual_seed(derive_seed(self.seed, self.epoch, "loader"))
-                self._iter = self._workers.start()
+                self._iter = self._start_loader()
             try:
-                return self._workers.next(self._iter)
+                workers = self._workers
+                item = next(self._iter) if workers is None else workers.next(self._iter)
+                self._empty_epochs = 0
+                return item
             except StopIteration:
                 self._iter = None
                 self.epoch += 1
                 self.batch_in_epoch = 0
+                self._empty_epochs += 1
+                if self._empty_epochs > 2:  # one may be the end of a resumed epoch
+                    raise ConfigError(
+                        "the data loader yields no batches", hint="check the dataset"
+                    ) from None
             except DataLoaderError as failure:
                 self._iter = None
+                if self._position is not None:  # its position is the loader's own: no rerun
+                    self._handle_pending_notice()
+                    raise
                 self._after_loader_failure(failure)
+
+    def _start_loader(self) -> Iterator[Any]:
+        """A new iterator at the run's position; a stateful loader's parts that have
+        ``set_epoch`` are told the epoch. A stateful loader draws its shuffling and
+        worker seeds from the global torch RNG when it has no generator of its own: it does so
+        here from a seed of (run seed, epoch), then the global RNG is put back, so dropout
+        after a resume sees the numbers it would have seen."""
+        if self._batches is not None:
+            self._batches.set_position(self.epoch, self.batch_in_epoch)
+            assert self.loader.generator is not None
+            self.loader.generator.manual_seed(derive_seed(self.seed, self.epoch, "loader"))
+            assert self._workers is not None
+            return self._workers.start()
+        # the epoch convention of DistributedSampler and Hugging Face datasets: a resumed
+        # stream applies its loaded position only in the epoch it was saved in
+        parts: list[Any] = [
+            self._position,
+            getattr(self.loader, "dataset", None),
+            getattr(self.loader, "sampler", None),
+        ]
+        setters = {id(p): p.set_epoch for p in parts if callable(getattr(p, "set_epoch", None))}
+        for set_epoch in setters.values():
+            set_epoch(self.epoch)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(derive_seed(self.seed, self.epoch, "loader"))
+            return self._workers.start() if self._workers is not None else iter(self.loader)
+
+    def _stop_loader(self) -> None:
+        """End the iterator's workers now. A stateful loader keeps a reference to its iterator
+        (for ``state_dict``), so dropping ours would leave them waiting for work, and the
+        interpreter's exit waiting for them."""
+        iterator, self._iter = self._iter, None
+        shutdown = getattr(iterator, "_shutdown_workers", None)
+        if shutdown is not None:
+            shutdown()
+
+    def _handle_pending_notice(self) -> None:
+        """Act on a notice that arrived while the loader failed (only at a step boundary:
+        inside an accumulation window there is nothing consistent to save)."""
+        if self._notices is not None and self._micro == 0:
+            notice = self._notices.current()
+            if notice is not None:
+                self._on_notice(notice)
 
     def _after_loader_failure(self, failure: DataLoaderError) -> None:
         """A worker died between two steps (a signal it could not ignore, the OOM killer). A
         pending notice is handled first: a terminate notice saves and exits 75 here. Otherwise
         the loader starts again at the same position, which yields the same batches (each batch
         carries its own seed); a worker that keeps dying at one position is an error."""
-        if self._notices is not None:
-            notice = self._notices.current()
-            if notice is not None:
-                self._on_notice(notice)
+        self._handle_pending_notice()
         position = (self.epoch, self.batch_in_epoch)
         seen, count = self._loader_failures
         count = count + 1 if seen == position else 1
@@ -326,25 +423,23 @@ class Run:
             self.step_s = _smooth(self.step_s, now - self._last_boundary)
         self._last_boundary = now
         self.step += 1
-        if self.loader is not None:
-            self.batch_in_epoch += 1
         self._raise_writer_error()
         if self._notices is not None:
             notice = self._notices.current()
             if notice is not None:
                 self._on_notice(notice)
         due = save_due(
-            self.schedule,
+            self.config.schedule,
             step=self.step,
             steps_since_save=self.step - self._last_save_step,
             seconds_since_save=time.monotonic() - self._last_save_time,
             save_cost_s=self.save_cost_s,
             write_s=self.write_s,
-            mtbi_s=self.mtbi_s,
+            mtbi_s=self.config.mtbi,
         )
         # the final save follows right after the last step; a notice may have just saved
         if due and not self.done and self._last_save_step != self.step:
-            self._save(block=not self.async_save, reason="interval")
+            self._save(block=not self.config.async_save, reason="interval")
 
     def _on_notice(self, notice: Notice) -> None:
         if notice.is_terminate and self._must_exit(notice):
@@ -367,7 +462,7 @@ class Run:
         )
         save_s = None if self.save_cost_s is None else self.save_cost_s + (self.write_s or 0.0)
         return notice_exit_due(
-            remaining, step_s=self.step_s, save_s=save_s, margin_s=self.notice_margin_s
+            remaining, step_s=self.step_s, save_s=save_s, margin_s=self.config.notice_margin
         )
 
     def _emergency_exit(self, notice: Notice) -> None:
@@ -417,12 +512,16 @@ class Run:
                 "epoch": self.epoch,
                 "batch_in_epoch": self.batch_in_epoch,
                 "seed": self.seed,
+                "accumulate": self.accumulate,
             },
-            "models": _encode_all(encoder, "models", self.models),
-            "optimizers": _encode_all(encoder, "optimizers", self.optimizers),
-            "schedulers": _encode_all(encoder, "schedulers", self.schedulers),
-            "scalers": _encode_all(encoder, "scalers", self.scalers),
+            "state": {
+                name: encoder.encode(obj.state_dict(), f"state/{name}")
+                for name, obj in self.state.items()
+            },
             "sampler": encoder.encode(sampler, "sampler"),
+            "loader": None
+            if self._position is None
+            else encoder.encode(self._position.state_dict(), "loader"),
             "extras": encoder.encode(self.extras, "extras"),
             "rng": encoder.encode(capture_rng(), "rng"),
         }
@@ -465,7 +564,7 @@ class Run:
         text = json.dumps(state).encode()
         info = write_checkpoint(self.run_dir, step, blob, text, metrics=metrics)
         self._committed_step = step
-        deleted = retain(self.run_dir, self.retention)
+        deleted = retain(self.run_dir, self.config.retention)
         took = time.perf_counter() - started
         self.write_s = _smooth(self.write_s, took)
         self.events.emit(
@@ -541,18 +640,16 @@ class Run:
         leaves them as they were; should applying still fail, the next checkpoint tried
         re-applies every object completely."""
         where = loaded.info.path
-        doc = loaded.doc
+        doc = _upgrade_v1(loaded.doc)
         meta = doc.get("spotwise") if isinstance(doc, dict) else None
-        if not isinstance(meta, dict) or not all(
-            isinstance(doc.get(k), dict) for k in _SECTIONS
-        ):
+        if not isinstance(meta, dict) or not isinstance(doc.get("state"), dict):
             raise StateMismatchError(
                 f"{where} was not written by spotwise.Run (no run state in it)",
                 hint="point Run at a directory of its own",
             )
         if meta.get("version") != STATE_VERSION:
             raise StateMismatchError(f"{where} has run-state version {meta.get('version')!r}")
-        found = {k: meta.get(k) for k in ("step", "epoch", "batch_in_epoch", "seed")}
+        found = {k: meta.get(k) for k in ("step", "epoch", "batch_in_epoch", "seed", "accumulate")}
         counters = {k: v for k, v in found.items() if type(v) is int and v >= 0}
         if len(counters) != len(found):
             raise StateMismatchError(f"{where} has malformed run counters {found!r}")
@@ -560,33 +657,44 @@ class Run:
             raise StateMismatchError(
                 f"{where} holds run state of step {counters['step']}, not {loaded.info.step}"
             )
-        for kind in _SECTIONS:
-            live = getattr(self, kind)
-            if set(doc[kind]) != set(live):
-                raise StateMismatchError(
-                    f"{where} holds {kind} {sorted(doc[kind])}, this Run was given "
-                    f"{sorted(live)}",
-                    hint="pass the same objects as the run that wrote the checkpoint, or use a "
-                    "new run directory",
-                )
-        for name, module in self.models.items():
-            if not isinstance(doc["models"][name], dict):
-                raise StateMismatchError(f"{where} holds no state dict for model {name!r}")
-            check_module_state(name, module, doc["models"][name])
-        for name, optimizer in self.optimizers.items():
-            _check_optimizer_state(where, name, optimizer, doc["optimizers"][name])
+        if counters["accumulate"] != self.accumulate:
+            raise StateMismatchError(
+                f"{where} was written with accumulate={counters['accumulate']}, this Run has "
+                f"accumulate={self.accumulate}",
+                hint="resume with the same accumulate=, or use a new run directory",
+            )
+        saved = doc["state"]
+        if set(saved) != set(self.state):
+            raise StateMismatchError(
+                f"{where} holds state {sorted(saved)}, this Run was given {sorted(self.state)}",
+                hint="pass the same objects as the run that wrote the checkpoint, or use a "
+                "new run directory",
+            )
+        for name, obj in self.state.items():
+            if isinstance(obj, torch.nn.Module):
+                if not isinstance(saved[name], dict):
+                    raise StateMismatchError(f"{where} holds no state dict for model {name!r}")
+                check_module_state(name, obj, saved[name])
+            elif isinstance(obj, torch.optim.Optimizer):
+                _check_optimizer_state(where, name, obj, saved[name])
         if self._batches is not None and not isinstance(doc.get("sampler"), dict):
             raise StateMismatchError(f"{where} was saved without a data loader")
+        if self._position is not None and not isinstance(doc.get("loader"), dict):
+            raise StateMismatchError(
+                f"{where} holds no state of a stateful data loader",
+                hint="resume with the loader the run was started with, or a new run directory",
+            )
         extras = doc.get("extras")
         if not isinstance(doc.get("rng"), dict) or not (extras is None or isinstance(extras, dict)):
             raise StateMismatchError(f"{where} has malformed RNG or extras state")
         try:
             if self._batches is not None:
                 self._batches.load_state_dict(doc["sampler"])
-            for kind in _SECTIONS:
-                for name, obj in getattr(self, kind).items():
-                    obj.load_state_dict(doc[kind][name])
-            restore_rng(doc["rng"])
+            if self._position is not None:
+                self._position.load_state_dict(doc["loader"])
+            for name, obj in self.state.items():
+                obj.load_state_dict(saved[name])
+            restore_rng(doc["rng"])  # last: a failing object leaves the RNGs untouched
         except StateMismatchError:
             raise
         except (RuntimeError, ValueError, KeyError, TypeError, AttributeError, IndexError) as exc:
@@ -597,6 +705,7 @@ class Run:
             ) from exc
         self.step, self.epoch = counters["step"], counters["epoch"]
         self.batch_in_epoch, self.seed = counters["batch_in_epoch"], counters["seed"]
+        self._iter = None  # a stateful loader continues from the state just loaded
         self.extras = dict(doc["extras"] or {})
         self.metrics = dict(loaded.info.metrics)
         self._committed_step = self.step
@@ -642,7 +751,33 @@ def _local_run_dir(run_dir: str | os.PathLike[str]) -> Path:
     return path
 
 
-_SECTIONS = ("models", "optimizers", "schedulers", "scalers")
+_V1_SECTIONS = {
+    "models": "model",
+    "optimizers": "optimizer",
+    "schedulers": "scheduler",
+    "scalers": "scaler",
+}
+
+
+def _upgrade_v1(doc: Any) -> Any:
+    """A version-1 document (objects in four fixed sections, ``main`` for a single one) in
+    today's layout, so a run started before the upgrade resumes after it. Anything malformed
+    is left as it is, for the checks that follow to refuse."""
+    meta = doc.get("spotwise") if isinstance(doc, dict) else None
+    if not isinstance(meta, dict) or meta.get("version") != 1:
+        return doc
+    sections = [doc.get(kind) for kind in _V1_SECTIONS]
+    if not all(isinstance(section, dict) for section in sections):
+        return doc
+    state = {
+        prefix if name == "main" else f"{prefix}.{name}": value
+        for prefix, section in zip(_V1_SECTIONS.values(), sections, strict=True)
+        for name, value in section.items()
+    }
+    upgraded = {k: v for k, v in doc.items() if k not in _V1_SECTIONS}
+    upgraded["spotwise"] = {**meta, "version": STATE_VERSION, "accumulate": 1}
+    upgraded["state"] = state
+    return upgraded
 
 
 def _check_optimizer_state(where: Path, name: str, optimizer: Any, saved: Any) -> None:
@@ -670,28 +805,39 @@ def _check_optimizer_state(where: Path, name: str, optimizer: Any, saved: Any) -
         )
 
 
-def _named(obj: Any, kind: str) -> dict[str, Any]:
-    if obj is None:
-        return {}
-    if isinstance(obj, Mapping):
-        named = {str(k): v for k, v in obj.items()}
-    elif isinstance(obj, (list, tuple)):
-        named = {str(i): v for i, v in enumerate(obj)}
-    else:
-        named = {"main": obj}
+def _stateful(state: Mapping[str, Any] | None, **spelled: Any) -> dict[str, Any]:
+    """The one mapping of checkpointed objects: ``state=`` plus the keyword spellings
+    (``model=m`` is ``state={"model": m}``; a dict or list of them becomes ``model.<key>``)."""
+    if state is not None and not isinstance(state, Mapping):
+        raise ConfigError(
+            f"state= takes a mapping of names to objects, got {type(state).__name__}",
+            hint='pass state={"model": model, "optimizer": opt}',
+        )
+    named = {str(k): v for k, v in (state or {}).items()}
+    for kind, obj in spelled.items():
+        if obj is None:
+            continue
+        if isinstance(obj, Mapping):
+            entries = {f"{kind}.{k}": v for k, v in obj.items()}
+        elif isinstance(obj, (list, tuple)):
+            entries = {f"{kind}.{i}": v for i, v in enumerate(obj)}
+        else:
+            entries = {kind: obj}
+        for name, value in entries.items():
+            if name in named:
+                raise ConfigError(
+                    f"two objects are named {name!r} (state= and {kind}=)",
+                    hint="give each checkpointed object its own name",
+                )
+            named[name] = value
     for name, value in named.items():
-        if not callable(getattr(value, "state_dict", None)) or not callable(
-            getattr(value, "load_state_dict", None)
-        ):
+        if not has_state(value):
             raise ConfigError(
-                f"{kind} {name!r} ({type(value).__name__}) has no state_dict/load_state_dict",
-                hint=f"pass a torch {kind} object, or a dict/list of them",
+                f"{name!r} ({type(value).__name__}) has no state_dict/load_state_dict",
+                hint="pass torch models, optimizers, schedulers, scalers or other objects with "
+                "state_dict()/load_state_dict(), or a dict/list of them",
             )
     return named
-
-
-def _encode_all(encoder: StateEncoder, kind: str, objects: Mapping[str, Any]) -> dict[str, Any]:
-    return {name: encoder.encode(o.state_dict(), f"{kind}/{name}") for name, o in objects.items()}
 
 
 def _smooth(previous: float | None, sample: float) -> float:

@@ -147,18 +147,59 @@ class SeededDataset(Dataset):
         return [self.dataset[i] for i in batch]
 
 
+def has_state(obj: Any) -> bool:
+    """Whether ``obj`` follows the ``state_dict()``/``load_state_dict()`` protocol."""
+    return callable(getattr(obj, "state_dict", None)) and callable(
+        getattr(obj, "load_state_dict", None)
+    )
+
+
+def stateful_source(loader: Any) -> Any | None:
+    """What to checkpoint for a loader that keeps its own position, or None for a plain
+    map-style ``DataLoader`` (which :func:`make_resumable` rebuilds around a resumable sampler).
+
+    A loader with ``state_dict``/``load_state_dict`` (torchdata's ``StatefulDataLoader``) is
+    saved through them, and so is the dataset of a ``DataLoader(num_workers=0)`` over an
+    ``IterableDataset`` that has them (Hugging Face ``datasets`` iterable datasets do). What
+    cannot say where it is is refused: replaying it from the start would train on some data
+    twice and some never.
+    """
+    if has_state(loader):
+        if isinstance(loader, DataLoader) and loader.num_workers > 0:
+            loader.worker_init_fn = WorkerInit(loader.worker_init_fn)  # workers ignore notices
+        return loader
+    if not isinstance(loader, DataLoader):
+        raise ConfigError(
+            f"loader {type(loader).__name__} is neither a DataLoader nor has "
+            "state_dict()/load_state_dict()",
+            hint="pass a torch DataLoader, or torchdata's StatefulDataLoader",
+        )
+    if not isinstance(loader.dataset, IterableDataset):
+        return None
+    dataset = loader.dataset
+    if not has_state(dataset):
+        raise ConfigError(
+            f"Run cannot resume the IterableDataset {type(dataset).__name__} mid-stream: it "
+            "has no state_dict()/load_state_dict(), so its position cannot be saved",
+            hint="give the dataset state_dict()/load_state_dict() (Hugging Face datasets' "
+            "IterableDataset has them), or use a map-style Dataset",
+        )
+    if loader.num_workers > 0:
+        raise ConfigError(
+            f"a DataLoader with num_workers={loader.num_workers} over an IterableDataset keeps "
+            "the stream position in its worker processes, where Run cannot read it",
+            hint="use torchdata.stateful_dataloader.StatefulDataLoader(dataset, "
+            f"num_workers={loader.num_workers}, ...), which collects it, or num_workers=0",
+        )
+    return dataset
+
+
 def make_resumable(loader: DataLoader, seed: int) -> tuple[DataLoader, ResumableBatchSampler]:
     """A copy of ``loader`` whose batch order can be saved and resumed mid-epoch.
 
     Accepts loaders built the usual way (``batch_size=..., shuffle=True/False``) over a
     map-style dataset.
     """
-    if isinstance(loader.dataset, IterableDataset):
-        raise ConfigError(
-            "Run cannot resume an IterableDataset mid-epoch: its position is not observable",
-            hint="use a map-style Dataset (with __getitem__ and __len__), or keep the stream "
-            "position in run.extras yourself and pass loader=None",
-        )
     inner = loader.batch_sampler
     if (
         loader.batch_size is None
@@ -171,10 +212,11 @@ def make_resumable(loader: DataLoader, seed: int) -> tuple[DataLoader, Resumable
         )
     ):
         raise ConfigError(
-            "Run needs a DataLoader built with batch_size=... and shuffle=True or False "
-            "(custom samplers cannot be resumed mid-epoch)",
+            "Run needs a DataLoader built with batch_size=... and shuffle=True or False; "
+            "a plain DataLoader cannot resume custom samplers mid-epoch (its workers prefetch)",
             hint="build the loader as DataLoader(dataset, batch_size=B, shuffle=True, "
-            "num_workers=K); spotwise replaces its sampler with a resumable one",
+            "num_workers=K), or, for a sampler with state_dict()/load_state_dict(), as "
+            "torchdata.stateful_dataloader.StatefulDataLoader(dataset, sampler=...)",
         )
     batches = ResumableBatchSampler(
         len(loader.dataset),  # type: ignore[arg-type]

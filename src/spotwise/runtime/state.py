@@ -3,7 +3,8 @@
 Anything a ``state_dict()`` returns (models, optimizers, schedulers, GradScaler), the RNGs and
 user extras is walked once: tensors go to the safetensors file under readable names, everything
 else becomes JSON with small tagged forms for what JSON lacks (tuples, non-string keys, numpy
-arrays). Nothing is pickled, and loading builds only plain values and tensors.
+arrays, ``torch.Generator`` and ``numpy.random.Generator`` objects). Nothing is pickled, and
+loading builds only plain values, tensors and generators of an allow-listed kind.
 """
 
 from __future__ import annotations
@@ -18,7 +19,10 @@ import torch
 from spotwise.errors import ConfigError, CorruptCheckpointError, StateMismatchError
 
 _TENSOR, _NDARRAY, _TUPLE, _DICT = "__tensor__", "__ndarray__", "__tuple__", "__dict__"
-_MARKERS = {_TENSOR, _NDARRAY, _TUPLE, _DICT}
+_TORCH_GEN, _NUMPY_GEN = "__torch_generator__", "__numpy_generator__"
+_MARKERS = {_TENSOR, _NDARRAY, _TUPLE, _DICT, _TORCH_GEN, _NUMPY_GEN}
+# the bit generators a checkpoint may name: decoding never looks up an arbitrary attribute
+_BIT_GENERATORS = {"PCG64", "PCG64DXSM", "Philox", "SFC64", "MT19937"}
 
 
 class StateEncoder:
@@ -52,6 +56,21 @@ class StateEncoder:
             return {_NDARRAY: name}
         if isinstance(value, np.generic):
             return self.encode(value.item(), path)
+        if isinstance(value, torch.Generator):  # a generator's state, as the object it is
+            if value.device.type != "cpu":
+                raise ConfigError(
+                    f"cannot checkpoint {path!r}: a {value.device} generator",
+                    hint="keep generators for extras on the CPU",
+                )
+            return {_TORCH_GEN: self.encode(value.get_state(), path)}
+        if isinstance(value, np.random.Generator):
+            state = value.bit_generator.state
+            if state.get("bit_generator") not in _BIT_GENERATORS:
+                raise ConfigError(
+                    f"cannot checkpoint {path!r}: bit generator {state.get('bit_generator')!r}",
+                    hint=f"use one of {', '.join(sorted(_BIT_GENERATORS))}",
+                )
+            return {_NUMPY_GEN: self.encode(state, path)}
         if isinstance(value, Mapping):
             keys = list(value)
             plain = all(isinstance(k, str) for k in keys) and not (
@@ -84,7 +103,7 @@ def decode(value: Any, tensors: Mapping[str, torch.Tensor]) -> Any:
     if not isinstance(value, dict):
         return value
     if len(value) == 1:
-        (key, inner), = value.items()
+        ((key, inner),) = value.items()
         if key in (_TENSOR, _NDARRAY):
             if inner not in tensors:
                 raise CorruptCheckpointError(f"state refers to a missing tensor {inner!r}")
@@ -94,7 +113,34 @@ def decode(value: Any, tensors: Mapping[str, torch.Tensor]) -> Any:
             return tuple(decode(v, tensors) for v in inner)
         if key == _DICT:
             return {_hashable(decode(k, tensors)): decode(v, tensors) for k, v in inner}
+        if key == _TORCH_GEN:
+            return _torch_generator(decode(inner, tensors))
+        if key == _NUMPY_GEN:
+            return _numpy_generator(decode(inner, tensors))
     return {k: decode(v, tensors) for k, v in value.items()}
+
+
+def _torch_generator(state: Any) -> torch.Generator:
+    if not isinstance(state, torch.Tensor) or state.dtype != torch.uint8:
+        raise CorruptCheckpointError("a saved torch.Generator state is not a byte tensor")
+    generator = torch.Generator()
+    try:
+        generator.set_state(state.clone())
+    except RuntimeError as exc:
+        raise CorruptCheckpointError(f"a saved torch.Generator state is invalid: {exc}") from exc
+    return generator
+
+
+def _numpy_generator(state: Any) -> np.random.Generator:
+    name = state.get("bit_generator") if isinstance(state, dict) else None
+    if name not in _BIT_GENERATORS:
+        raise CorruptCheckpointError(f"a saved numpy Generator names bit generator {name!r}")
+    bits = getattr(np.random, name)()
+    try:
+        bits.state = state
+    except (TypeError, ValueError, KeyError) as exc:
+        raise CorruptCheckpointError(f"a saved numpy Generator state is invalid: {exc}") from exc
+    return np.random.Generator(bits)
 
 
 def _hashable(key: Any) -> Any:
