@@ -67,10 +67,10 @@ def _check_history(events: Path, shards: int) -> None:
     for e in read_events(events, "shard-written"):
         written[e["shard"]] += 1
     assert max(written.values()) == 1, f"a shard was written twice: {dict(written)}"
-    until: dict[str, float] = {}
-    for e in read_events(events):
+    until: dict[str, float] = {}  # a lease's last word: renewals extend it, a release ends it
+    for e in sorted(read_events(events), key=lambda e: e["time"]):
         if "token" in e and "until" in e:
-            until[e["token"]] = max(until.get(e["token"], 0.0), e["until"])
+            until[e["token"]] = e["until"]
     grants: dict[int, list[dict]] = defaultdict(list)
     for e in read_events(events, "lease"):
         grants[e["shard"]].append(e)

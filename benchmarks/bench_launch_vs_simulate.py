@@ -1,6 +1,15 @@
 """One trace, one policy, one start, one set of terms: ``spotwise launch`` on the sim provider
 with real training (time-compressed) and ``spotwise simulate`` make the same placements and the
-same switches, at a cost that agrees within the compression jitter (docs/control.md)."""
+same switches, at a cost that agrees within the compression jitter (docs/control.md).
+
+A benchmark rather than a test: with real training at 60x, whether the measured step rate puts
+the job behind Uniform Progress's line during the outage depends on the machine's speed at that
+moment, and in the full suite on a 2-core machine it flipped often enough to make CI flaky. The
+same agreement is tested deterministically (real Controller, injected clock, sim double) by
+tests/control/test_live_properties.py and test_live_policy.py.
+
+    SPOTWISE_PLATFORM=none python benchmarks/bench_launch_vs_simulate.py
+"""
 
 from __future__ import annotations
 
@@ -15,7 +24,7 @@ from spotwise.control.controller import Controller, job_summary, submit
 from spotwise.control.spec import parse_spec
 from spotwise.control.store import JobState, Store
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 TRAIN = ROOT / "examples" / "digits" / "train.py"
 SPOTWISE = [sys.executable, "-c", "from spotwise.cli.main import main; main()"]
 GAP_S, COMPRESSION = 60, 60  # one trace tick per wall second
@@ -35,8 +44,7 @@ def _segments(timeline: list[int]) -> list[str]:
     return out
 
 
-@pytest.mark.e2e
-def test_launch_and_simulate_agree_on_one_trace(tmp_path: Path):
+def launch_and_simulate_agree_on_one_trace(tmp_path: Path) -> None:
     traces = tmp_path / "traces"
     traces.mkdir()
     trace = traces / "za_v100_1.json"
@@ -149,3 +157,13 @@ def test_launch_and_simulate_agree_on_one_trace(tmp_path: Path):
         for a in live["attempts"]
     ]
     assert abs(ratio - 1) <= COST_TOLERANCE, (timings, replay.timeline.market, problem)
+
+
+if __name__ == "__main__":
+    import os
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        os.environ.setdefault("SPOTWISE_PLATFORM", "none")
+        os.environ["SPOTWISE_HOME"] = str(Path(tmp) / "home")
+        launch_and_simulate_agree_on_one_trace(Path(tmp))
