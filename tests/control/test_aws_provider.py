@@ -4,6 +4,9 @@ the fault proxy on the wire. (Instances running, interruptions: tests/e2e/test_l
 from __future__ import annotations
 
 import base64
+import os
+import subprocess
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -390,6 +393,15 @@ def test_an_unpinned_job_runs_where_the_advisor_placed_it(aws, tmp_path: Path):
     assert zones and set(zones) == {x["Location"] for x in offered}
     [event] = [e for e in store.events(job.id) if e["kind"] == "placement"]
     assert itype in event["message"] and zones[0] in event["message"]
+    shown = subprocess.run(
+        [sys.executable, "-c", "from spotwise.cli.main import main; main()", "status", job.id],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "COLUMNS": "200"},
+    )
+    [row] = [line for line in shown.stdout.splitlines() if " advised " in line]
+    assert f"{itype} in {region} (zones {', '.join(zones)})" in row, shown.stdout
     p = provider_for(store.job(job.id))  # a later controller runs it in the same place
     assert (p.instance_type, p.region, p.features.zones) == (itype, region, tuple(zones))
     handle = p.launch(_req(tmp_path, zone=p.features.zones[0]))
