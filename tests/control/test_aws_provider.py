@@ -4,6 +4,9 @@ the fault proxy on the wire. (Instances running, interruptions: tests/e2e/test_l
 from __future__ import annotations
 
 import base64
+import os
+import subprocess
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -355,3 +358,54 @@ def test_describe_spot_price_history_feeds_the_price_store_and_the_estimates(aws
     assert p.prices.of(Placement("spot", "us-east-1b")).usd_per_hour == catalog_usd_per_hour(
         "g4dn.xlarge", "us-east-1b", "spot"
     )
+
+
+def test_an_unpinned_job_runs_where_the_advisor_placed_it(aws, tmp_path: Path):
+    """No instance type, region or zones in the job file: submit advises from resources
+    (1 x T4 with 8 CPUs), keeps the advised zones the account offers the type in, records why
+    in the job's events and status, pins it in the stored job, and RunInstances uses it."""
+    from spotwise.control.controller import job_summary, provider_for, submit
+    from spotwise.control.store import Store
+    from spotwise.market import load_catalog
+
+    drop = ("instance_type", "zones", "region")
+    options = {k: v for k, v in aws["options"].items() if k not in drop}
+    spec = parse_spec(
+        {
+            "command": "python train.py",
+            "resources": {"gpu": "T4", "gpu_count": 1, "cpus": 8},
+            "provider": {"name": "aws", **options},
+        },
+        base_dir=tmp_path,
+    )
+    store = Store()
+    job = submit(store, spec)
+    chosen = job_summary(store, job)["placement"]
+    itype, region, zones = chosen["instance_type"], chosen["region"], chosen["zones"]
+    assert chosen["advised"] and chosen["market"] == "spot"
+    [hw] = {(o.gpu, o.gpus, o.vcpus) for o in load_catalog().offers if o.instance_type == itype}
+    assert hw[:2] == ("T4", 1) and hw[2] >= 8
+    ec2 = boto3.client("ec2", endpoint_url=aws["endpoint"], region_name=region)
+    offered = ec2.describe_instance_type_offerings(
+        LocationType="availability-zone",
+        Filters=[{"Name": "instance-type", "Values": [itype]}],
+    )["InstanceTypeOfferings"]
+    assert zones and set(zones) == {x["Location"] for x in offered}
+    [event] = [e for e in store.events(job.id) if e["kind"] == "placement"]
+    assert itype in event["message"] and zones[0] in event["message"]
+    shown = subprocess.run(
+        [sys.executable, "-c", "from spotwise.cli.main import main; main()", "status", job.id],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "COLUMNS": "200"},
+    )
+    [row] = [line for line in shown.stdout.splitlines() if " advised " in line]
+    assert f"{itype} in {region} (zones {', '.join(zones)})" in row, shown.stdout
+    p = provider_for(store.job(job.id))  # a later controller runs it in the same place
+    assert (p.instance_type, p.region, p.features.zones) == (itype, region, tuple(zones))
+    handle = p.launch(_req(tmp_path, zone=p.features.zones[0]))
+    [inst] = ec2.describe_instances(InstanceIds=[handle["id"]])["Reservations"][0]["Instances"]
+    assert inst["InstanceType"] == itype and inst["InstanceLifecycle"] == "spot"
+    assert inst["Placement"]["AvailabilityZone"] == zones[0]
+    p.terminate(handle)

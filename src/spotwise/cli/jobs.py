@@ -46,6 +46,12 @@ def _view(summary: dict[str, Any]) -> Table:
         f"{len(attempts)} ({summary['preemptions']} preempted, {summary['switches']} switched)",
     )
     table.add_row("placement", f"{last['market']} {last['zone']}" if last else "-")
+    chosen = summary.get("placement")  # where the provider chose to run it, if it chose
+    if chosen and chosen["advised"]:
+        table.add_row(
+            "advised",
+            f"{chosen['instance_type']} in {chosen['region']} (zones {', '.join(chosen['zones'])})",
+        )
     table.add_row("progress", _progress(Path(summary["log"])))
     table.add_row(
         "cost",

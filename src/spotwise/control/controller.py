@@ -133,7 +133,14 @@ def submit(store: Store, spec: JobSpec, spec_path: str | None = None) -> Job:
         load_readers()
         if spec.expected_runtime_s:
             build_driver(spec, provider, spec.expected_runtime_s)  # bad terms fail here
-    return store.create_job(spec.name, spec.model_dump(mode="json"), spec_path)
+    stored = spec.model_dump(mode="json")
+    chosen = getattr(provider, "placement", None)  # a provider that chose where to run
+    if chosen is not None:  # pins it, so every later controller runs the job there too
+        stored["provider"]["options"].update(chosen.pins())
+    job = store.create_job(spec.name, stored, spec_path)
+    if chosen is not None:  # and says why
+        store.event(job.id, "placement", chosen.message(), chosen.to_event())
+    return job
 
 
 def dry_run(spec: JobSpec) -> list[dict[str, Any]]:
@@ -781,6 +788,9 @@ def job_summary(store: Store, job: Job, now: float | None = None) -> dict[str, A
         "budget_usd": spec.budget_usd,
         "log": str(job.log_path),
         "controller_alive": controller_alive(job),
+        "placement": next(  # where the provider chose to run, and why (aws advises one)
+            (e["data"] for e in reversed(store.events(job.id)) if e["kind"] == "placement"), None
+        ),
     }
 
 

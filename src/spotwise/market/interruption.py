@@ -125,6 +125,14 @@ class InterruptionModel:
             for c in ("aws", "gcp", "azure", "lambda")
         )
 
+    def zones(self, cloud: str) -> dict[str, list[str]]:
+        """Region -> the zones of ``cloud`` with a zone-level estimate (places to rank)."""
+        out: dict[str, list[str]] = {}
+        for c, region, zone, _ in sorted(self._rows):
+            if c == cloud and zone and zone not in out.get(region, []):
+                out.setdefault(region, []).append(zone)
+        return out
+
     def rate(self, cloud: str, region: str, zone: str, instance_type: str) -> RateEstimate:
         for key in (
             (cloud, region, zone, instance_type),

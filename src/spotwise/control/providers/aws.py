@@ -29,6 +29,7 @@ import shlex
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -36,6 +37,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from pydantic import Field, model_validator
 
 from spotwise.control.pricing import catalog_usd_per_hour
+from spotwise.control.providers.aws_placement import AwsPlacement, choose_placement, settle_zones
 from spotwise.control.providers.base import (
     MARKETS,
     AttemptStatus,
@@ -79,11 +81,11 @@ _SECRET_ENV = re.compile(r"^AWS_(ACCESS_KEY_ID|SECRET_ACCESS_KEY|SESSION_TOKEN|S
 
 
 class AwsOptions(Options):
-    region: str
+    region: str | None = None  # default: the advisor's choice for the job's resources
     s3: str = Field(pattern=r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/.*)?$")
     zones: list[str] = Field(default_factory=list)  # default: the keys of subnets, or <region>a
     subnets: dict[str, str] = Field(default_factory=dict)  # zone -> subnet id
-    instance_type: str | None = None  # default: resources.instance_type
+    instance_type: str | None = None  # default: resources.instance_type, else advised
     image_id: str | None = None
     launch_template: dict[str, str] | None = None  # {"id" | "name": ..., "version": ...}
     security_group_ids: list[str] = Field(default_factory=list)
@@ -130,6 +132,26 @@ def _message(exc: BaseException) -> str:
     return str(exc)
 
 
+def advise_placement(
+    opts: AwsOptions, instance_type: str | None, resources: Resources | None
+) -> AwsPlacement:
+    """What the job file pins, the rest from the advisor over the shipped catalog: the same
+    answer at submit and in every later controller (no live input), so attempts agree."""
+    from spotwise.market import load_catalog, load_interruption_model
+
+    return choose_placement(
+        gpu=resources.gpu if resources else None,
+        gpu_count=resources.gpu_count if resources else 0,
+        cpus=resources.cpus if resources else 1,
+        instance_type=opts.instance_type or instance_type,
+        region=opts.region,
+        zones=tuple(opts.zones or opts.subnets),
+        market="spot",
+        catalog=load_catalog(),
+        model=load_interruption_model(),
+    )
+
+
 class AwsProvider:
     name = "aws"
     Options = AwsOptions
@@ -145,13 +167,9 @@ class AwsProvider:
         sleep: Callable[[float], None] = time.sleep,
     ):
         self.opts = parse_options(AwsOptions, self.name, options)
-        self.instance_type = self.opts.instance_type or instance_type
-        if not self.instance_type:
-            raise ConfigError(
-                "provider.aws: no instance type",
-                hint="set resources.instance_type (e.g. g4dn.xlarge) or provider.instance_type",
-            )
-        zones = tuple(self.opts.zones or self.opts.subnets or [f"{self.opts.region}a"])
+        self.placement = advise_placement(self.opts, instance_type, resources)
+        self.instance_type, self.region = self.placement.instance_type, self.placement.region
+        zones = self.placement.zones
         stray = sorted(set(self.opts.subnets) - set(zones))
         if stray:
             raise ConfigError(f"provider.aws.subnets: zones {stray} are not in provider.aws.zones")
@@ -172,16 +190,16 @@ class AwsProvider:
         config = require("botocore.config", "aws", "the aws provider").Config(
             retries={"total_max_attempts": 1}, connect_timeout=10, read_timeout=60
         )
-        session = boto3.session.Session(region_name=self.opts.region)
+        session = boto3.session.Session(region_name=self.region)
         known = {
             r
             for part in ("aws", "aws-cn", "aws-us-gov")
             for r in session.get_available_regions("ec2", part)
         }
-        if self.opts.region not in known:  # botocore's own region table: no call needed
-            close = difflib.get_close_matches(self.opts.region, sorted(known), n=3)
+        if self.region not in known:  # botocore's own region table: no call needed
+            close = difflib.get_close_matches(self.region, sorted(known), n=3)
             raise ConfigError(
-                f"provider.aws.region: unknown region {self.opts.region!r}",
+                f"provider.aws.region: unknown region {self.region!r}",
                 hint=f"did you mean {', '.join(close)}?"
                 if close
                 else "e.g. us-east-1, us-west-2, eu-central-1",
@@ -196,7 +214,7 @@ class AwsProvider:
             {
                 (m, z): Pricing(self._price(m, z, observed), self._price("on-demand", z, {}))
                 for m in MARKETS
-                for z in zones
+                for z in self.features.zones
             }
         )
 
@@ -218,7 +236,7 @@ class AwsProvider:
 
         assert self.instance_type is not None
         source = AwsSpotPriceSource(
-            regions=[self.opts.region],
+            regions=[self.region],
             instance_types=[self.instance_type],
             start=datetime.now(timezone.utc) - timedelta(days=1),
         )
@@ -236,7 +254,7 @@ class AwsProvider:
         return {
             r.zone: r.usd_per_hour
             for r in rows
-            if r.region == self.opts.region and r.market == "spot" and r.zone and r.ts >= fresh
+            if r.region == self.region and r.market == "spot" and r.zone and r.ts >= fresh
         }
 
     # --- calls -----------------------------------------------------------------------------
@@ -285,11 +303,12 @@ class AwsProvider:
                 "AvailabilityZones"
             ]
         }
+        pinned = bool(o.zones or o.subnets)
         bad = [z for z in self.features.zones if z not in zones]
-        if bad:
+        if bad and pinned:
             raise ConfigError(
-                f"provider.aws.zones: {bad} are not zones of {o.region}",
-                hint=f"zones of {o.region}: {', '.join(sorted(zones))}",
+                f"provider.aws.zones: {bad} are not zones of {self.region}",
+                hint=f"zones of {self.region}: {', '.join(sorted(zones))}",
             )
         if o.subnets:
             found = self._call(
@@ -301,7 +320,7 @@ class AwsProvider:
                 if where.get(subnet) != zone:
                     raise ConfigError(
                         f"provider.aws.subnets.{zone}: subnet {subnet} is in "
-                        f"{where.get(subnet, 'no zone of ' + o.region)}, not {zone}",
+                        f"{where.get(subnet, 'no zone of ' + self.region)}, not {zone}",
                         hint="map each zone to a subnet in that zone",
                     )
         offered = {
@@ -314,6 +333,16 @@ class AwsProvider:
                 ),
             )["InstanceTypeOfferings"]
         }
+        if not pinned:  # zones left open: the ones here that have the type, advised first
+            kept = settle_zones(self.features.zones, offered & zones)
+            if not kept:
+                raise ConfigError(
+                    f"instance type {self.instance_type!r} is offered in no zone of {self.region}",
+                    hint="pin provider.aws.region (or provider.aws.instance_type) to a place "
+                    "that has it (aws ec2 describe-instance-type-offerings)",
+                )
+            self.features = replace(self.features, zones=kept)
+            self.placement = replace(self.placement, zones=kept)
         missing = [z for z in self.features.zones if z not in offered]
         if missing:
             raise ConfigError(
@@ -573,7 +602,7 @@ class AwsProvider:
         )["Images"]
         if not images:
             raise ConfigError(
-                f"provider.aws.image_id: no AMI {self.opts.image_id!r} in {self.opts.region}",
+                f"provider.aws.image_id: no AMI {self.opts.image_id!r} in {self.region}",
                 hint="AMI ids differ per region",
             )
         return str(images[0].get("RootDeviceName") or "/dev/xvda")
