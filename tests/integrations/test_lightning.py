@@ -98,3 +98,75 @@ def test_plain_lightning_resume_differs_on_the_same_script(tmp_path: Path) -> No
     resumed = {r["step"]: (r["loss"], r["x"]) for r in records}  # the last run of each step
     assert digest != final_hash(reference)
     assert resumed != expected
+
+
+# --- settings spotwise cannot make exact: refused at start, naming the setting and the fix ------
+def tiny_fit(
+    tmp_path: Path, loader: Any, fit: dict[str, Any], *, callback: bool = True, **trainer: Any
+) -> Any:
+    import lightning as L
+    import torch
+    from torch import nn
+
+    from spotwise.integrations.lightning import SpotwiseCallback
+
+    class Net(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = nn.Linear(2, 1)
+
+        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+            return self.net(batch[0]).pow(2).mean()
+
+        def configure_optimizers(self) -> Any:
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    fitted = L.Trainer(
+        max_steps=2,
+        accelerator="cpu",
+        callbacks=[SpotwiseCallback(tmp_path / "run", every=1, notices=None)] if callback else [],
+        enable_checkpointing=False,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=tmp_path,
+        **trainer,
+    )
+    fitted.fit(Net(), train_dataloaders=loader, **fit)
+    return fitted
+
+
+def loader(**kwargs: Any) -> Any:
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    return DataLoader(TensorDataset(torch.ones(8, 2)), batch_size=2, **kwargs)
+
+
+def test_ckpt_path_with_the_callback_is_refused(tmp_path: Path) -> None:
+    from spotwise.errors import ConfigError
+
+    lightning_checkpoint = tmp_path / "plain.ckpt"
+    tiny_fit(tmp_path, loader(), {}, callback=False).save_checkpoint(lightning_checkpoint)
+    with pytest.raises(ConfigError, match=r"ckpt_path=.*SpotwiseCallback") as caught:
+        tiny_fit(tmp_path, loader(), {"ckpt_path": str(lightning_checkpoint)})
+    assert "remove ckpt_path= from fit()" in str(caught.value.hint)
+
+
+def test_a_sampler_without_state_is_refused(tmp_path: Path) -> None:
+    import torch
+    from torch.utils.data import WeightedRandomSampler
+
+    from spotwise.errors import ConfigError
+
+    sampler = WeightedRandomSampler(torch.ones(8), num_samples=8)
+    with pytest.raises(ConfigError, match="custom samplers") as caught:
+        tiny_fit(tmp_path, loader(sampler=sampler), {})
+    assert "StatefulDataLoader" in str(caught.value.hint)
+
+
+def test_gradient_accumulation_in_the_trainer_is_refused(tmp_path: Path) -> None:
+    from spotwise.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="accumulate_grad_batches=2"):
+        tiny_fit(tmp_path, loader(), {}, accumulate_grad_batches=2)

@@ -15,7 +15,8 @@ resume), and Run's RNGs.
 from __future__ import annotations
 
 import os
-import warnings
+import signal
+import threading
 from collections.abc import Generator, Mapping
 from typing import Any, cast
 
@@ -109,12 +110,6 @@ class SpotwiseCallback(_Callback):
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
         if stage != "fit":
             return
-        if trainer.ckpt_path is not None:
-            raise ConfigError(
-                f"trainer.fit(ckpt_path={trainer.ckpt_path!r}) together with SpotwiseCallback",
-                hint="remove ckpt_path= from fit(): the callback restores the newest spotwise "
-                f"checkpoint in {os.fspath(self.run_dir)} itself",
-            )
         if trainer.world_size > 1:
             raise ConfigError(
                 f"the Trainer runs {trainer.world_size} processes; SpotwiseCallback resumes one",
@@ -133,6 +128,17 @@ class SpotwiseCallback(_Callback):
             **self.options,
         )
         trainer.fit_loop._data_source = _ResumableSource(trainer.fit_loop._data_source, self)
+
+    def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
+        """Refuse ``fit(ckpt_path=...)``: Lightning has just loaded that file over the spotwise
+        checkpoint (it learns the path only after ``setup``); raising here stops before its
+        loops and optimizers take over from it."""
+        if trainer.ckpt_path is not None:
+            raise ConfigError(
+                f"trainer.fit(ckpt_path={trainer.ckpt_path!r}) together with SpotwiseCallback",
+                hint="remove ckpt_path= from fit(): the callback restores the newest spotwise "
+                f"checkpoint in {os.fspath(self.run_dir)} itself",
+            )
 
     def _resumable(self, loader: Any) -> Any:
         """The train loader rebuilt around a resumable sampler at the run's position, with its
@@ -176,8 +182,19 @@ class SpotwiseCallback(_Callback):
                 "the Trainer has no end (max_steps and max_epochs unset)",
                 hint="set Trainer(max_steps=N) or Trainer(max_epochs=N)",
             )
+        self._own_sigterm(trainer)
         self._steps = cast(Generator[Any, None, None], iter(run))  # Run.__iter__ is one
         next(self._steps)  # at the resumed step; nothing is saved until the next boundary
+
+    @staticmethod
+    def _own_sigterm(trainer: Any) -> None:
+        """Give SIGTERM back to spotwise's notice watcher. Lightning's handler (installed over
+        it) makes the loop raise ``SIGTERMException`` after the batch hooks, which ends the
+        process with exit 0 and without saving the step that just completed; the watcher's
+        notice is acted on at the next step boundary: save, then exit 75."""
+        original = trainer._signal_connector._original_handlers.get(signal.SIGTERM)
+        if original is not None and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, original)
 
     def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
         """A new epoch: its permutation and worker seeds follow from (seed, epoch), never from
@@ -212,8 +229,7 @@ class SpotwiseCallback(_Callback):
             self._steps.close()
             self._steps = None
         if self.run is not None:
-            with warnings.catch_warnings():
-                self.run.__exit__(type(exception), exception, None)
+            self.run.__exit__(type(exception), exception, None)
 
     def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
         if self._steps is not None:  # fit ended before max steps (e.g. early stopping)
