@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from .test_resume_shapes import EXIT_INTERRUPTED, PATTERNS, final_hash, lines
+from .test_resume_shapes import EXIT_INTERRUPTED, PATTERNS, final_hash, lines, strike
 
 CHILD = Path(__file__).with_name("_lightning_child.py")
 WORKERS = 2
@@ -62,11 +62,7 @@ def interrupted(
         while len(lines(trace)) < target:
             assert child.poll() is None, f"{mode} ended before {pattern}: {child.stderr.read()}"  # type: ignore[union-attr]
             time.sleep(0.005)
-        if pattern == "SIGKILL group":
-            os.killpg(child.pid, signal.SIGKILL)
-        else:
-            os.kill(child.pid, signal.SIGKILL if "KILL" in pattern else signal.SIGTERM)
-        out, err = child.communicate(timeout=60)
+        out, err = strike(child, pattern)
         if mode == "spotwise" and pattern == "SIGTERM main":
             assert child.returncode == EXIT_INTERRUPTED, err[-3000:]
             assert f"exiting with code {EXIT_INTERRUPTED}" in err

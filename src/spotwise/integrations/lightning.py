@@ -184,7 +184,10 @@ class SpotwiseCallback(_Callback):
             )
         self._own_sigterm(trainer)
         self._steps = cast(Generator[Any, None, None], iter(run))  # Run.__iter__ is one
-        next(self._steps)  # at the resumed step; nothing is saved until the next boundary
+        try:
+            next(self._steps)  # at the resumed step; nothing is saved until the next boundary
+        except StopIteration:  # resumed from the final checkpoint: nothing left to train
+            self._steps = None
 
     @staticmethod
     def _own_sigterm(trainer: Any) -> None:
