@@ -98,7 +98,13 @@ def test_plain_lightning_resume_differs_on_the_same_script(tmp_path: Path) -> No
 
 # --- settings spotwise cannot make exact: refused at start, naming the setting and the fix ------
 def tiny_fit(
-    tmp_path: Path, loader: Any, fit: dict[str, Any], *, callback: bool = True, **trainer: Any
+    tmp_path: Path,
+    loader: Any,
+    fit: dict[str, Any],
+    *,
+    callback: bool = True,
+    notices: str | None = None,
+    **trainer: Any,
 ) -> Any:
     import lightning as L
     import torch
@@ -120,7 +126,9 @@ def tiny_fit(
     fitted = L.Trainer(
         max_steps=2,
         accelerator="cpu",
-        callbacks=[SpotwiseCallback(tmp_path / "run", every=1, notices=None)] if callback else [],
+        callbacks=[SpotwiseCallback(tmp_path / "run", every=1, notices=notices)]
+        if callback
+        else [],
         enable_checkpointing=False,
         logger=False,
         enable_progress_bar=False,
@@ -166,3 +174,12 @@ def test_gradient_accumulation_in_the_trainer_is_refused(tmp_path: Path) -> None
 
     with pytest.raises(ConfigError, match="accumulate_grad_batches=2"):
         tiny_fit(tmp_path, loader(), {}, accumulate_grad_batches=2)
+
+
+def test_sigterm_is_left_as_it_was_after_fit(tmp_path: Path) -> None:
+    """The callback takes SIGTERM from Lightning for the fit (Lightning's handler would exit 0
+    without saving); afterwards the process's own handler is back, not a closed watcher's."""
+    before = signal.getsignal(signal.SIGTERM)
+    tiny_fit(tmp_path, loader(), {}, notices="auto")
+    assert signal.getsignal(signal.SIGTERM) is before
+    assert sorted(p.name for p in (tmp_path / "run").glob("step-*"))[-1] == "step-00000002"

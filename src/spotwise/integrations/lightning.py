@@ -195,9 +195,11 @@ class SpotwiseCallback(_Callback):
         it) makes the loop raise ``SIGTERMException`` after the batch hooks, which ends the
         process with exit 0 and without saving the step that just completed; the watcher's
         notice is acted on at the next step boundary: save, then exit 75."""
-        original = trainer._signal_connector._original_handlers.get(signal.SIGTERM)
-        if original is not None and threading.current_thread() is threading.main_thread():
-            signal.signal(signal.SIGTERM, original)
+        originals = trainer._signal_connector._original_handlers
+        if signal.SIGTERM in originals and threading.current_thread() is threading.main_thread():
+            # popped: Lightning's teardown would put the watcher's handler back after the Run
+            # closed the watcher (which restores the handler from before the fit itself)
+            signal.signal(signal.SIGTERM, originals.pop(signal.SIGTERM))
 
     def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
         """A new epoch: its permutation and worker seeds follow from (seed, epoch), never from
