@@ -79,6 +79,15 @@ def moment(mode: str, records: list[dict[str, Any]], start: int, target: int) ->
     return True
 
 
+def strike(child: subprocess.Popen[str], pattern: str) -> tuple[str, str]:
+    """Send the signal of ``pattern`` (one of PATTERNS) and wait for the child to end."""
+    if pattern == "SIGKILL group":
+        os.killpg(child.pid, signal.SIGKILL)
+    else:
+        os.kill(child.pid, signal.SIGKILL if "KILL" in pattern else signal.SIGTERM)
+    return child.communicate(timeout=60)
+
+
 def interrupted(tmp_path: Path, mode: str, workers: int, seed: int) -> tuple[str, list[dict]]:
     run_dir, trace = tmp_path / "run", tmp_path / "run.jsonl"
     rng = random.Random(seed)
@@ -92,11 +101,7 @@ def interrupted(tmp_path: Path, mode: str, workers: int, seed: int) -> tuple[str
             assert child.poll() is None, f"{mode}: ended before {pattern}: {child.stderr.read()}"  # type: ignore[union-attr]
             assert time.monotonic() < deadline, f"{mode}: no moment for {pattern}"
             time.sleep(0.005)
-        if pattern == "SIGKILL group":
-            os.killpg(child.pid, signal.SIGKILL)
-        else:
-            os.kill(child.pid, signal.SIGKILL if "KILL" in pattern else signal.SIGTERM)
-        out, err = child.communicate(timeout=60)
+        out, err = strike(child, pattern)
         if pattern == "SIGTERM main":
             assert child.returncode == EXIT_INTERRUPTED, err[-3000:]
             assert f"exiting with code {EXIT_INTERRUPTED}" in err
