@@ -179,7 +179,8 @@ def test_gradient_accumulation_in_the_trainer_is_refused(tmp_path: Path) -> None
 def test_sigterm_is_left_as_it_was_after_fit(tmp_path: Path) -> None:
     """The callback takes SIGTERM from Lightning for the fit (Lightning's handler would exit 0
     without saving); afterwards the process's own handler is back, not a closed watcher's."""
-    before = signal.getsignal(signal.SIGTERM)
+    before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
     tiny_fit(tmp_path, loader(), {}, notices="auto")
-    assert signal.getsignal(signal.SIGTERM) is before
+    # SIGINT too: Lightning's teardown once put the closed watcher's handler back (Ctrl-C dead)
+    assert {s: signal.getsignal(s) for s in before} == before
     assert sorted(p.name for p in (tmp_path / "run").glob("step-*"))[-1] == "step-00000002"

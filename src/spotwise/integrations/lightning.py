@@ -23,6 +23,7 @@ from typing import Any, cast
 from torch.utils.data import DataLoader
 
 from spotwise.errors import ConfigError
+from spotwise.notices.signals import SignalDetector
 from spotwise.registry import require
 from spotwise.runtime.run import Run
 from spotwise.runtime.sampler import ResumableBatchSampler, derive_seed, make_resumable
@@ -196,10 +197,20 @@ class SpotwiseCallback(_Callback):
         process with exit 0 and without saving the step that just completed; the watcher's
         notice is acted on at the next step boundary: save, then exit 75."""
         originals = trainer._signal_connector._original_handlers
-        if signal.SIGTERM in originals and threading.current_thread() is threading.main_thread():
-            # popped: Lightning's teardown would put the watcher's handler back after the Run
-            # closed the watcher (which restores the handler from before the fit itself)
+        if threading.current_thread() is not threading.main_thread():
+            return
+        if signal.SIGTERM in originals:
             signal.signal(signal.SIGTERM, originals.pop(signal.SIGTERM))
+        # Lightning's teardown puts back every handler it saw at the start of the fit; for the
+        # signals the watcher holds (SIGTERM, SIGINT, SLURM's) that would re-install the closed
+        # watcher's handler after the Run restored the ones from before the fit, leaving Ctrl-C
+        # dead. Popped, they are the Run's to restore.
+        for signum in [
+            n
+            for n, h in originals.items()
+            if isinstance(getattr(h, "__self__", None), SignalDetector)
+        ]:
+            originals.pop(signum)
 
     def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
         """A new epoch: its permutation and worker seeds follow from (seed, epoch), never from
