@@ -149,7 +149,7 @@ def test_the_ec2_metadata_package_reads_identity_and_the_spot_notice() -> None:
                          imdsv2_required=True) as emu:  # fmt: skip
         # ec2-metadata has no endpoint setting; its constructor takes the urllib3 pool it sends
         # through (``pool_manager``, since 3.0): a proxy pool carries its requests for
-        # 169.254.169.254 to the emulator, unchanged.
+        # the link-local metadata address to the emulator on loopback, unchanged.
         md = EC2Metadata(pool_manager=urllib3.ProxyManager(emu.url))
         assert md.instance_type == "g5.xlarge"
         assert md.availability_zone == "us-west-2a"
