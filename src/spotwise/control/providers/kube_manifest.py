@@ -25,11 +25,11 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
+from spotwise.control.decisions import EXIT_PREEMPTED
 from spotwise.control.providers.base import Options
 
 GPU = "nvidia.com/gpu"
 CONTAINER = "train"
-EXIT_PREEMPTED = 75
 LABEL_JOB = "spotwise.dev/job"
 LABEL_ATTEMPT = "spotwise.dev/attempt"
 Flavour = Literal["gke", "eks", "aks"]
