@@ -1,5 +1,6 @@
-"""Child of the sampler world-change test: one rank reading a DataLoader through spotwise's
-resumable sampler, logging every sample it is given, in lockstep with the other ranks.
+"""Child of the sampler world-change test: one rank reading a DataLoader through the resumable
+sampler that spotwise.Run wraps it in, logging every sample it is given, in lockstep with the
+other ranks.
 
 argv: WORKDIR TAG LOAD|- SEGMENTS SAVE|-
   SEGMENTS is ``epoch:steps,...`` (``steps`` ``end`` = to the end of the epoch); the position
@@ -21,7 +22,8 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, TensorDataset
 
-from spotwise.runtime.sampler import make_resumable
+from spotwise.runtime import Run
+from spotwise.runtime.sampler import ResumableBatchSampler
 
 SIZE, BATCH, SEED = 45, 4, 5
 
@@ -31,12 +33,19 @@ if "WORLD_SIZE" in os.environ:
 rank = dist.get_rank() if dist.is_initialized() else 0
 world = dist.get_world_size() if dist.is_initialized() else 1
 
-loader, sampler = make_resumable(
-    DataLoader(TensorDataset(torch.arange(SIZE)), batch_size=BATCH, shuffle=True, num_workers=1),
-    SEED,
-    rank=rank,
-    world=world,
+# the Run wraps the loader (its own saving under several ranks is not what this test is about:
+# the loop below positions the loader the way Run's does, and saves the sampler's state itself)
+run = Run(
+    workdir / f"run.{tag}.rank{rank}",
+    loader=DataLoader(
+        TensorDataset(torch.arange(SIZE)), batch_size=BATCH, shuffle=True, num_workers=1
+    ),
+    seed=SEED,
+    notices=None,
 )
+loader, sampler = run.loader, run.loader.batch_sampler
+assert isinstance(sampler, ResumableBatchSampler)
+assert (sampler.rank, sampler.world) == (rank, world)
 epoch = position = 0
 if load != "-":
     state = json.loads((workdir / f"{load}.rank0.json").read_text())
@@ -66,5 +75,6 @@ if save != "-":
     state = sampler.state_dict(epoch, position)
     state["permutation"] = state["permutation"].tolist()
     (workdir / f"{save}.rank{rank}.json").write_text(json.dumps(state))
+run.close()
 if dist.is_initialized():
     dist.destroy_process_group()
