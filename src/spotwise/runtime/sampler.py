@@ -71,7 +71,7 @@ def epoch_steps(
     evenly as the ranks allow (shares differ by at most one sample); a remainder smaller than
     the world is merged with the last full step into two balanced steps. Only when there is
     no full step to merge with, or ``batch_size`` is 1, are those fewer-than-``world`` samples
-    dropped. At world 1 nothing is ever dropped.
+    dropped. At world 1 nothing is dropped without ``drop_last``.
     """
     per_step = world * batch_size
     full, rest = divmod(remaining, per_step)
@@ -89,8 +89,9 @@ class ResumableBatchSampler(Sampler[list[int]]):
     """Yields this rank's batches of one epoch, starting at ``position``; call
     :meth:`set_position` before each new iterator.
 
-    The epoch has one global order (the permutation of (seed, epoch)); each optimizer step
-    consumes the next ``world * batch_size`` samples of it and rank ``r`` takes the contiguous
+    The epoch has one global order (the permutation of (seed, epoch)); each step (one batch on
+    every rank: a micro-batch under accumulation) consumes the next ``world * batch_size``
+    samples of it and rank ``r`` takes the contiguous
     ``r``-th share, so rank ``r``'s batch at a full step is exactly the batch a single process
     would have drawn at index ``step * world + r``, with the same seed. What is saved is the
     number of samples of the global order consumed, the same on every rank: loading it at any
