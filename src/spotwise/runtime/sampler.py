@@ -91,9 +91,9 @@ class ResumableBatchSampler(Sampler[list[int]]):
 
     The epoch has one global order (the permutation of (seed, epoch)); each step (one batch on
     every rank: a micro-batch under accumulation) consumes the next ``world * batch_size``
-    samples of it and rank ``r`` takes the contiguous
-    ``r``-th share, so rank ``r``'s batch at a full step is exactly the batch a single process
-    would have drawn at index ``step * world + r``, with the same seed. What is saved is the
+    samples of it and rank ``r`` takes the contiguous ``r``-th share, so rank ``r``'s batch at
+    a full step is exactly the batch a single process would have drawn at index
+    ``step * world + r``, with the same seed. What is saved is the
     number of samples of the global order consumed, the same on every rank: loading it at any
     world size continues the same order, none twice, none skipped (see :func:`epoch_steps`
     for the tail).
