@@ -188,9 +188,14 @@ class Run:
         self._micro = 0  # micro-batches of the current accumulation window already yielded
         self._in_body = False  # between a yield and the code after it
         if loader is not None:
-            self._position = stateful_source(loader)
+            group = torch.distributed.is_available() and torch.distributed.is_initialized()
+            rank = torch.distributed.get_rank() if group else 0
+            world = torch.distributed.get_world_size() if group else 1
+            self._position = stateful_source(loader, world=world)
             if self._position is None:
-                self.loader, self._batches = make_resumable(loader, self.seed)
+                self.loader, self._batches = make_resumable(
+                    loader, self.seed, rank=rank, world=world
+                )
                 if len(self._batches) == 0:
                     raise ConfigError("the data loader yields no batches (empty dataset?)")
             else:
