@@ -9,6 +9,7 @@ import pytest
 
 from spotwise.errors import UnknownBackendError
 from spotwise.market.policies import POLICIES, Decision, Market, Observation, Problem, make_policy
+from spotwise.market.policies.optimal import _expect
 from spotwise.market.policies.spotwise import (
     SpotwisePolicy,
     hazard_estimate,
@@ -145,6 +146,25 @@ def test_run_age_is_the_bucket_of_the_latest_run() -> None:
     assert run_age([False] * 40, 5) == 4  # age 40: the open bucket 16+
     assert run_age([False, True], 3) == 0
     assert run_age([False, True, True, True], 3, stride=2) == 1  # 2 planning ticks
+
+
+def test_plan_buckets_shrink_with_the_zones_planned() -> None:
+    # one zone: 4 age buckets (8 joint states); two zones: 2 each (16 <= max_states)
+    a = np.ones((2, 400), bool)
+    for zones, buckets in ((1, 4), (2, 2)):
+        sw = SpotwisePolicy()
+        simulate_run(sw, PROBLEM, Markets(600.0, a[:zones], ("a", "b")[:zones]), 0)
+        plan = sw.state()["plan"]
+        assert len(plan["zones"]) == zones
+        assert [len(up) for _, up in plan["hazards"]] == [buckets] * zones
+
+
+def test_factored_transition_is_the_kronecker_product() -> None:
+    rng = np.random.default_rng(1)
+    factors = tuple(rng.random((w, w)) for w in (4, 6))
+    values = rng.random((3, 24, 5))
+    dense = np.matmul(np.kron(*factors), values)
+    assert np.allclose(_expect(factors, values), dense)
 
 
 def test_planning_problem_coarsens_only_large_lattices() -> None:

@@ -148,7 +148,7 @@ def plan_table(
     n = len(hazards)
     ages = len(hazards[0][0])
     width = 2 * ages  # per zone: down buckets, then up buckets
-    transition: np.ndarray = np.ones((1, 1))
+    factors: list[np.ndarray] = []
     widths = bucket_widths(ages)
     for down, up in hazards:
         step = np.zeros((width, width))
@@ -160,7 +160,7 @@ def plan_table(
                 step[i, s * ages + min(a + 1, ages - 1)] += (1 - h) * grow
                 step[i, i] += (1 - h) * (1 - grow)
                 step[i, (1 - s) * ages] += h
-        transition = np.kron(transition, step)
+        factors.append(step)
     combos = width**n
     digits = (np.arange(combos)[:, None] // width ** np.arange(n - 1, -1, -1)[None, :]) % width
     bits = digits >= ages  # combos x n: spot up in zone i
@@ -173,7 +173,7 @@ def plan_table(
         available,
         price,
         keep_decisions=horizon,
-        transition=transition,
+        transition=tuple(factors),
         first_tick=first_tick,
     )
     if table is not None:
@@ -192,9 +192,11 @@ class SpotwisePolicy(BasePolicy):
         max_cells: int = 800,
         ages: int = 4,
         plan_tick_s: float = 100.0,
+        max_states: int = 16,
     ):
         super().__init__()
         self.ages = ages
+        self.max_states = max_states
         self.plan_tick_s = plan_tick_s
         self.max_zones = max_zones
         self.replan_h = replan_h
@@ -233,6 +235,14 @@ class SpotwisePolicy(BasePolicy):
         elif self._stranded(obs, chosen):  # plan over the best zone that has spot now
             up = next(z for z in order if obs.available[z])
             chosen = [up, *chosen[: self.max_zones - 1]]
+        ages = self._plan_ages(len(chosen))
+        if ages != self.ages:
+            estimates = [
+                hazard_estimate(np.array(seq)[::-1][::k][::-1], self._plan_gap, ages)
+                if z in chosen
+                else estimates[z]
+                for z, seq in enumerate(self._past)
+            ]
         self._plan = {
             "tick": obs.tick // k,  # on the planning grid
             "zones": list(chosen),
@@ -241,6 +251,16 @@ class SpotwisePolicy(BasePolicy):
         }
         self._load_plan()
 
+    def _plan_ages(self, zones: int) -> int:
+        """Age buckets per zone in a plan over ``zones`` zones: ``ages``, fewer where the joint
+        availability state ((2 x buckets) ** zones) would pass ``max_states``. The plan's work
+        grows faster than that state: two zones of 3 buckets (36 states) took 3-5x as long as
+        two zones of 2 (16 states), the default bound, which keeps two-zone plans as they were."""
+        a = self.ages
+        while a > 1 and (2 * a) ** zones > self.max_states:
+            a -= 1
+        return a
+
     def _load_plan(self) -> None:
         """The plan's decision table from its inputs (recomputed, not stored: it is derived)."""
         plan = self._plan
@@ -248,6 +268,7 @@ class SpotwisePolicy(BasePolicy):
         horizon = max(1, math.ceil(self.replan_h * 3600.0 / self._plan_gap))
         self._zones = tuple(int(z) for z in plan["zones"])
         hazards = tuple(tuple(tuple(float(p) for p in row) for row in z) for z in plan["hazards"])
+        self._ages = len(hazards[0][0])  # this plan's buckets per zone (_plan_ages)
         self._table, self._lattice = plan_table(
             self._plan_problem,
             self._plan_gap,
@@ -303,8 +324,8 @@ class SpotwisePolicy(BasePolicy):
         combo = 0
         for z in self._zones:
             up = bool(obs.available[z])
-            age = run_age(self._past[z], self.ages, self._k)
-            combo = combo * 2 * self.ages + up * self.ages + age
+            age = run_age(self._past[z], self._ages, self._k)
+            combo = combo * 2 * self._ages + up * self._ages + age
         grid = obs if self._k == 1 else dataclasses.replace(obs, gap_s=self._plan_gap)
         row = obs.tick // self._k - self._plan_tick
         code = int(self._table[row, state_index(lat, m, grid), combo, cell])
