@@ -9,7 +9,6 @@ import pytest
 
 from spotwise.errors import UnknownBackendError
 from spotwise.market.policies import POLICIES, Decision, Market, Observation, Problem, make_policy
-from spotwise.market.policies.optimal import _expect
 from spotwise.market.policies.spotwise import (
     SpotwisePolicy,
     hazard_estimate,
@@ -157,14 +156,6 @@ def test_plan_buckets_shrink_with_the_zones_planned() -> None:
         plan = sw.state()["plan"]
         assert len(plan["zones"]) == zones
         assert [len(up) for _, up in plan["hazards"]] == [buckets] * zones
-
-
-def test_factored_transition_is_the_kronecker_product() -> None:
-    rng = np.random.default_rng(1)
-    factors = tuple(rng.random((w, w)) for w in (4, 6))
-    values = rng.random((3, 24, 5))
-    dense = np.matmul(np.kron(*factors), values)
-    assert np.allclose(_expect(factors, values), dense)
 
 
 def test_planning_problem_coarsens_only_large_lattices() -> None:

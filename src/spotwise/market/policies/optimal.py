@@ -70,7 +70,7 @@ def solve(
     spot_prices: np.ndarray,
     *,
     keep_decisions: bool | int = False,
-    transition: tuple[np.ndarray, ...] | None = None,
+    transition: np.ndarray | None = None,
     first_tick: int = 0,
 ) -> tuple[np.ndarray, np.ndarray | None, Lattice]:
     """Minimum cost per run of a batch.
@@ -79,13 +79,10 @@ def solve(
     Returns (cost_usd per run, inf when even the optimum misses; decisions or None; lattice).
     Decisions (ticks, states, batch, cells) hold 0 idle, 1 on-demand, 2+z spot in zone z.
 
-    With ``transition``, the batch entries are instead the states of a Markov model of
-    availability (entry a: spot as in ``available[a]``; next tick's entry drawn from row a of
-    the batch x batch matrix): the result is then the expected cost from each state, minimised
-    over policies that see only the present (the model the ``spotwise`` policy plans with).
-    The matrix is given as the factors of a Kronecker product (independent zones, first factor
-    most significant) and applied factor by factor: n zones of w states cost n*w per entry
-    instead of w**n.
+    With ``transition`` (batch x batch), the batch entries are instead the states of a Markov
+    model of availability (entry a: spot as in ``available[a]``; next tick's entry drawn from
+    row a): the result is then the expected cost from each state, minimised over policies that
+    see only the present (the model the ``spotwise`` policy plans with).
 
     ``first_tick`` solves only boundaries first_tick .. ticks-1 (re-planning mid-run; the value
     returned is then at ``first_tick``); an int ``keep_decisions`` records only that many
@@ -152,19 +149,10 @@ def solve(
             out[1:] = np.where(ex <= best, codes, out[0]).reshape(markets * phases, b, cells)
         if transition is not None:  # expected value over the next tick's availability
             # +inf as a huge finite number, so that a zero probability times it stays 0
-            mixed = _expect(transition, np.minimum(now[:, :, :cells], _HUGE))
+            mixed = np.matmul(transition, np.minimum(now[:, :, :cells], _HUGE))
             now[:, :, :cells] = np.where(mixed >= _HUGE * 1e-12, np.inf, mixed)
         later, now = now, later
     return later[0, :, 0] * problem.nodes, decisions, lat
-
-
-def _expect(factors: tuple[np.ndarray, ...], values: np.ndarray) -> np.ndarray:
-    """kron(*factors) @ values along axis 1 of (states, batch, cells), one factor at a time."""
-    states, batch, cells = values.shape
-    x = values.reshape(states, *(f.shape[1] for f in factors), cells)
-    for axis, f in enumerate(factors, start=1):
-        x = np.moveaxis(np.tensordot(f, x, axes=([1], [axis])), 0, axis)
-    return x.reshape(states, batch, cells)
 
 
 def optimal_costs(

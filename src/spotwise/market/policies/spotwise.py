@@ -148,7 +148,7 @@ def plan_table(
     n = len(hazards)
     ages = len(hazards[0][0])
     width = 2 * ages  # per zone: down buckets, then up buckets
-    factors: list[np.ndarray] = []
+    transition: np.ndarray = np.ones((1, 1))
     widths = bucket_widths(ages)
     for down, up in hazards:
         step = np.zeros((width, width))
@@ -160,7 +160,7 @@ def plan_table(
                 step[i, s * ages + min(a + 1, ages - 1)] += (1 - h) * grow
                 step[i, i] += (1 - h) * (1 - grow)
                 step[i, (1 - s) * ages] += h
-        factors.append(step)
+        transition = np.kron(transition, step)
     combos = width**n
     digits = (np.arange(combos)[:, None] // width ** np.arange(n - 1, -1, -1)[None, :]) % width
     bits = digits >= ages  # combos x n: spot up in zone i
@@ -173,7 +173,7 @@ def plan_table(
         available,
         price,
         keep_decisions=horizon,
-        transition=tuple(factors),
+        transition=transition,
         first_tick=first_tick,
     )
     if table is not None:
