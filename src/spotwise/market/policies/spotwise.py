@@ -222,8 +222,10 @@ class SpotwisePolicy(BasePolicy):
     # -- learning and planning -------------------------------------------------------------
     def _replan(self, obs: Observation) -> None:
         k = self._k
+        # the buckets of a plan over max_zones zones (or all there are), also for the ranking
+        ages = self._plan_ages(min(self.max_zones, self.zones))
         estimates = [
-            hazard_estimate(np.array(seq)[::-1][::k][::-1], self._plan_gap, self.ages)
+            hazard_estimate(np.array(seq)[::-1][::k][::-1], self._plan_gap, ages)
             for seq in self._past
         ]
         # rank zones by long-run availability under the old-age rates
@@ -235,14 +237,6 @@ class SpotwisePolicy(BasePolicy):
         elif self._stranded(obs, chosen):  # plan over the best zone that has spot now
             up = next(z for z in order if obs.available[z])
             chosen = [up, *chosen[: self.max_zones - 1]]
-        ages = self._plan_ages(len(chosen))
-        if ages != self.ages:
-            estimates = [
-                hazard_estimate(np.array(seq)[::-1][::k][::-1], self._plan_gap, ages)
-                if z in chosen
-                else estimates[z]
-                for z, seq in enumerate(self._past)
-            ]
         self._plan = {
             "tick": obs.tick // k,  # on the planning grid
             "zones": list(chosen),
@@ -255,7 +249,7 @@ class SpotwisePolicy(BasePolicy):
         """Age buckets per zone in a plan over ``zones`` zones: ``ages``, fewer where the joint
         availability state ((2 x buckets) ** zones) would pass ``max_states``. The plan's work
         grows faster than that state: two zones of 3 buckets (36 states) took 3-5x as long as
-        two zones of 2 (16 states), the default bound, which keeps two-zone plans as they were."""
+        two zones of 2 (16 states), the default bound (two-zone plans keep their old size)."""
         a = self.ages
         while a > 1 and (2 * a) ** zones > self.max_states:
             a -= 1
