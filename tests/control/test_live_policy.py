@@ -180,6 +180,21 @@ def test_preempted_in_one_zone_the_next_attempt_is_elsewhere():
     assert store.job(job.id).blocked["a"] == pytest.approx(attempts[0].ended_at + 5)
 
 
+@pytest.mark.parametrize("order", [("a", "b", "c"), ("c", "a", "b")])
+def test_zones_the_policy_cannot_tell_apart_keep_the_provider_order(order):
+    # every zone always free and no history: the provider's order (for aws, the advisor's
+    # ranking) is the policy's ranking; it plans over the first two and starts in the first
+    sim = ClockSim(
+        Clock(), order, np.ones((3, 40), bool), gap_s=600.0, compression=600.0, work_s=8.0,
+        changeover_s=0.5,
+    )  # fmt: skip
+    store = Store()
+    job, _ = job_for(sim, store, policy="spotwise", deadline=20)
+    assert _run(sim, store, job.id) is JobState.SUCCEEDED
+    assert [a.zone for a in store.attempts(job.id)] == [order[0]]
+    assert store.job(job.id).policy["state"]["plan"]["zones"] == [0, 1]
+
+
 def test_without_expected_runtime_the_policy_starts_from_the_measured_step_rate():
     sim = _sim(np.ones((1, 40), bool), work_s=6.0)
     store = Store()

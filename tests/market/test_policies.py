@@ -129,15 +129,33 @@ def test_hazard_estimate_learns_from_counts() -> None:
     down2, up2 = hazard_estimate(seq, 600.0, ages=2, prior_weight_h=0.0)
     assert up2 == pytest.approx((0.0 + 1e-4, 10 / 90))
     assert down2[0] == pytest.approx(1e-4) and down2[1] == pytest.approx(9 / 89)
+    # three buckets double in length: ages 1, 2-3, 4+; every run ends in the last one
+    down3, up3 = hazard_estimate(seq, 600.0, ages=3, prior_weight_h=0.0)
+    assert up3 == pytest.approx((1e-4, 1e-4, 10 / 70))
+    assert down3 == pytest.approx((1e-4, 1e-4, 9 / 69))  # the last down run is cut short
     # no data: the prior (2 h mean up and down at 600 s ticks)
     (down0,), (up0,) = hazard_estimate(np.zeros(0, bool), 600.0, ages=1)
     assert (down0, up0) == pytest.approx((1 / 12, 1 / 12))
 
 
-def test_run_age_counts_the_latest_run() -> None:
-    assert run_age([True, False, False, False], 2) == 2
-    assert run_age([True, False, False, False], 5) == 3
-    assert run_age([False, True], 3) == 1
+def test_run_age_is_the_bucket_of_the_latest_run() -> None:
+    assert run_age([True, False, False, False], 2) == 1  # age 3: bucket "2 or older"
+    assert run_age([True, False, False, False], 5) == 1  # age 3: bucket 2-3
+    assert run_age([True] + [False] * 5, 5) == 2  # age 5: bucket 4-7
+    assert run_age([False] * 40, 5) == 4  # age 40: the open bucket 16+
+    assert run_age([False, True], 3) == 0
+    assert run_age([False, True, True, True], 3, stride=2) == 1  # 2 planning ticks
+
+
+def test_plan_buckets_shrink_with_the_zones_planned() -> None:
+    # one zone: 4 age buckets (8 joint states); two zones: 2 each (16 <= max_states)
+    a = np.ones((2, 400), bool)
+    for zones, buckets in ((1, 4), (2, 2)):
+        sw = SpotwisePolicy()
+        simulate_run(sw, PROBLEM, Markets(600.0, a[:zones], ("a", "b")[:zones]), 0)
+        plan = sw.state()["plan"]
+        assert len(plan["zones"]) == zones
+        assert [len(up) for _, up in plan["hazards"]] == [buckets] * zones
 
 
 def test_planning_problem_coarsens_only_large_lattices() -> None:

@@ -4,8 +4,9 @@ Uniform Progress follows a fixed line; the optimum knows the future. This policy
 
 1. **Learn** each zone's availability online as a semi-Markov chain: the probability per tick
    that spot goes away (or comes back) given how long the current up (down) run has lasted, in
-   ``ages`` buckets (default: first tick, older), from the trace *before* the run and what the run
-   has seen so far, with a weak prior (2 h up / 2 h down). Nothing after "now" is ever read.
+   ``ages`` buckets that double in length (default 4: 1, 2-3, 4-7, 8+ ticks), from the trace
+   *before* the run and what the run has seen so far, with a weak prior (2 h up / 2 h down).
+   Nothing after "now" is ever read.
 2. **Plan** by solving the exact DP of the optimal policy (same model, same lattice) in
    expectation under that chain: the batch axis becomes the joint (availability, age) state of
    the ``max_zones`` best zones. The plan knows the changeover cost, the deadline and the prices, so
@@ -31,6 +32,19 @@ from spotwise.market.policies.base import BasePolicy, Decision, Market, Observat
 from spotwise.market.policies.optimal import Lattice, decode, solve, state_index, waste_cell
 
 
+def bucket_of(age: np.ndarray, ages: int) -> np.ndarray:
+    """The age bucket of a run that has lasted ``age`` ticks: buckets double in length (1, 2-3,
+    4-7, ...), the last one open. Run lengths are heavy-tailed (on the 2023 V100 traces the
+    per-tick end probability falls from ~0.2 at 10 minutes to ~0.006 past two hours), so the
+    buckets that tell a fresh run from an old one must be short early and long late."""
+    return np.minimum(np.floor(np.log2(np.maximum(age, 1))).astype(int), ages - 1)
+
+
+def bucket_widths(ages: int) -> tuple[int, ...]:
+    """Ticks per bucket (the last, open one counted as 1: it has no next bucket)."""
+    return tuple(2**b if b < ages - 1 else 1 for b in range(ages))
+
+
 def hazard_estimate(
     seq: np.ndarray,
     gap_s: float,
@@ -39,25 +53,25 @@ def hazard_estimate(
     prior_down_h: float = 2.0,
     prior_weight_h: float = 12.0,
 ) -> tuple[tuple[float, ...], tuple[float, ...]]:
-    """Per-tick probability that spot goes away (up) / comes back (down), by the age of the
-    current run: ((down age 1 .. ages), (up age 1 .. ages)), the last age meaning "or older".
+    """Per-tick probability that spot goes away (up) / comes back (down), by the age bucket of
+    the current run (``bucket_of``): ((down buckets), (up buckets)).
 
     Ages make it a semi-Markov model: real up-runs are often short at first and long once they
     have lasted (a fresh start is riskier than a run that has held), which one rate cannot say.
     """
     seq = np.asarray(seq, dtype=bool)
     n = seq.size
-    pseudo = prior_weight_h * 3600.0 / gap_s / 2.0 / ages  # pseudo-ticks per (state, age)
+    pseudo = prior_weight_h * 3600.0 / gap_s / 2.0 / ages  # pseudo-ticks per (state, bucket)
     rates = (gap_s / (prior_down_h * 3600.0), gap_s / (prior_up_h * 3600.0))
     out: list[tuple[float, ...]] = []
     if n >= 2:
         idx = np.arange(n)
         change = np.r_[True, seq[1:] != seq[:-1]]
-        age = np.minimum(idx - np.maximum.accumulate(np.where(change, idx, 0)) + 1, ages)[:-1]
+        age = bucket_of(idx - np.maximum.accumulate(np.where(change, idx, 0)) + 1, ages)[:-1]
         state, ended = seq[:-1], change[1:]
     for s in (False, True):
         row = []
-        for a in range(1, ages + 1):
+        for a in range(ages):
             if n >= 2:
                 here = (state == s) & (age == a)
                 count, ends = float(here.sum()), float((here & ended).sum())
@@ -70,15 +84,16 @@ def hazard_estimate(
 
 
 def run_age(seq: list[bool], ages: int, stride: int = 1) -> int:
-    """How many ticks (capped at ``ages``) the latest value of ``seq`` has lasted, counting
-    every ``stride``-th value back from the last (ticks of a coarser planning grid)."""
+    """The age bucket (0-based) of the latest run of ``seq``, counting every ``stride``-th
+    value back from the last (ticks of a coarser planning grid)."""
+    cap = 2 ** (ages - 1)
     age = 0
     last = seq[-1]
     for i in range(len(seq) - 1, -1, -stride):
-        if seq[i] != last or age >= ages:
+        if seq[i] != last or age >= cap:
             break
         age += 1
-    return max(age, 1)
+    return int(bucket_of(np.asarray(age), ages))
 
 
 def planning_problem(problem: Problem, gap_s: float, max_cells: int) -> Problem:
@@ -128,18 +143,22 @@ def plan_table(
     """Decisions of the expected-cost DP for independent per-zone semi-Markov availability
     (``hazard_estimate`` per zone), for boundaries first_tick .. first_tick + horizon - 1.
 
-    The batch axis is the joint (state, age) of the zones, first zone most significant.
+    The batch axis is the joint (state, age bucket) of the zones, first zone most significant.
     """
     n = len(hazards)
     ages = len(hazards[0][0])
-    width = 2 * ages  # per zone: down ages 1..A, then up ages 1..A
+    width = 2 * ages  # per zone: down buckets, then up buckets
     transition: np.ndarray = np.ones((1, 1))
+    widths = bucket_widths(ages)
     for down, up in hazards:
         step = np.zeros((width, width))
         for s, row in enumerate((down, up)):
             for a, h in enumerate(row):
                 i = s * ages + a
-                step[i, s * ages + min(a + 1, ages - 1)] += 1 - h
+                # a run that survives leaves bucket a after its 2^a ticks: 1/2^a per tick
+                grow = 1.0 / widths[a]
+                step[i, s * ages + min(a + 1, ages - 1)] += (1 - h) * grow
+                step[i, i] += (1 - h) * (1 - grow)
                 step[i, (1 - s) * ages] += h
         transition = np.kron(transition, step)
     combos = width**n
@@ -171,11 +190,13 @@ class SpotwisePolicy(BasePolicy):
         replan_h: float = 24.0,
         window_h: float = 24.0 * 14,
         max_cells: int = 800,
-        ages: int = 2,
+        ages: int = 4,
         plan_tick_s: float = 100.0,
+        max_states: int = 16,
     ):
         super().__init__()
         self.ages = ages
+        self.max_states = max_states
         self.plan_tick_s = plan_tick_s
         self.max_zones = max_zones
         self.replan_h = replan_h
@@ -201,8 +222,10 @@ class SpotwisePolicy(BasePolicy):
     # -- learning and planning -------------------------------------------------------------
     def _replan(self, obs: Observation) -> None:
         k = self._k
+        # the buckets of a plan over max_zones zones (or all there are), also for the ranking
+        ages = self._plan_ages(min(self.max_zones, self.zones))
         estimates = [
-            hazard_estimate(np.array(seq)[::-1][::k][::-1], self._plan_gap, self.ages)
+            hazard_estimate(np.array(seq)[::-1][::k][::-1], self._plan_gap, ages)
             for seq in self._past
         ]
         # rank zones by long-run availability under the old-age rates
@@ -222,6 +245,16 @@ class SpotwisePolicy(BasePolicy):
         }
         self._load_plan()
 
+    def _plan_ages(self, zones: int) -> int:
+        """Age buckets per zone in a plan over ``zones`` zones: ``ages``, fewer where the joint
+        availability state ((2 x buckets) ** zones) would pass ``max_states``. The plan's work
+        grows faster than that state: two zones of 3 buckets (36 states) took 3-5x as long as
+        two zones of 2 (16 states), the default bound (two-zone plans keep their old size)."""
+        a = self.ages
+        while a > 1 and (2 * a) ** zones > self.max_states:
+            a -= 1
+        return a
+
     def _load_plan(self) -> None:
         """The plan's decision table from its inputs (recomputed, not stored: it is derived)."""
         plan = self._plan
@@ -229,6 +262,7 @@ class SpotwisePolicy(BasePolicy):
         horizon = max(1, math.ceil(self.replan_h * 3600.0 / self._plan_gap))
         self._zones = tuple(int(z) for z in plan["zones"])
         hazards = tuple(tuple(tuple(float(p) for p in row) for row in z) for z in plan["hazards"])
+        self._ages = len(hazards[0][0])  # this plan's buckets per zone (_plan_ages)
         self._table, self._lattice = plan_table(
             self._plan_problem,
             self._plan_gap,
@@ -284,8 +318,8 @@ class SpotwisePolicy(BasePolicy):
         combo = 0
         for z in self._zones:
             up = bool(obs.available[z])
-            age = run_age(self._past[z], self.ages, self._k)
-            combo = combo * 2 * self.ages + up * self.ages + age - 1
+            age = run_age(self._past[z], self._ages, self._k)
+            combo = combo * 2 * self._ages + up * self._ages + age
         grid = obs if self._k == 1 else dataclasses.replace(obs, gap_s=self._plan_gap)
         row = obs.tick // self._k - self._plan_tick
         code = int(self._table[row, state_index(lat, m, grid), combo, cell])
