@@ -53,6 +53,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--trace", default=None, help="append per-step JSON lines to this file")
     parser.add_argument("--fsdp", action="store_true", help="under torchrun: FSDP2, not DDP")
+    parser.add_argument("--hidden", type=int, default=128, help="width of the hidden layer")
     return parser.parse_args(argv)
 
 
@@ -115,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     train = TensorDataset(torch.tensor(x_train / 16.0, dtype=torch.float32), torch.tensor(y_train))
     loader = DataLoader(train, batch_size=args.batch_size, shuffle=True, num_workers=args.workers)
     model: nn.Module = nn.Sequential(
-        nn.Linear(64, 128), nn.ReLU(), nn.Dropout(0.2), nn.Linear(128, 10)
+        nn.Linear(64, args.hidden), nn.ReLU(), nn.Dropout(0.2), nn.Linear(args.hidden, 10)
     )
     if "LOCAL_RANK" in os.environ:  # started by torchrun
         model = start_distributed(model, args.fsdp)
