@@ -142,4 +142,5 @@ def test_fsdp2_state_reshards_between_world_sizes(tmp_path: Path) -> None:
     # a different model: the error names the tensor that does not fit
     rc, out = finish(torchrun(1, run_dir, 30, "--fsdp", "--hidden", "64"))
     assert rc != 0
-    assert "tensor 'model/0.weight' is (128, 64) torch.float32 in the checkpoint and (64, 64)" in out
+    expected = "tensor 'model/0.weight' is (128, 64) torch.float32 in the checkpoint and (64, 64)"
+    assert expected in out
