@@ -3,6 +3,7 @@ with DDP and FSDP2: interrupted in each way a spot machine can go, restarted, an
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import signal
@@ -12,7 +13,11 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
+from safetensors.torch import load_file
+from typer.testing import CliRunner
 
+from spotwise.cli.main import app
 from spotwise.runtime.commit import list_checkpoints
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -83,6 +88,14 @@ def wait_for(path: Path, proc: subprocess.Popen[str], timeout: float = 90) -> No
         time.sleep(0.02)
 
 
+def sha256_of(state: dict[str, torch.Tensor]) -> str:
+    """The example's ``final-weights-sha256``: the raw bytes of the tensors in key order."""
+    digest = hashlib.sha256()
+    for _, tensor in sorted(state.items()):
+        digest.update(tensor.contiguous().reshape(-1).view(torch.uint8).numpy())
+    return digest.hexdigest()
+
+
 def steps_in(run_dir: Path) -> list[int]:
     return sorted(int(p.name[5:]) for p in run_dir.glob("step-*"))
 
@@ -138,6 +151,16 @@ def test_fsdp2_state_reshards_between_world_sizes(tmp_path: Path) -> None:
     assert resumed == [20] and at_30 != at_20
     again, resumed = completed(2, run_dir, 30, "--fsdp")
     assert (again, resumed) == (at_30, [30, 30])
+
+    # export: the shards of both ranks as one file that the safetensors library reads
+    out = tmp_path / "model.safetensors"
+    result = CliRunner().invoke(
+        app, ["ckpt", "export", str(run_dir / "step-00000020"), "--out", str(out)]
+    )
+    assert result.exit_code == 0, result.output
+    weights = load_file(out)
+    assert set(weights) == {"0.weight", "0.bias", "3.weight", "3.bias"}
+    assert sha256_of(weights) == at_20
 
     # a different model: the error names the tensor that does not fit
     rc, out = finish(torchrun(1, run_dir, 30, "--fsdp", "--hidden", "64"))

@@ -325,3 +325,48 @@ def restore(
             set_model_state_dict(model, state)
         else:
             set_optimizer_state_dict(model, optimizer, state)
+
+
+def consolidated(path: Path, name: str = "model") -> dict[str, torch.Tensor]:
+    """The full, unsharded state dict of state entry ``name`` (a model) of checkpoint ``path``,
+    read in this one process: from DCP shards of any world size (DCP loads without a process
+    group), or from a single-process checkpoint's tensors. Raises CorruptCheckpointError or
+    StateMismatchError naming what is missing."""
+    loaded = load_checkpoint(path)
+    doc = loaded.doc
+    meta = doc.get("spotwise") if isinstance(doc, dict) else None
+    if not isinstance(meta, dict):
+        raise StateMismatchError(f"{path} was not written by spotwise.Run (no run state in it)")
+    if "world" not in meta:
+        saved = doc["state"].get(name) if isinstance(doc.get("state"), dict) else None
+        if not isinstance(saved, dict) or not all(
+            isinstance(t, torch.Tensor) for t in saved.values()
+        ):
+            raise StateMismatchError(
+                f"{path} holds no model state named {name!r}",
+                hint="name the Run's model entry (state= key), e.g. --state model",
+            )
+        return dict(saved)
+    section = doc.get("dcp")
+    if not isinstance(section, dict):
+        raise CorruptCheckpointError(f"{path} holds no distributed state")
+    prefix = f"{name}/"
+    shapes = {
+        key: spec
+        for key, spec in dcp_tensors(section.get("metadata"), str(path)).items()
+        if key.startswith(prefix)
+    }
+    if not shapes:
+        raise StateMismatchError(
+            f"{path} holds no distributed state named {name!r}",
+            hint="name the Run's model entry (state= key), e.g. --state model",
+        )
+    state = {key: torch.empty(size, dtype=dtype) for key, (dtype, size) in shapes.items()}
+    reader = SpotwiseReader(path, section["metadata"], loaded.manifest.files, str(path))
+    try:
+        with warnings.catch_warnings():  # "assuming ... a single process": that is the point
+            warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
+            dcp.load(state, storage_reader=reader, no_dist=True)
+    except CheckpointException as exc:
+        raise CorruptCheckpointError(f"{path}: its distributed state does not load: {exc}") from exc
+    return {key[len(prefix) :]: tensor for key, tensor in state.items()}
