@@ -105,6 +105,14 @@ def the_pod(core: Any, app: str) -> Any:
     return pods[0] if pods else None
 
 
+def pod_log(core: Any, name: str) -> str:
+    """The log as the API sent it (text/plain). Undecoded, because kubernetes-client 36 turns a
+    preloaded text body into the repr of its bytes (kubernetes-client/python#2596)."""
+    response = core.read_namespaced_pod_log(name, NS, _preload_content=False)
+    assert response.headers["Content-Type"].startswith("text/plain")
+    return response.data.decode()
+
+
 def terminated(pod: Any) -> Any:
     statuses = pod.status.container_statuses if pod is not None else None
     return statuses[0].state.terminated if statuses else None
@@ -137,7 +145,7 @@ def test_watch_from_the_lists_resource_version_streams_the_pods_life(cluster):
         ]
     )
     assert done[0].reason == "Completed"
-    assert core.read_namespaced_pod_log(the_pod(core, "w1").metadata.name, NS) == "done\n"
+    assert pod_log(core, the_pod(core, "w1").metadata.name) == "done\n"
 
 
 def test_a_watch_from_a_version_no_longer_kept_gets_410_expired(cluster):
@@ -274,7 +282,7 @@ def test_secret_references_are_resolved_in_the_pod_and_a_missing_one_blocks_it(c
     code = "import os; print(os.environ['TOKEN'], os.environ['ME'])"
     batch.create_namespaced_job(NS, job("se", code, env=ref))
     pod = wait_for(lambda: (p := the_pod(core, "se")) is not None and terminated(p) and p)
-    assert core.read_namespaced_pod_log(pod.metadata.name, NS) == f"s3cr3t {pod.metadata.name}\n"
+    assert pod_log(core, pod.metadata.name) == f"s3cr3t {pod.metadata.name}\n"
 
     missing = [{"name": "T", "valueFrom": {"secretKeyRef": {"name": "nope", "key": "k"}}}]
     batch.create_namespaced_job(NS, job("ms", "pass", env=missing))

@@ -136,10 +136,13 @@ def test_killed_runs_end_like_the_uninterrupted_one(
     digest, records = interrupted(tmp_path, mode, workers, seed=sum(map(ord, mode)) + workers)
     assert digest == final_hash(out)
     assert losses(records) == reference_losses
-    # the kills really replayed work: some (step, micro) ran twice
-    keys = [(r["step"], r["micro"]) for r in records if "loss" in r]
-    assert len(keys) > len(set(keys))
     if mode == "eval":
+        # the kills land inside an evaluation, before its step's record: what they replay is
+        # the evaluation (whether a training record repeats too depends on whether the even
+        # step's background save had committed, which is timing)
         assert sum("evaluating" in r for r in records) > len(
             [k for k in reference_losses if k[0] % 5 == 0]
         )
+    else:  # the kills really replayed work: some (step, micro) ran twice
+        keys = [(r["step"], r["micro"]) for r in records if "loss" in r]
+        assert len(keys) > len(set(keys))

@@ -86,3 +86,10 @@ def test_a_version_1_checkpoint_still_resumes(tmp_path: Path) -> None:
     )
     assert other_opt.state_dict()["state"][0]["momentum_buffer"] is not None
     resumed.close()
+
+
+def test_a_notices_argument_that_is_no_source_is_refused_by_name(tmp_path: Path) -> None:
+    model = torch.nn.Linear(2, 1)
+    with pytest.raises(ConfigError, match="notices='sigterm' is not a notice source") as err:
+        Run(tmp_path / "run", model=model, steps=1, notices="sigterm")
+    assert "'auto', None" in str(err.value.hint)

@@ -44,7 +44,8 @@ from spotwise.batch.plan import (
 )
 from spotwise.errors import ConfigError, StorageNotFoundError
 from spotwise.notices.base import NoticeSource
-from spotwise.runtime.run import EXIT_INTERRUPTED, _open_notices
+from spotwise.notices.watcher import open_notices
+from spotwise.runtime.run import EXIT_INTERRUPTED
 from spotwise.storage import Storage, open_storage
 from spotwise.telemetry.events import EventLog
 
@@ -192,7 +193,7 @@ def run_batch(
         if not isinstance(leases, LeaseBoard) else leases  # fmt: skip
     holder = name or f"{socket.gethostname()}:{os.getpid()}"
     log_events = EventLog(events) if events is not None else None
-    source = _open_notices(notices)  # the same notice sources as spotwise.Run
+    source = open_notices(notices)  # the same notice sources as spotwise.Run
     worker = _Worker(
         dataset,
         fn,

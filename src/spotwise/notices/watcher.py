@@ -12,6 +12,7 @@ import logging
 import threading
 from collections.abc import Callable, Iterable, Mapping
 
+from spotwise.errors import ConfigError
 from spotwise.notices.base import Detector, LogOnce, Notice, NoticeSource, most_urgent
 
 log = logging.getLogger("spotwise.notices")
@@ -163,3 +164,18 @@ def watch_from_environment(env: Mapping[str, str] | None = None) -> NoticeSource
 
     plan = plan_from_environment(env)
     return Watcher(local=[plan.signals], remote=plan.remote, discover=plan.discover)
+
+
+def open_notices(spec: NoticeSource | str | None) -> NoticeSource | None:
+    """The notice source a ``notices=`` argument names (``"auto"``, ``None`` or a source), so
+    ``spotwise.Run`` and the batch runner accept the same spellings."""
+    if spec is None:
+        return None
+    if spec == "auto":
+        return watch_from_environment()
+    if isinstance(spec, NoticeSource):
+        return spec
+    raise ConfigError(
+        f"notices={spec!r} is not a notice source",
+        hint="use 'auto', None, or an object with current()/acknowledge()/close()",
+    )

@@ -37,7 +37,7 @@ import sys
 import threading
 import time
 import warnings
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
@@ -52,6 +52,7 @@ from spotwise.errors import (
     StateMismatchError,
 )
 from spotwise.notices.base import Notice, NoticeSource
+from spotwise.notices.watcher import open_notices
 from spotwise.runtime import dirlock, distributed
 from spotwise.runtime.commit import (
     CheckpointInfo,
@@ -200,9 +201,14 @@ class Run:
         self._micro = 0  # micro-batches of the current accumulation window already yielded
         self._in_body = False  # between a yield and the code after it
         if loader is not None:
-            self._position = stateful_source(loader)
+            group = torch.distributed.is_available() and torch.distributed.is_initialized()
+            rank = torch.distributed.get_rank() if group else 0
+            world = torch.distributed.get_world_size() if group else 1
+            self._position = stateful_source(loader, world=world)
             if self._position is None:
-                self.loader, self._batches = make_resumable(loader, self.seed)
+                self.loader, self._batches = make_resumable(
+                    loader, self.seed, rank=rank, world=world
+                )
                 if len(self._batches) == 0:
                     raise ConfigError("the data loader yields no batches (empty dataset?)")
             else:
@@ -239,7 +245,7 @@ class Run:
                 clean_temporaries(self.run_dir)
             self._resume()
             restore_s = time.monotonic() - restore_started
-            self._notices = _open_notices(notices)
+            self._notices = open_notices(notices)
             self.telemetry = RunTelemetry(
                 self, metrics_port=metrics_port, gpu_sample_s=gpu_sample_s
             )
@@ -1002,28 +1008,6 @@ def _smooth(previous: float | None, sample: float) -> float:
 def _draw_seed() -> int:
     """A seed drawn from torch's global RNG, so ``torch.manual_seed`` controls the data order."""
     return int(torch.randint(0, 2**62, (1,)).item())
-
-
-def _open_notices(spec: NoticeSource | str | None) -> NoticeSource | None:
-    if spec is None:
-        return None
-    if spec == "auto":
-        try:
-            watcher: Callable[[], NoticeSource] = __import__(
-                "spotwise.notices.watcher", fromlist=["watch_from_environment"]
-            ).watch_from_environment
-        except ModuleNotFoundError as exc:
-            if exc.name != "spotwise.notices.watcher":
-                raise
-            log.warning("interruption notices are unavailable (%s); continuing without", exc)
-            return None
-        return watcher()
-    if isinstance(spec, NoticeSource):
-        return spec
-    raise ConfigError(
-        f"notices={spec!r} is not a notice source",
-        hint="use 'auto', None, or an object with current()/acknowledge()/close()",
-    )
 
 
 __all__ = ["EXIT_INTERRUPTED", "Mirror", "Run"]

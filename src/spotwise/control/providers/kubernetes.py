@@ -541,14 +541,19 @@ class KubernetesProvider:
         self._log_copied[handle["id"]] = time.monotonic()
         rest = self._kube.client.exceptions
         try:
-            text = self._call(
+            # The raw body, decoded here: kubernetes-client 36 deserializes the text/plain log
+            # into the repr of its bytes ("b'...'"); the undecoded response reads the same in
+            # every client version.
+            response = self._call(
                 "read the pod's log",
                 self._core.read_namespaced_pod_log,
                 pod.metadata.name,
                 self.namespace,
+                _preload_content=False,
             )
         except rest.ApiException:  # the pod is already gone: its output went with it
             return
+        text = response.data.decode("utf-8", errors="replace")
         mark = Path(handle["dir"]) / "log-copied.json"
         try:
             done = json.loads(mark.read_text())
