@@ -165,7 +165,8 @@ def main(argv: list[str] | None = None) -> int:
     if weights is not None:
         print(f"test-accuracy: {accuracy:.4f}", flush=True)
         print(f"final-weights-sha256: {weights_sha256(weights)}", flush=True)
-    if "LOCAL_RANK" in os.environ:
+    if "LOCAL_RANK" in os.environ:  # once no rank needs the group any more
+        torch.distributed.barrier()
         torch.distributed.destroy_process_group()
     return 0
 
