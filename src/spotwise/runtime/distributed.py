@@ -1,0 +1,111 @@
+"""The ranks of a ``torch.distributed`` job as the Run sees them, and the few tiny collectives
+it needs: agree on a verdict, broadcast rank 0's choice, gather small JSON documents, and the
+per-step :class:`Agreement` on notices and timed saves.
+
+A Run is distributed exactly when the user initialised a process group before creating it (as
+under ``torchrun``); otherwise :func:`current` is None and nothing here runs. The collectives
+travel over a gloo group of their own, created once per Run: a NCCL job does not put CPU
+scalars on the GPU stream, and the agreement's reduction in flight never queues in front of
+DDP's gradient buckets. Documents travel as UTF-8 JSON in byte tensors (``all_gather_object``
+would pickle them).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class Ranks:
+    """This process's place in the job and the group the Run's collectives use."""
+
+    rank: int
+    world: int
+    group: Any  # a torch ProcessGroup (gloo)
+
+    @property
+    def is_coordinator(self) -> bool:
+        return self.rank == 0
+
+
+def current() -> Ranks | None:
+    """The job's ranks when a default process group is initialised, else None. Collective:
+    every rank creates the Run's gloo group here together."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return None
+    group = dist.new_group(backend="gloo")
+    return Ranks(dist.get_rank(), dist.get_world_size(), group)
+
+
+def all_max(ranks: Ranks, values: list[int]) -> list[int]:
+    """The element-wise maximum of ``values`` over all ranks (one all-reduce)."""
+    tensor = torch.tensor(values, dtype=torch.int64)
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=ranks.group)
+    return [int(v) for v in tensor.tolist()]
+
+
+def all_agree(ranks: Ranks, ok: bool) -> bool:
+    """True on every rank when ``ok`` is true on every rank."""
+    return all_max(ranks, [0 if ok else 1]) == [0]
+
+
+def broadcast_ints(ranks: Ranks, values: list[int] | None) -> list[int]:
+    """Rank 0's ``values`` on every rank (the others pass None)."""
+    size = torch.tensor([len(values) if values is not None else 0], dtype=torch.int64)
+    dist.broadcast(size, src=0, group=ranks.group)
+    data = torch.zeros(int(size.item()), dtype=torch.int64)
+    if ranks.is_coordinator and values is not None:
+        data = torch.tensor(values, dtype=torch.int64).reshape(-1)
+    dist.broadcast(data, src=0, group=ranks.group)
+    return [int(v) for v in data.tolist()]
+
+
+def gather_json(ranks: Ranks, document: Any) -> list[Any]:
+    """Every rank's JSON ``document``, in rank order, on every rank."""
+    raw = torch.tensor(list(json.dumps(document).encode()), dtype=torch.uint8)
+    lengths = [torch.zeros(1, dtype=torch.int64) for _ in range(ranks.world)]
+    dist.all_gather(lengths, torch.tensor([raw.numel()], dtype=torch.int64), group=ranks.group)
+    longest = max(int(n.item()) for n in lengths)
+    padded = torch.zeros(longest, dtype=torch.uint8)
+    padded[: raw.numel()] = raw
+    buffers = [torch.zeros(longest, dtype=torch.uint8) for _ in range(ranks.world)]
+    dist.all_gather(buffers, padded, group=ranks.group)
+    return [
+        json.loads(bytes(buf[: int(n.item())].tolist()))
+        for buf, n in zip(buffers, lengths, strict=True)
+    ]
+
+
+class Agreement:
+    """The element-wise maximum over all ranks of what each proposed one step boundary ago.
+
+    Each :meth:`exchange` awaits the all-reduce started at the previous boundary and starts one
+    for this boundary's proposal, so the reduction runs while the next step computes and the
+    step pays only for starting and collecting it. All ranks therefore act on a proposal at the
+    same boundary, one step after it was made (a notice's exit margin allows for two steps)."""
+
+    def __init__(self, ranks: Ranks) -> None:
+        self.ranks = ranks
+        self._pending: tuple[Any, torch.Tensor] | None = None
+
+    def exchange(self, proposal: list[int]) -> list[int]:
+        """The maximum of the previous proposals (zeros at the first boundary)."""
+        agreed = self.drain() or [0] * len(proposal)
+        tensor = torch.tensor(proposal, dtype=torch.int64)
+        work = dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=self.ranks.group, async_op=True)
+        self._pending = (work, tensor)
+        return agreed
+
+    def drain(self) -> list[int] | None:
+        """Await the reduction in flight, if any, and return its result."""
+        if self._pending is None:
+            return None
+        work, tensor = self._pending
+        self._pending = None
+        work.wait()
+        return [int(v) for v in tensor.tolist()]
