@@ -10,9 +10,8 @@ import enum
 from dataclasses import dataclass
 
 from spotwise.control.providers.base import AttemptStatus, Phase, Placement, Pricing
+from spotwise.exitcode import EXIT_INTERRUPTED
 from spotwise.market.policies.base import Decision, Market, Problem
-
-EXIT_PREEMPTED = 75  # EX_TEMPFAIL: interrupted with state saved, restart me
 
 
 class Reason(str, enum.Enum):
@@ -34,12 +33,12 @@ def classify(status: AttemptStatus, stop_reason: str = "") -> Reason:
     if stop_reason == "budget":
         return Reason.BUDGET
     if stop_reason == "switch" and (
-        status.phase is Phase.LOST or status.exit_code == EXIT_PREEMPTED
+        status.phase is Phase.LOST or status.exit_code == EXIT_INTERRUPTED
     ):
         return Reason.SWITCHED
     if status.phase is Phase.LOST:
         return Reason.LOST
-    if status.exit_code == EXIT_PREEMPTED:
+    if status.exit_code == EXIT_INTERRUPTED:
         return Reason.PREEMPTED
     return Reason.ERROR
 

@@ -51,6 +51,7 @@ from spotwise.errors import (
     SaveError,
     StateMismatchError,
 )
+from spotwise.exitcode import EXIT_INTERRUPTED
 from spotwise.notices.base import Notice, NoticeSource
 from spotwise.notices.watcher import open_notices
 from spotwise.runtime import dirlock, distributed
@@ -86,7 +87,6 @@ from spotwise.telemetry.runmetrics import RunTelemetry
 
 log = logging.getLogger(__name__)
 
-EXIT_INTERRUPTED = 75  # EX_TEMPFAIL: interrupted, state saved, restart me
 STATE_VERSION = 2  # 2: one "state" mapping instead of models/optimizers/schedulers/scalers
 # a loader whose workers die this often at one position has a problem a restart does not fix
 MAX_LOADER_RESTARTS = 2

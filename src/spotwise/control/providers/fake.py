@@ -31,6 +31,7 @@ from spotwise.control.providers.base import (
     parse_options,
 )
 from spotwise.errors import CapacityError, ProviderError
+from spotwise.exitcode import EXIT_INTERRUPTED
 
 if TYPE_CHECKING:
     from spotwise.control.spec import Resources
@@ -127,7 +128,9 @@ class FakeProvider:
         if m.stopped_at is not None and m.stopped_at < end_at:
             if m.stopped_at < running_at:
                 return AttemptStatus(Phase.LOST, ended_at=m.stopped_at, detail="terminated")
-            return AttemptStatus(Phase.EXITED, 75, ended_at=m.stopped_at, running_at=running_at)
+            return AttemptStatus(
+                Phase.EXITED, EXIT_INTERRUPTED, ended_at=m.stopped_at, running_at=running_at
+            )
         if now < running_at:
             return AttemptStatus(Phase.STARTING)
         if now < end_at:

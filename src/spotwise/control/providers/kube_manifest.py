@@ -25,8 +25,8 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
-from spotwise.control.decisions import EXIT_PREEMPTED
 from spotwise.control.providers.base import Options
+from spotwise.exitcode import EXIT_INTERRUPTED
 
 GPU = "nvidia.com/gpu"
 CONTAINER = "train"
@@ -202,7 +202,7 @@ def job_manifest(
                         "onExitCodes": {
                             "containerName": CONTAINER,
                             "operator": "In",
-                            "values": [EXIT_PREEMPTED],
+                            "values": [EXIT_INTERRUPTED],
                         },
                     },
                     {
