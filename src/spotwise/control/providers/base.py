@@ -47,6 +47,8 @@ class LaunchRequest:
     attempt_dir: Path
     placement: Placement
     grace_s: float = 30.0
+    nodes: int = 1  # machines of this attempt (job's nodes, or fewer down to min_nodes)
+    procs_per_node: int = 1  # training processes per machine (torchrun ranks)
 
     @property
     def key(self) -> str:
