@@ -3,20 +3,24 @@
 ``python ddp_toy.py STEPS STEP_S [crash]``: counts steps, keeping the count in
 ``$SPOTWISE_CHECKPOINT_DIR/step.json`` (rank 0 writes it). A SIGTERM on any rank makes all ranks
 agree at the next step (one all-reduce per step, as the runtime does), save and exit 75.
-``crash``: rank 1 exits 3 at step 2. Runs alone (no torchrun environment) at world size 1.
+``crash-once``: rank 1 exits 3 at step 2 of the first run. Runs alone (no torchrun
+environment) at world size 1.
 """
 
-import json
-import os
 import signal
-import sys
-import time
 
-import torch
-import torch.distributed as dist
+noticed = []  # first of all: a notice during start-up must not kill the rank unsaved
+signal.signal(signal.SIGTERM, lambda *_: noticed.append(1))
+
+import json  # noqa: E402
+import os  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
 
 steps, step_s = int(sys.argv[1]), float(sys.argv[2])
-crash = sys.argv[3:] == ["crash"]
 world = int(os.environ.get("WORLD_SIZE", "1"))
 if world > 1:
     dist.init_process_group("gloo")
@@ -28,8 +32,8 @@ step = 0
 if os.path.exists(path):
     with open(path) as f:
         step = json.load(f)["step"]
-noticed = []
-signal.signal(signal.SIGTERM, lambda *_: noticed.append(1))
+crashed_before = os.path.join(ckpt, "crashed")
+crash = sys.argv[3:] == ["crash-once"] and not os.path.exists(crashed_before)
 print(f"rank {rank}/{world} starts at step {step}", flush=True)
 
 
@@ -57,6 +61,7 @@ while step < steps:
         sys.exit(75)
     if crash and rank == 1 and step == 2:
         print("rank 1 crashes", flush=True)
+        open(crashed_before, "w").close()
         os._exit(3)
     time.sleep(step_s)
     step += 1

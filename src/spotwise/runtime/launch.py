@@ -76,9 +76,14 @@ def _children() -> list[int]:
 
 
 def _forward_notice(signum: int, frame: FrameType | None) -> None:
-    """Pass the spot notice to every worker's process group (torch starts each worker in its
-    own session, so the group is the worker and whatever it started)."""
-    for pid in _children():
+    """Pass the notice to every worker's process group (torch starts each worker in its own
+    session, so the group is the worker and whatever it started). Before any worker exists
+    (rendezvous), nothing has trained since the last checkpoint: the attempt ends as
+    interrupted (75) at once instead of starting workers on a machine about to go."""
+    workers = _children()
+    if not workers:
+        raise SystemExit(EXIT_INTERRUPTED)
+    for pid in workers:
         try:
             os.killpg(pid, signum)
         except (ProcessLookupError, PermissionError):
@@ -114,4 +119,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # The agent has stopped its workers and left the rendezvous; what is left is tearing down
+    # torch's C++ state, which takes seconds, and a notice's grace is short: leave now.
+    os._exit(code)
