@@ -31,12 +31,11 @@ def launcher_argv(
     if nodes == 1:
         head.append("--standalone")
     else:
-        head += [
-            f"--nnodes={nodes}",
-            "--rdzv-backend=c10d",
-            f"--rdzv-endpoint={endpoint}",
-            f"--rdzv-id={rdzv_id}",
-        ]
+        head += [f"--nnodes={nodes}", "--rdzv-backend=c10d"]
+        # (left out, torchrun reads them from PET_RDZV_ENDPOINT / PET_RDZV_ID: a batch script
+        # that learns them only on the allocation)
+        head += [f"--rdzv-endpoint={endpoint}"] if endpoint else []
+        head += [f"--rdzv-id={rdzv_id}"] if rdzv_id else []
         if host is not None:
             head.append(f"--rdzv-conf=is_host={'true' if host else 'false'}")
     return (*head, "--max-restarts=0", "--no-python", *argv)
