@@ -16,6 +16,11 @@ interrupted by a notice, saved its state, and wants to be restarted.
 Options: --workers K (DataLoader worker processes), --step-sleep S (sleep inside each step, so
 interruption tests have time to act), --trace FILE (append one JSON line per step: epoch, a digest
 of the batch and the exact loss, to compare runs step by step).
+
+Under torchrun it trains with DistributedDataParallel over gloo (or NCCL on GPUs), or with FSDP2
+(``fully_shard``) given --fsdp; rank 0 prints the hash of the full, unsharded weights:
+
+    torchrun --standalone --nproc-per-node 2 examples/digits/train.py --run-dir runs/ddp
 """
 
 from __future__ import annotations
@@ -47,6 +52,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--trace", default=None, help="append per-step JSON lines to this file")
+    parser.add_argument("--fsdp", action="store_true", help="under torchrun: FSDP2, not DDP")
+    parser.add_argument("--hidden", type=int, default=128, help="width of the hidden layer")
     return parser.parse_args(argv)
 
 
@@ -61,11 +68,40 @@ def load_digits() -> tuple[np.ndarray, np.ndarray]:
     return table[:, :-1], table[:, -1].astype(np.int64)
 
 
-def weights_sha256(model: nn.Module) -> str:
+def weights_sha256(state: dict[str, torch.Tensor]) -> str:
     digest = hashlib.sha256()
-    for _, tensor in sorted(model.state_dict().items()):
+    for _, tensor in sorted(state.items()):
         digest.update(tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy())
     return digest.hexdigest()
+
+
+def start_distributed(model: nn.Module, fsdp: bool) -> nn.Module:
+    """Join the torchrun job (its environment names the rank, world size and rendezvous) and
+    wrap the model: DDP replicates it, FSDP2 shards its parameters over the ranks."""
+    import torch.distributed as dist
+
+    dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    if fsdp:
+        from torch.distributed.fsdp import fully_shard
+
+        for layer in model:
+            if isinstance(layer, nn.Linear):
+                fully_shard(layer)
+        return fully_shard(model)
+    return nn.parallel.DistributedDataParallel(model)
+
+
+def full_weights(model: nn.Module) -> dict[str, torch.Tensor] | None:
+    """The whole model's weights, unsharded, on rank 0 (None on the other ranks)."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        return model.state_dict()
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    state = get_model_state_dict(model, options=options)
+    return state if dist.get_rank() == 0 else None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -79,7 +115,11 @@ def main(argv: list[str] | None = None) -> int:
     x_train, y_train, x_test, y_test = x[train_idx], y[train_idx], x[test], y[test]
     train = TensorDataset(torch.tensor(x_train / 16.0, dtype=torch.float32), torch.tensor(y_train))
     loader = DataLoader(train, batch_size=args.batch_size, shuffle=True, num_workers=args.workers)
-    model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Dropout(0.2), nn.Linear(128, 10))
+    model: nn.Module = nn.Sequential(
+        nn.Linear(64, args.hidden), nn.ReLU(), nn.Dropout(0.2), nn.Linear(args.hidden, 10)
+    )
+    if "LOCAL_RANK" in os.environ:  # started by torchrun
+        model = start_distributed(model, args.fsdp)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=1e-4)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=100, gamma=0.7)
     every: int | str = "auto" if args.save_every == "auto" else int(args.save_every)
@@ -120,8 +160,12 @@ def main(argv: list[str] | None = None) -> int:
     with torch.no_grad():
         logits = model(torch.tensor(x_test / 16.0, dtype=torch.float32))
         accuracy = (logits.argmax(1) == torch.tensor(y_test)).float().mean().item()
-    print(f"test-accuracy: {accuracy:.4f}", flush=True)
-    print(f"final-weights-sha256: {weights_sha256(model)}", flush=True)
+    weights = full_weights(model)
+    if weights is not None:
+        print(f"test-accuracy: {accuracy:.4f}", flush=True)
+        print(f"final-weights-sha256: {weights_sha256(weights)}", flush=True)
+    if "LOCAL_RANK" in os.environ:
+        torch.distributed.destroy_process_group()
     return 0
 
 

@@ -55,3 +55,26 @@ def test_missing_directory_is_a_clear_error(tmp_path: Path) -> None:
     result = runner.invoke(app, ["ckpt", "list", str(tmp_path / "nope")])
     assert result.exit_code != 0
     assert "not a directory" in str(result.exception)
+
+
+def test_export_of_a_single_process_run(tmp_path: Path) -> None:
+    from safetensors.torch import load_file
+
+    from spotwise import Run
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Tanh(), torch.nn.Linear(3, 2))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    run_dir = tmp_path / "run"
+    for _ in Run(run_dir, model=model, optimizer=optimizer, steps=3, notices=None):
+        model(torch.ones(1, 4)).sum().backward()
+        optimizer.step()
+    out = tmp_path / "weights.safetensors"
+    result = runner.invoke(app, ["ckpt", "export", str(run_dir), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    exported = load_file(out)
+    assert exported.keys() == model.state_dict().keys()
+    assert all(torch.equal(exported[k], v) for k, v in model.state_dict().items())
+    again = runner.invoke(app, ["ckpt", "export", str(run_dir), "--out", str(out)])
+    assert again.exit_code != 0 and "already exists" in str(again.exception)
+    wrong = runner.invoke(app, ["ckpt", "export", str(run_dir), "--state", "net"])
+    assert "no model state named 'net'" in str(wrong.exception)

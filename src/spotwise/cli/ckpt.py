@@ -1,5 +1,6 @@
 """``spotwise ckpt list|verify DIR|URI`` and ``ckpt pull URI DIR``: inspect and fetch checkpoints
-of a run directory or of an object store (``s3://bucket/prefix``)."""
+of a run directory or of an object store (``s3://bucket/prefix``); ``ckpt export DIR``: the
+model's weights as one safetensors file."""
 
 from __future__ import annotations
 
@@ -125,3 +126,39 @@ def pull_command(
     with Console(stderr=True).status(f"pulling the newest valid checkpoint from {uri}"):
         path = pull_newest(open_remote(uri), dest)
     typer.echo(f"pulled {path.name} into {path}")
+
+
+@ckpt_app.command("export")
+def export_command(
+    location: Path = typer.Argument(
+        ..., help="run directory (its newest valid checkpoint) or one step-NNNNNNNN directory"
+    ),
+    fmt: str = typer.Option("safetensors", "--format", help="output format (safetensors)"),
+    out: Path | None = typer.Option(
+        None, "--out", help="file to write (default: model.safetensors in the current directory)"
+    ),
+    name: str = typer.Option("model", "--state", help="the Run's state entry holding the model"),
+) -> None:
+    """Write the model's full weights (unsharded, from any number of ranks) as one safetensors
+    file that safetensors and Hugging Face loaders read."""
+    from spotwise.errors import ConfigError
+    from spotwise.runtime.commit import load_newest_valid, write_durable
+    from spotwise.runtime.format import pack_tensors, step_of_dir
+    from spotwise.runtime.sharded import consolidated
+
+    if fmt != "safetensors":
+        raise ConfigError(f"--format {fmt!r} is not supported", hint="use --format safetensors")
+    if step_of_dir(location.name) is None:
+        newest = load_newest_valid(location) if location.is_dir() else None
+        if newest is None:
+            raise ConfigError(
+                f"{location} holds no valid checkpoint",
+                hint="pass a run directory given to spotwise.Run, or one of its step-* folders",
+            )
+        location = newest.info.path
+    target = out if out is not None else Path("model.safetensors")
+    if target.exists():
+        raise ConfigError(f"{target} already exists", hint="choose another --out or remove it")
+    blob = pack_tensors(consolidated(location, name))
+    write_durable(target, (blob.layout.header, *blob.chunks))
+    typer.echo(f"exported {len(blob.layout.specs)} tensors of {location} to {target}")

@@ -264,15 +264,7 @@ def write_checkpoint(
         delay = float(os.environ.get(_WRITE_DELAY_ENV, "0") or 0)
         if delay > 0:
             time.sleep(delay)
-        manifest = {
-            "format": FORMAT,
-            "version": FORMAT_VERSION,
-            "step": step,
-            "wall_time": wall,
-            "metrics": dict(metrics or {}),
-            "files": files,
-        }
-        raw = json.dumps(manifest, indent=1).encode()
+        raw = _manifest_bytes(step, wall, metrics, files)
         _write_file(tmp / MANIFEST, (raw,), opened)
         _publish(tmp, final, opened)
     except BaseException as exc:
@@ -284,6 +276,85 @@ def write_checkpoint(
         raise
     total = sum(f["size"] for f in files.values()) + len(raw)
     return CheckpointInfo(step, final, wall, total, True, None, dict(metrics or {}))
+
+
+def _manifest_bytes(
+    step: int, wall: float, metrics: Mapping[str, float] | None, files: Mapping[str, Any]
+) -> bytes:
+    manifest = {
+        "format": FORMAT,
+        "version": FORMAT_VERSION,
+        "step": step,
+        "wall_time": wall,
+        "metrics": dict(metrics or {}),
+        "files": dict(files),
+    }
+    return json.dumps(manifest, indent=1).encode()
+
+
+# --- several writers, one commit (torch.distributed ranks) -------------------------------------
+def write_durable(path: Path, chunks: Sequence[memoryview | bytes]) -> dict[str, Any]:
+    """Write one new file of a checkpoint being built and fsync it; returns its manifest entry.
+    Each rank makes its own files durable before rank 0 lists them in the manifest."""
+    opened: list[int] = []
+    try:
+        entry = _write_file(path, chunks, opened)
+        os.fsync(opened[0])
+        return entry
+    finally:
+        _close_all(opened)
+
+
+def commit_files(
+    tmp: Path,
+    step: int,
+    own: Mapping[str, Sequence[memoryview | bytes]],
+    others: Mapping[str, Mapping[str, Any]],
+    *,
+    metrics: Mapping[str, float] | None = None,
+) -> CheckpointInfo:
+    """Rank 0's half of a distributed commit: write its ``own`` files into ``tmp``, then the
+    manifest listing them and the ``others`` (files every other rank already wrote and fsynced
+    there, with their sizes and CRCs), and publish ``tmp`` as step ``step`` by the same fsync
+    and rename as :func:`write_checkpoint`. A file missing from ``others`` is missing from the
+    manifest, and a manifest naming a file that is not there is refused by the reader, so a
+    checkpoint lacking any rank's file never loads. Raises SaveError with ``tmp`` removed."""
+    final = tmp.parent / step_dir_name(step)
+    wall = time.time()
+    opened: list[int] = []
+    try:
+        files = {name: _write_file(tmp / name, chunks, opened) for name, chunks in own.items()}
+        files.update({name: dict(entry) for name, entry in others.items()})
+        raw = _manifest_bytes(step, wall, metrics, files)
+        _write_file(tmp / MANIFEST, (raw,), opened)
+        _publish(tmp, final, opened)
+    except BaseException as exc:
+        _close_all(opened)
+        remove_tree(tmp)
+        if isinstance(exc, OSError):
+            raise _save_error(exc, step, tmp.parent) from exc
+        raise
+    total = sum(f["size"] for f in files.values()) + len(raw)
+    return CheckpointInfo(step, final, wall, total, True, None, dict(metrics or {}))
+
+
+def read_member(path: Path, name: str, entry: FileEntry) -> torch.Tensor:
+    """The bytes of file ``name`` of checkpoint directory ``path`` (read without following
+    links), checked against its manifest ``entry``: what one rank reads of a checkpoint other
+    ranks wrote. Raises CorruptCheckpointError."""
+    dir_fd = _open_dir(path)
+    try:
+        fd, size = _open_member(dir_fd, name, path)
+        try:
+            if size != entry.size:
+                raise CorruptCheckpointError(
+                    f"{path / name} has {size} bytes, the manifest says {entry.size} (truncated?)"
+                )
+            return _read_whole(fd, size, entry, path / name)
+        finally:
+            os.close(fd)
+    finally:
+        os.close(dir_fd)
 
 
 def commit_staged(tmp: Path, final: Path) -> None:

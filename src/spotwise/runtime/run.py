@@ -32,6 +32,7 @@ import contextlib
 import json
 import logging
 import os
+import signal
 import sys
 import threading
 import time
@@ -44,13 +45,14 @@ import torch
 from torch.utils.data import DataLoader
 
 from spotwise.errors import (
+    CheckpointError,
     ConfigError,
     DataLoaderError,
     SaveError,
     StateMismatchError,
 )
 from spotwise.notices.base import Notice, NoticeSource
-from spotwise.runtime import dirlock
+from spotwise.runtime import dirlock, distributed
 from spotwise.runtime.commit import (
     CheckpointInfo,
     LoadedCheckpoint,
@@ -144,6 +146,9 @@ class Run:
         self.state = _stateful(
             state, model=model, optimizer=optimizer, scheduler=scheduler, scaler=scaler
         )
+        # under torch.distributed (torchrun): models and optimizers are saved through DCP
+        self._ranks = distributed.current()
+        self._sharded = {} if self._ranks is None else _sharded().sharded_objects(self.state)
         if steps is not None and (isinstance(steps, bool) or steps < 0):
             raise ConfigError(f"steps must be a non-negative number of steps, got {steps!r}")
         if isinstance(accumulate, bool) or not isinstance(accumulate, int) or accumulate < 1:
@@ -166,6 +171,11 @@ class Run:
                 "notice_margin_s": notice_margin_s,
             },
         ).with_environment(os.environ)
+        if self._ranks is not None and (remote_uri is not None or mirror is not None):
+            raise ConfigError(
+                "an object-store run_dir or mirror= is not supported under torch.distributed yet",
+                hint="use a local (shared) run directory for a multi-rank run",
+            )
         if remote_uri is not None:  # two tiers: commit locally, upload in the background
             if mirror is not None:
                 raise ConfigError("pass either a remote run_dir or mirror=, not both")
@@ -179,6 +189,8 @@ class Run:
         self.metrics: dict[str, float] = {}  # attached to the next checkpoint's manifest
         self.resumed_from: CheckpointInfo | None = None
         self.seed = seed if seed is not None else _draw_seed()
+        if self._ranks is not None:  # one data order for the whole job: rank 0's
+            self.seed = distributed.broadcast_ints(self._ranks, [self.seed])[0]
 
         self.loader: Any = None
         self._batches: ResumableBatchSampler | None = None  # our sampler, for plain loaders
@@ -214,13 +226,16 @@ class Run:
         self._closed = False
         self._notices: NoticeSource | None = None
 
-        self._lock_fd: int | None = dirlock.acquire(self.run_dir)
-        self.events = EventLog(self.run_dir / EVENTS_FILE)
+        self._lock_fd: int | None = self._acquire_lock()
+        coordinator = self._ranks is None or self._ranks.is_coordinator
+        # the run's events are rank 0's; the other ranks' would repeat them
+        self.events = EventLog(self.run_dir / EVENTS_FILE if coordinator else os.devnull)
         restore_started = time.monotonic()  # the goodput ledger's "restore" time
         try:
             if mirror is not None:
                 mirror.restore(self.run_dir)
-            clean_temporaries(self.run_dir)
+            if coordinator:  # the others wait for its list of checkpoints in _resume
+                clean_temporaries(self.run_dir)
             self._resume()
             restore_s = time.monotonic() - restore_started
             self._notices = _open_notices(notices)
@@ -424,10 +439,9 @@ class Run:
         self._last_boundary = now
         self.step += 1
         self._raise_writer_error()
-        if self._notices is not None:
-            notice = self._notices.current()
-            if notice is not None:
-                self._on_notice(notice)
+        notice = None if self._notices is None else self._notices.current()
+        if self._ranks is None and notice is not None:
+            self._on_notice(notice)
         due = save_due(
             self.config.schedule,
             step=self.step,
@@ -437,19 +451,46 @@ class Run:
             write_s=self.write_s,
             mtbi_s=self.config.mtbi,
         )
+        if self._ranks is not None:  # every rank acts as the most urgent of them, together
+            action, due_flag = distributed.all_max(
+                self._ranks, [self._notice_action(notice), int(due)]
+            )
+            due = bool(due_flag)
+            if action == _EXIT:
+                self._emergency_exit(notice)
+            if action == _EARLY_SAVE:
+                self._early_save(notice)
         # the final save follows right after the last step; a notice may have just saved
         if due and not self.done and self._last_save_step != self.step:
             self._save(block=not self.config.async_save, reason="interval")
 
     def _on_notice(self, notice: Notice) -> None:
-        if notice.is_terminate and self._must_exit(notice):
+        action = self._notice_action(notice)
+        if action == _EXIT:
             self._emergency_exit(notice)
-        # advisory, or a terminate notice with time to spare: one early save, keep training
+        if action == _EARLY_SAVE:
+            self._early_save(notice)
+
+    def _notice_action(self, notice: Notice | None) -> int:
+        """What ``notice`` asks of this step: exit now, one early save (an advisory notice, or
+        a terminate notice with time to spare, each acted on once), or nothing."""
+        if notice is None:
+            return _NOTHING
+        if notice.is_terminate and self._must_exit(notice):
+            return _EXIT
         key = (notice.source, notice.kind, notice.received_monotonic, notice.action)
         if key in self._handled:
-            return
+            return _NOTHING
         self._handled.add(key)
-        self.events.emit("notice", step=self.step, source=notice.source, notice=notice.kind.value)
+        return _EARLY_SAVE
+
+    def _early_save(self, notice: Notice | None) -> None:
+        """One early save, and training goes on (``notice`` is None on a rank that saves
+        because another rank had the notice)."""
+        if notice is not None:
+            self.events.emit(
+                "notice", step=self.step, source=notice.source, notice=notice.kind.value
+            )
         self._wait_writer()
         if self._committed_step != self.step:
             self._save(block=False, reason="advisory")
@@ -465,8 +506,9 @@ class Run:
             remaining, step_s=self.step_s, save_s=save_s, margin_s=self.config.notice_margin
         )
 
-    def _emergency_exit(self, notice: Notice) -> None:
-        """Save synchronously, acknowledge, and leave with exit code 75."""
+    def _emergency_exit(self, notice: Notice | None) -> None:
+        """Save synchronously, acknowledge, and leave with exit code 75 (``notice`` is None on
+        a rank that leaves because another rank had the notice)."""
         try:
             self._wait_writer()
         except SaveError as exc:
@@ -479,28 +521,35 @@ class Run:
             except SaveError as exc:  # the local commit stands; the remote keeps an older one
                 log.error("%s; exiting with the newest checkpoint on local disk only", exc)
         assert self._notices is not None
-        self._notices.acknowledge(notice)
+        if notice is not None:
+            self._notices.acknowledge(notice)
+        source = "another rank's" if notice is None else notice.source
         self.events.emit(
             "interrupted",
             step=self.step,
-            source=notice.source,
-            action=notice.action,
+            source=source,
+            action=None if notice is None else notice.action,
             exit_code=EXIT_INTERRUPTED,
         )
+        what = "exit" if notice is None else notice.action or notice.kind.value
         print(
-            f"spotwise: {notice.source} notice ({notice.action or notice.kind.value}): saved "
+            f"spotwise: {source} notice ({what}): saved "
             f"step {self.step} in {self.run_dir}; exiting with code {EXIT_INTERRUPTED} "
             "(restart to resume)",
             file=sys.stderr,
             flush=True,
         )
         self.close()
+        if self._ranks is not None:
+            _leave_together(self._ranks)
         raise SystemExit(EXIT_INTERRUPTED)
 
     # --- saving ---------------------------------------------------------------------------------
-    def _state(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    def _state(self, *, per_rank: bool = True) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
         """The live tensors and a detached JSON-able document of everything else (serialized
-        on the saving thread, outside the stall)."""
+        on the saving thread, outside the stall). Under torch.distributed the models and
+        optimizers are left to DCP, and the RNGs and extras (``per_rank=False``) to each
+        rank's own files."""
         encoder = StateEncoder()
         sampler = None
         if self._batches is not None:
@@ -517,18 +566,63 @@ class Run:
             "state": {
                 name: encoder.encode(obj.state_dict(), f"state/{name}")
                 for name, obj in self.state.items()
+                if name not in self._sharded
             },
             "sampler": encoder.encode(sampler, "sampler"),
             "loader": None
             if self._position is None
             else encoder.encode(self._position.state_dict(), "loader"),
+            "extras": encoder.encode(self.extras, "extras") if per_rank else None,
+            "rng": encoder.encode(capture_rng(), "rng") if per_rank else None,
+        }
+        return encoder.tensors, doc
+
+    def _rank_state(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+        """This rank's own part of a distributed checkpoint: its RNGs and extras."""
+        encoder = StateEncoder()
+        doc = {
             "extras": encoder.encode(self.extras, "extras"),
             "rng": encoder.encode(capture_rng(), "rng"),
         }
         return encoder.tensors, doc
 
+    def _save_distributed(self, reason: str) -> None:
+        """A synchronous save with every rank (DCP's collectives run on the training thread)."""
+        assert self._ranks is not None
+        started = time.perf_counter()
+        tensors, state = self._state(per_rank=False)
+        own_tensors, own = self._rank_state()
+        info = _sharded().save(
+            self._ranks,
+            self.run_dir,
+            self.step,
+            self._sharded,
+            (pack_tensors(tensors), state),
+            (pack_tensors(own_tensors), own),
+            dict(self.metrics),
+        )
+        took = time.perf_counter() - started
+        self.save_cost_s = _smooth(self.save_cost_s, took)
+        self._last_save_step, self._last_save_time = self.step, time.monotonic()
+        self._committed_step = self.step
+        if info is None:  # not rank 0: it commits, prunes and records the event
+            return
+        deleted = retain(self.run_dir, self.config.retention)
+        self.events.emit(
+            "checkpoint",
+            step=self.step,
+            reason=reason,
+            bytes=info.size_bytes,
+            stall_s=round(took, 6),
+            write_s=round(took, 6),
+            deleted=[d.step for d in deleted],
+        )
+
     def _save(self, *, block: bool, reason: str) -> None:
         self._wait_writer()
+        if self._ranks is not None:
+            self._save_distributed(reason)
+            return
         started = time.perf_counter()
         tensors, state = self._state()
         blob = pack_tensors(tensors) if block else self._snapshot.capture(tensors)
@@ -612,7 +706,12 @@ class Run:
         load. Raises only when checkpoints loaded and none of them fits: then the objects are
         not the ones that wrote this directory, and guessing would train the wrong thing."""
         unfit: list[tuple[int, StateMismatchError]] = []
-        for loaded in loadable_checkpoints(self.run_dir):
+        candidates = (
+            loadable_checkpoints(self.run_dir)
+            if self._ranks is None
+            else _sharded().agreed_checkpoints(self._ranks, self.run_dir)
+        )
+        for loaded in candidates:
             try:
                 self._restore(loaded)
                 return
@@ -649,6 +748,13 @@ class Run:
             )
         if meta.get("version") != STATE_VERSION:
             raise StateMismatchError(f"{where} has run-state version {meta.get('version')!r}")
+        if self._ranks is None and "world" in meta:
+            raise StateMismatchError(
+                f"{where} was written by {meta['world']!r} ranks under torch.distributed",
+                hint="resume it under torchrun (--nproc-per-node 1 for a single process)",
+            )
+        if self._ranks is not None:
+            _sharded().check_fits(where, doc, self._sharded)
         found = {k: meta.get(k) for k in ("step", "epoch", "batch_in_epoch", "seed", "accumulate")}
         counters = {k: v for k, v in found.items() if type(v) is int and v >= 0}
         if len(counters) != len(found):
@@ -664,13 +770,15 @@ class Run:
                 hint="resume with the same accumulate=, or use a new run directory",
             )
         saved = doc["state"]
-        if set(saved) != set(self.state):
+        if set(saved) != set(self.state) - set(self._sharded):
             raise StateMismatchError(
                 f"{where} holds state {sorted(saved)}, this Run was given {sorted(self.state)}",
                 hint="pass the same objects as the run that wrote the checkpoint, or use a "
                 "new run directory",
             )
         for name, obj in self.state.items():
+            if name in self._sharded:
+                continue
             if isinstance(obj, torch.nn.Module):
                 if not isinstance(saved[name], dict):
                     raise StateMismatchError(f"{where} holds no state dict for model {name!r}")
@@ -692,8 +800,11 @@ class Run:
                 self._batches.load_state_dict(doc["sampler"])
             if self._position is not None:
                 self._position.load_state_dict(doc["loader"])
+            if self._sharded:  # first: a collective, and the one read that can still fail
+                _sharded().restore(where, doc, loaded.manifest.files, self._sharded)
             for name, obj in self.state.items():
-                obj.load_state_dict(saved[name])
+                if name not in self._sharded:
+                    obj.load_state_dict(saved[name])
             restore_rng(doc["rng"])  # last: a failing object leaves the RNGs untouched
         except StateMismatchError:
             raise
@@ -713,6 +824,25 @@ class Run:
         log.info("resumed from %s (step %d)", where, self.step)
         self.events.emit("resume", step=self.step, checkpoint=where.name)
 
+    def _acquire_lock(self) -> int | None:
+        """The run directory's lock. Under torch.distributed only rank 0 holds it: it alone
+        commits, prunes and cleans; the other ranks write only inside a temporary directory
+        rank 0 created for the save at hand. All ranks fail together when it is taken."""
+        if self._ranks is None:
+            return dirlock.acquire(self.run_dir)
+        fd, error = None, None
+        if self._ranks.is_coordinator:
+            try:
+                fd = dirlock.acquire(self.run_dir)
+            except (CheckpointError, ConfigError) as exc:
+                error = exc
+        if not distributed.all_agree(self._ranks, error is None):
+            raise error or CheckpointError(
+                f"rank 0 could not lock {self.run_dir}",
+                hint="another process (or another Run) is using it; see rank 0's error",
+            )
+        return fd
+
     def _release_lock(self) -> None:
         if self._lock_fd is not None:
             dirlock.release(self._lock_fd)
@@ -720,6 +850,24 @@ class Run:
 
 
 # --- helpers -----------------------------------------------------------------------------------
+_NOTHING, _EARLY_SAVE, _EXIT = 0, 1, 2  # what a notice asks, ordered by urgency
+
+
+def _leave_together(ranks: distributed.Ranks) -> None:
+    """Wait until every rank has saved and closed, then ignore SIGTERM: the first rank to exit
+    makes torchrun send SIGTERM to the others, which must still leave with exit 75, not -15."""
+    distributed.all_agree(ranks, True)
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
+def _sharded() -> Any:
+    """:mod:`spotwise.runtime.sharded`, imported only by distributed runs (it imports DCP)."""
+    from spotwise.runtime import sharded
+
+    return sharded
+
+
 def _local_run_dir(run_dir: str | os.PathLike[str]) -> Path:
     text = os.fspath(run_dir)
     if text.startswith("file://"):

@@ -1,0 +1,160 @@
+"""spotwise.Run under torch.distributed: what coordination and sharded checkpoints cost.
+
+Two gloo ranks on this machine (the script starts itself under torchrun), all figures medians
+measured in the same run:
+
+1. **Agreement**: the one tiny all-reduce per step that makes every rank act on a notice (and on
+   a time-based save) together, against the digits example's DDP step (same model, batch 32).
+2. **FSDP2 state** (``fully_shard`` per layer), large tensors and many small ones: a durable
+   ``run.save()`` (DCP plan, spotwise files, CRCs, fsync, manifest, rename) against
+   ``torch.distributed.checkpoint.save`` with its ``FileSystemWriter`` (which fsyncs too), and a
+   resume (a new Run reading the newest checkpoint, CRCs checked) against ``dcp.load``.
+
+    .venv/bin/python benchmarks/bench_distributed.py            # ~1 GiB / 2,000 x 128 KiB
+    .venv/bin/python benchmarks/bench_distributed.py --quick    # 64 MiB / 500 x 32 KiB
+
+Distributed saves are synchronous (no background staging yet), so there is no stall figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+os.environ["SPOTWISE_PLATFORM"] = "none"  # never probe link-local metadata from a benchmark
+
+
+def _median_s(fn: Callable[[], object], repeats: int) -> float:
+    import torch.distributed as dist
+
+    times = []
+    for _ in range(repeats):
+        dist.barrier()
+        started = time.perf_counter()
+        fn()
+        dist.barrier()
+        times.append(time.perf_counter() - started)
+    return statistics.median(times)
+
+
+def _agreement(rank: int) -> None:
+    import torch
+    from torch import nn
+
+    from spotwise.runtime import distributed
+
+    ranks = distributed.current()
+    assert ranks is not None
+    model = nn.parallel.DistributedDataParallel(
+        nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Dropout(0.2), nn.Linear(128, 10))
+    )
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    x, y = torch.randn(32, 64), torch.randint(0, 10, (32,))
+
+    def step() -> None:
+        loss = nn.functional.cross_entropy(model(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+
+    for _ in range(20):
+        step()
+    step_s = _median_s(step, 200)
+    agree_s = _median_s(lambda: distributed.all_max(ranks, [0, 0]), 200)
+    if rank == 0:
+        print(f"digits-ddp-step-ms: {step_s * 1e3:.3f}")
+        print(f"agreement-ms: {agree_s * 1e3:.3f}")
+        print(f"ratio-agreement-overhead: {agree_s / step_s:.4f}")
+
+
+def _sharded(label: str, tensors: int, numel: int, rank: int, repeats: int, root: Path) -> None:
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    from torch import nn
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+    from torch.distributed.fsdp import fully_shard
+
+    from spotwise import Run
+
+    side = int(numel**0.5)
+    layers = nn.ModuleList(nn.Linear(side, side, bias=False) for _ in range(tensors))
+    for layer in layers:
+        fully_shard(layer)
+    model = fully_shard(nn.Sequential(*layers))
+    total = sum(p.numel() * p.element_size() for p in model.parameters())
+    run_dir, dcp_dir = root / f"run-{label}", root / f"dcp-{label}"
+    run = Run(run_dir, model=model, notices=None, keep_last=2)
+
+    def save() -> None:
+        run.step += 1  # a save of an already committed step would be skipped
+        run.save()
+
+    ours_save = _median_s(save, repeats)
+    run.close()
+
+    def dcp_save() -> None:
+        if rank == 0:
+            shutil.rmtree(dcp_dir, ignore_errors=True)
+        dist.barrier()
+        dcp.save(get_model_state_dict(model), checkpoint_id=str(dcp_dir))
+
+    theirs_save = _median_s(dcp_save, repeats)
+    ours_load = _median_s(lambda: Run(run_dir, model=model, notices=None).close(), repeats)
+    state = get_model_state_dict(model)
+    theirs_load = _median_s(lambda: dcp.load(state, checkpoint_id=str(dcp_dir)), repeats)
+    if rank == 0:
+        suffix = "" if label == "large" else f"-{label}"
+        print(f"state-{label}-mib: {total / 2**20:.0f} ({tensors} tensors)")
+        print(f"spotwise-save-{label}-s: {ours_save:.3f}  dcp-save-{label}-s: {theirs_save:.3f}")
+        print(f"spotwise-load-{label}-s: {ours_load:.3f}  dcp-load-{label}-s: {theirs_load:.3f}")
+        print(f"ratio-dist-save-vs-dcp{suffix}: {theirs_save / ours_save:.2f}")
+        print(f"ratio-dist-load-vs-dcp{suffix}: {theirs_load / ours_load:.2f}")
+
+
+def worker(args: argparse.Namespace) -> None:
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    _agreement(rank)
+    root = Path(args.dir)
+    mib = 64 if args.quick else 1024
+    # large: 8 square fp32 tensors; many small: 2,000 (500 quick) tensors of 128 (32) KiB
+    _sharded("large", 8, mib * 2**20 // 4 // 8, rank, args.repeats, root)
+    small = (500, 32 * 1024 // 4) if args.quick else (2000, 128 * 1024 // 4)
+    _sharded("small", *small, rank, args.repeats, root)
+    dist.destroy_process_group()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="small states, fewer repeats")
+    parser.add_argument("--repeats", type=int, default=None)
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--dir", default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.repeats is None:
+        args.repeats = 3 if args.quick else 5
+    if args.worker:
+        worker(args)
+        return
+    with tempfile.TemporaryDirectory(prefix="bench-dist-", dir=os.getcwd()) as tmp:
+        command = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+        command += ["--nproc-per-node=2", __file__, "--worker", "--dir", tmp]
+        command += ["--repeats", str(args.repeats)] + (["--quick"] if args.quick else [])
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        sys.exit(subprocess.run(command, env=env, check=False).returncode)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,271 @@
+"""A ``torch.distributed.checkpoint`` storage backend that writes spotwise's own files.
+
+DCP plans the save: its planner de-duplicates replicated (DDP) tensors over the ranks and keeps
+each FSDP2/DTensor shard on the rank that holds it, and its metadata records the global layout,
+so a checkpoint written by N ranks loads into M. This module only stores what the plan says:
+
+- :class:`SpotwiseWriter`: each rank puts its write items into one safetensors file,
+  ``dcp-<rank>.safetensors``, in the step's temporary directory, and fsyncs it. The
+  coordinator's ``finish`` turns DCP's ``Metadata`` into JSON (:attr:`SpotwiseWriter.document`)
+  instead of pickling it as DCP's ``FileSystemWriter`` does; the Run stores it in ``state.json``.
+- :class:`SpotwiseReader`: rebuilds ``Metadata`` from that JSON, parsed as hostile input, and
+  reads each file through the checkpoint reader (no links followed, CRC32C checked).
+
+Only tensors are accepted: DCP would pickle any other value (``BYTE_IO`` items), so callers keep
+non-tensor state in JSON themselves.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.distributed._shard._utils import narrow_tensor_by_index
+from torch.distributed.checkpoint.metadata import (
+    ChunkStorageMetadata,
+    Metadata,
+    MetadataIndex,
+    StorageMeta,
+    TensorProperties,
+    TensorStorageMetadata,
+)
+from torch.distributed.checkpoint.planner import (
+    LoadItemType,
+    LoadPlan,
+    LoadPlanner,
+    SavePlan,
+    SavePlanner,
+    WriteItemType,
+)
+from torch.distributed.checkpoint.storage import StorageReader, StorageWriter, WriteResult
+from torch.futures import Future
+
+from spotwise.errors import CorruptCheckpointError, SaveError
+from spotwise.runtime.commit import read_member, write_durable
+from spotwise.runtime.format import (
+    DTYPE_TO_ST,
+    MAX_NDIM,
+    ST_TO_DTYPE,
+    FileEntry,
+    pack_tensors,
+    parse_safetensors,
+)
+
+DCP_FILE = "dcp-{rank:05d}.safetensors"
+
+
+@dataclass(frozen=True)
+class _Location:
+    """Where one write item went: the file, the tensor's name in it, and the file's manifest
+    entry (so the coordinator can list every rank's file)."""
+
+    file: str
+    name: str
+    entry: dict[str, Any]
+
+
+def _chunk_name(index: MetadataIndex) -> str:
+    offsets = ",".join(str(o) for o in index.offset or ())
+    return f"{index.fqn}@{offsets}"
+
+
+class SpotwiseWriter(StorageWriter):
+    """Writes one rank's share of a DCP save into ``directory`` (see the module docstring)."""
+
+    def __init__(self, directory: Path, rank: int) -> None:
+        super().__init__()
+        self.directory = directory
+        self.rank = rank
+        self.document: dict[str, Any] | None = None  # set by finish() on the coordinator
+        self.files: dict[str, dict[str, Any]] = {}  # every rank's file, on the coordinator
+
+    def reset(self, checkpoint_id: str | os.PathLike[str] | None = None) -> None:
+        if checkpoint_id is not None:
+            self.directory = Path(checkpoint_id)
+
+    def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
+        return plan
+
+    def prepare_global_plan(self, plans: list[SavePlan]) -> list[SavePlan]:
+        return plans
+
+    def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
+        tensors: dict[str, torch.Tensor] = {}
+        for item in plan.items:
+            if item.type == WriteItemType.BYTE_IO:
+                raise SaveError(
+                    f"{item.index.fqn!r} is not a tensor; spotwise stores only tensors through "
+                    "torch.distributed.checkpoint (anything else would be pickled)",
+                    hint="keep non-tensor state in JSON-able values outside the DCP state",
+                )
+            tensors[_chunk_name(item.index)] = planner.resolve_data(item)  # type: ignore[assignment]
+        results: list[WriteResult] = []
+        if plan.items:
+            file = DCP_FILE.format(rank=self.rank)
+            blob = pack_tensors(tensors)
+            entry = write_durable(self.directory / file, (blob.layout.header, *blob.chunks))
+            for item in plan.items:
+                size = item.tensor_storage_size() or 0
+                location = _Location(file, _chunk_name(item.index), entry)
+                results.append(WriteResult(item.index, size, location))
+        future: Future[list[WriteResult]] = Future()
+        future.set_result(results)
+        return future
+
+    def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
+        storage = []
+        for rank_results in results:
+            for result in rank_results:
+                location = result.storage_data
+                self.files[location.file] = location.entry
+                offset = list(result.index.offset or ())
+                storage.append([result.index.fqn, offset, location.file, location.name])
+        tensors = {}
+        for fqn, meta in metadata.state_dict_metadata.items():
+            if not isinstance(meta, TensorStorageMetadata):  # write_data refused it already
+                raise SaveError(f"{fqn!r} is not a tensor")
+            tensors[fqn] = {
+                "dtype": DTYPE_TO_ST[meta.properties.dtype],
+                "size": list(meta.size),
+                "chunks": [[list(c.offsets), list(c.sizes)] for c in meta.chunks],
+            }
+        self.document = {"tensors": tensors, "storage": storage}
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike[str]) -> bool:
+        return True
+
+    def storage_meta(self) -> StorageMeta | None:
+        return None
+
+
+class SpotwiseReader(StorageReader):
+    """Reads a DCP state out of checkpoint directory ``directory``, whose ``state.json`` held
+    ``document`` (the writer's JSON) and whose manifest listed ``files``."""
+
+    def __init__(
+        self, directory: Path, document: Any, files: Mapping[str, FileEntry], where: str
+    ) -> None:
+        super().__init__()
+        self.directory = directory
+        self.files = dict(files)
+        self.where = where
+        self.metadata, self.locations = _parse_document(document, self.files, where)
+
+    def reset(self, checkpoint_id: str | os.PathLike[str] | None = None) -> None:
+        pass
+
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
+        return self.metadata
+
+    def set_up_storage_reader(self, metadata: Metadata, is_coordinator: bool, *args: Any) -> None:
+        pass
+
+    def prepare_local_plan(self, plan: LoadPlan) -> LoadPlan:
+        return plan
+
+    def prepare_global_plan(self, plans: list[LoadPlan]) -> list[LoadPlan]:
+        return plans
+
+    def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
+        by_file: dict[str, list[Any]] = {}
+        for item in plan.items:
+            if item.type != LoadItemType.TENSOR:
+                raise CorruptCheckpointError(f"{self.where} asks for a non-tensor value")
+            by_file.setdefault(self.locations[item.storage_index][0], []).append(item)
+        for file, items in by_file.items():
+            buf = read_member(self.directory, file, self.files[file])
+            stored = parse_safetensors(buf, str(self.directory / file))
+            for item in items:
+                name = self.locations[item.storage_index][1]
+                if name not in stored:
+                    raise CorruptCheckpointError(f"{self.directory / file} lacks tensor {name!r}")
+                source = narrow_tensor_by_index(stored[name], item.storage_offsets, item.lengths)
+                target = planner.resolve_tensor(item).detach()
+                if target.size() != source.size():
+                    raise CorruptCheckpointError(
+                        f"{self.directory / file}: tensor {name!r} has shape "
+                        f"{tuple(source.size())}, the checkpoint's metadata says "
+                        f"{tuple(target.size())}"
+                    )
+                target.copy_(source)
+                planner.commit_tensor(item, target)
+        future: Future[None] = Future()
+        future.set_result(None)
+        return future
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike[str]) -> bool:
+        return True
+
+
+def _ints(value: Any, where: str) -> torch.Size:
+    if (
+        type(value) is not list
+        or len(value) > MAX_NDIM
+        or not all(type(v) is int and v >= 0 for v in value)
+    ):
+        raise CorruptCheckpointError(f"{where}: {value!r} is not a list of sizes")
+    return torch.Size(value)
+
+
+def _parse_document(
+    document: Any, files: Mapping[str, FileEntry], where: str
+) -> tuple[Metadata, dict[MetadataIndex, tuple[str, str]]]:
+    """DCP's Metadata and the location of every stored chunk, from the writer's JSON."""
+    if not isinstance(document, dict):
+        raise CorruptCheckpointError(f"{where}: the distributed state's metadata is missing")
+    tensors, storage = document.get("tensors"), document.get("storage")
+    if not isinstance(tensors, dict) or not isinstance(storage, list):
+        raise CorruptCheckpointError(f"{where}: malformed distributed-state metadata")
+    state: dict[str, Any] = {}
+    for fqn, meta in tensors.items():
+        code = meta.get("dtype") if isinstance(meta, dict) else None
+        chunks = meta.get("chunks") if isinstance(meta, dict) else None
+        if not isinstance(code, str) or code not in ST_TO_DTYPE or type(chunks) is not list:
+            raise CorruptCheckpointError(f"{where}: malformed metadata of tensor {fqn!r}")
+        size = _ints(meta.get("size"), f"{where}: tensor {fqn!r}")
+        parsed = []
+        for chunk in chunks:
+            if type(chunk) is not list or len(chunk) != 2:
+                raise CorruptCheckpointError(f"{where}: malformed chunk of tensor {fqn!r}")
+            offsets, sizes = (_ints(c, f"{where}: tensor {fqn!r}") for c in chunk)
+            parsed.append(ChunkStorageMetadata(offsets, sizes))
+        properties = TensorProperties(dtype=ST_TO_DTYPE[code])
+        state[fqn] = TensorStorageMetadata(properties, size, parsed)
+    locations: dict[MetadataIndex, tuple[str, str]] = {}
+    for row in storage:
+        if (
+            type(row) is not list
+            or len(row) != 4
+            or not isinstance(row[0], str)
+            or not all(isinstance(r, str) for r in row[2:])
+        ):
+            raise CorruptCheckpointError(f"{where}: malformed storage entry {str(row)[:80]}")
+        fqn, offset, file, name = row
+        if file not in files:
+            raise CorruptCheckpointError(
+                f"{where}: the distributed state refers to {file!r}, which the manifest does "
+                "not list (a rank's file is missing)"
+            )
+        locations[MetadataIndex(fqn, _ints(offset, f"{where}: {fqn!r}"))] = (file, name)
+    return Metadata(state_dict_metadata=state, storage_data=locations), locations
+
+
+def dcp_tensors(document: Any, where: str) -> dict[str, tuple[torch.dtype, torch.Size]]:
+    """The global dtype and shape of every tensor of a distributed state, by DCP key."""
+    metadata, _ = _parse_document(
+        {**document, "storage": []} if isinstance(document, dict) else document, {}, where
+    )
+    return {
+        fqn: (meta.properties.dtype, meta.size)
+        for fqn, meta in metadata.state_dict_metadata.items()
+        if isinstance(meta, TensorStorageMetadata)
+    }

@@ -1,0 +1,372 @@
+"""Saving and loading a Run's state under ``torch.distributed``: the models' and optimizers'
+state through torch's own machinery (``get_model_state_dict``/``get_optimizer_state_dict``,
+DCP ``save``/``load`` with :mod:`spotwise.runtime.dcp_storage`), everything else as today.
+
+One checkpoint directory, one manifest, written by rank 0 last:
+
+- ``dcp-<rank>.safetensors``: the tensors DCP's plan gives each rank (a replicated DDP tensor
+  once, on one rank; an FSDP2 shard on the rank that holds it).
+- ``rank-<rank>.safetensors`` / ``rank-<rank>.json``: each rank's RNG state and ``run.extras``.
+- ``tensors.safetensors`` / ``state.json``: rank 0's copy of everything replicated (counters,
+  the loader position, schedulers and other objects), the JSON of the DCP states' non-tensor
+  parts (learning rates, betas...) and DCP's metadata as JSON.
+
+The commit: every rank writes and fsyncs its files, their sizes and CRCs reach rank 0 (an
+all-gather, which is also the barrier), rank 0 writes its files and the manifest and renames the
+directory into place (:func:`spotwise.runtime.commit.commit_files`), then tells every rank the
+outcome, so all of them raise together when any part failed.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import secrets
+import warnings
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.state_dict import (
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+
+from spotwise.errors import ConfigError, CorruptCheckpointError, SaveError, StateMismatchError
+from spotwise.runtime import distributed
+from spotwise.runtime.commit import (
+    TMP_PREFIX,
+    CheckpointInfo,
+    LoadedCheckpoint,
+    commit_files,
+    list_checkpoints,
+    load_checkpoint,
+    read_member,
+    remove_tree,
+    write_durable,
+)
+from spotwise.runtime.dcp_storage import SpotwiseReader, SpotwiseWriter, dcp_tensors
+from spotwise.runtime.distributed import Ranks
+from spotwise.runtime.format import (
+    STATE_FILE,
+    TENSORS_FILE,
+    TensorBlob,
+    parse_safetensors,
+    parse_state,
+    step_dir_name,
+)
+from spotwise.runtime.state import StateEncoder, capture_rng, decode
+
+log = logging.getLogger(__name__)
+
+RANK_TENSORS = "rank-{rank:05d}.safetensors"
+RANK_STATE = "rank-{rank:05d}.json"
+_MARK = "__dcp__"  # where a tensor of a DCP state sits in its JSON skeleton
+
+
+def sharded_objects(state: Mapping[str, Any]) -> dict[str, tuple[torch.nn.Module, Any]]:
+    """The objects whose state goes through DCP: every model (paired with itself) and every
+    optimizer (paired with the model that owns its parameters, which DCP needs to name them)."""
+    models = {n: o for n, o in state.items() if isinstance(o, torch.nn.Module)}
+    owners = {id(p): m for m in models.values() for p in m.parameters()}
+    out: dict[str, tuple[torch.nn.Module, Any]] = {n: (m, None) for n, m in models.items()}
+    for name, obj in state.items():
+        if isinstance(obj, torch.optim.Optimizer):
+            params = [p for g in obj.param_groups for p in g["params"]]
+            model = owners.get(id(params[0])) if params else None
+            if model is None:
+                raise ConfigError(
+                    f"optimizer {name!r} optimizes parameters of no model given to the Run",
+                    hint="under torch.distributed pass the model too (model=...)",
+                )
+            out[name] = (model, obj)
+    return out
+
+
+def _state_dict(model: torch.nn.Module, optimizer: Any) -> dict[str, Any]:
+    if optimizer is None:
+        return get_model_state_dict(model)
+    return get_optimizer_state_dict(model, optimizer)
+
+
+def _split(value: Any, path: str, out: dict[str, torch.Tensor]) -> Any:
+    """``value`` with each tensor (plain or DTensor) moved to ``out`` under its path and a
+    marker left in its place."""
+    if isinstance(value, torch.Tensor):
+        out[path] = value
+        return {_MARK: path}
+    if isinstance(value, Mapping):
+        return {k: _split(v, f"{path}/{k}", out) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        items = [_split(v, f"{path}/{i}", out) for i, v in enumerate(value)]
+        return tuple(items) if isinstance(value, tuple) else items
+    return value
+
+
+def _join(value: Any, tensors: Mapping[str, torch.Tensor]) -> Any:
+    """Inverse of :func:`_split`."""
+    if isinstance(value, dict):
+        if len(value) == 1 and _MARK in value:
+            if value[_MARK] not in tensors:
+                raise StateMismatchError(f"the distributed state names no tensor {value[_MARK]!r}")
+            return tensors[value[_MARK]]
+        return {k: _join(v, tensors) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        items = [_join(v, tensors) for v in value]
+        return tuple(items) if isinstance(value, tuple) else items
+    return value
+
+
+def capture(
+    objects: Mapping[str, tuple[torch.nn.Module, Any]],
+) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """The DCP states of ``objects``: their tensors by DCP key and their JSON skeletons."""
+    tensors: dict[str, torch.Tensor] = {}
+    skeletons = {}
+    for name, (model, optimizer) in objects.items():
+        skeleton = _split(_state_dict(model, optimizer), name, tensors)
+        skeletons[name] = StateEncoder().encode(skeleton, name)
+    return tensors, skeletons
+
+
+def save(
+    ranks: Ranks,
+    run_dir: Path,
+    step: int,
+    objects: Mapping[str, tuple[torch.nn.Module, Any]],
+    common: tuple[TensorBlob, dict[str, Any]],
+    own: tuple[TensorBlob, dict[str, Any]],
+    metrics: Mapping[str, float],
+) -> CheckpointInfo | None:
+    """Write and commit step ``step`` together with every other rank (a collective); returns the
+    committed checkpoint's info on rank 0, None elsewhere. ``common`` is rank 0's replicated
+    state (the others pass theirs and it is ignored), ``own`` this rank's RNG and extras.
+    Raises SaveError on every rank when any rank's part failed."""
+    token = secrets.randbits(31)
+    error = "rank 0 could not create the temporary directory"
+    if ranks.is_coordinator:
+        try:
+            (run_dir / f"{TMP_PREFIX}{step:08d}-{token:08x}").mkdir()
+            error = ""
+        except OSError as exc:
+            error = f"cannot create a directory in {run_dir}: {exc.strerror}"
+    token, created = distributed.broadcast_ints(ranks, [token, int(not error)])
+    tmp = run_dir / f"{TMP_PREFIX}{step:08d}-{token:08x}"
+    if not created:
+        raise SaveError(
+            f"could not save step {step}: {error}", hint="earlier checkpoints are intact"
+        )
+    tensors, skeletons = capture(objects)
+    writer = SpotwiseWriter(tmp, ranks.rank)
+    problem: str | None = None
+    files: dict[str, Any] = {}
+    try:
+        dcp.save(tensors, storage_writer=writer)
+        blob, doc = own
+        files[RANK_TENSORS.format(rank=ranks.rank)] = write_durable(
+            tmp / RANK_TENSORS.format(rank=ranks.rank), (blob.layout.header, *blob.chunks)
+        )
+        files[RANK_STATE.format(rank=ranks.rank)] = write_durable(
+            tmp / RANK_STATE.format(rank=ranks.rank), (json.dumps(doc).encode(),)
+        )
+    except (OSError, SaveError, CheckpointException) as exc:
+        problem = f"rank {ranks.rank}: {exc}"
+    reports = distributed.gather_json(ranks, {"files": files, "problem": problem})
+    problems = [r["problem"] for r in reports if r["problem"]]
+    info = None
+    if ranks.is_coordinator and not problems:
+        blob, doc = common
+        doc = {**doc, "dcp": {"objects": skeletons, "metadata": writer.document}}
+        doc["spotwise"] = {**doc["spotwise"], "world": ranks.world}
+        others = {name: entry for r in reports for name, entry in r["files"].items()}
+        others.update(writer.files)
+        try:
+            info = commit_files(
+                tmp,
+                step,
+                {
+                    TENSORS_FILE: (blob.layout.header, *blob.chunks),
+                    STATE_FILE: (json.dumps(doc).encode(),),
+                },
+                others,
+                metrics=metrics,
+            )
+        except SaveError as exc:
+            problems.append(f"rank 0: {exc.message}")
+    (committed,) = distributed.broadcast_ints(ranks, [int(not problems)])
+    if not committed:
+        if ranks.is_coordinator:
+            remove_tree(tmp)
+        raise SaveError(
+            f"could not save step {step}: {'; '.join(problems) or 'rank 0 could not commit'}",
+            hint="earlier checkpoints are intact",
+        )
+    return info
+
+
+def agreed_checkpoints(ranks: Ranks, run_dir: Path) -> Iterator[LoadedCheckpoint]:
+    """The checkpoints every rank can read, newest first, the same sequence on every rank: rank
+    0 lists the candidates, each rank reads and verifies a candidate, and one all-reduce of the
+    verdicts skips it on all ranks when any rank failed. Each yielded document has this rank's
+    RNG and extras in place of rank 0's."""
+    steps = distributed.broadcast_ints(
+        ranks,
+        [i.step for i in reversed(list_checkpoints(run_dir)) if i.valid]
+        if ranks.is_coordinator
+        else None,
+    )
+    for step in steps:
+        path = run_dir / step_dir_name(step)
+        loaded, problem = None, "another rank could not read it"
+        try:
+            loaded = _load_for_rank(path, ranks.rank)
+        except CorruptCheckpointError as exc:
+            problem = exc.message
+        if not distributed.all_agree(ranks, loaded is not None):
+            message = f"skipping checkpoint {path.name}: {problem}; falling back to an older one"
+            log.warning(message)
+            warnings.warn(message, RuntimeWarning, stacklevel=3)
+            continue
+        assert loaded is not None
+        yield loaded
+
+
+def _load_for_rank(path: Path, rank: int) -> LoadedCheckpoint:
+    loaded = load_checkpoint(path)
+    doc = loaded.doc
+    meta = doc.get("spotwise") if isinstance(doc, dict) else None
+    if not isinstance(meta, dict) or "world" not in meta:
+        return loaded  # not distributed: the Run refuses it with the reason
+    files = loaded.manifest.files
+    name = RANK_STATE.format(rank=rank)
+    if name not in files:  # more ranks now than wrote it: this rank starts its RNG afresh
+        log.info("%s holds no state of rank %d; its RNGs are left as they are", path, rank)
+        doc.update(rng=capture_rng(), extras=None)
+        return loaded
+    tensors_name = RANK_TENSORS.format(rank=rank)
+    if tensors_name not in files:
+        raise CorruptCheckpointError(f"{path} lists {name} but not {tensors_name}")
+    own = parse_state(read_member(path, name, files[name]).numpy().tobytes(), str(path / name))
+    tensors = parse_safetensors(read_member(path, tensors_name, files[tensors_name]), str(path))
+    try:
+        mine = decode(own, tensors)
+    except (CorruptCheckpointError, TypeError, ValueError, KeyError, AttributeError) as exc:
+        raise CorruptCheckpointError(f"{path / name} does not decode: {exc}") from exc
+    if not isinstance(mine, dict):
+        raise CorruptCheckpointError(f"{path / name} is not a rank's state")
+    doc.update(rng=mine.get("rng"), extras=mine.get("extras"))
+    return loaded
+
+
+def check_fits(
+    where: Path, doc: Any, objects: Mapping[str, tuple[torch.nn.Module, Any]]
+) -> dict[str, Any]:
+    """Refuse (StateMismatchError naming the tensor) a distributed state whose tensors differ in
+    name, shape or dtype from these objects'; returns the saved skeletons."""
+    meta = doc.get("spotwise") if isinstance(doc, dict) else None
+    section = doc.get("dcp") if isinstance(doc, dict) else None
+    if not isinstance(meta, dict) or "world" not in meta:
+        raise StateMismatchError(
+            f"{where} was written by a single process, and this Run runs under torch.distributed",
+            hint="resume it without torchrun, or use a new run directory",
+        )
+    if not isinstance(section, dict) or not isinstance(section.get("objects"), dict):
+        raise StateMismatchError(f"{where} holds no distributed state")
+    saved = dcp_tensors(section.get("metadata"), str(where))
+    live, _ = capture(objects)
+    for key, tensor in live.items():
+        if key not in saved:
+            raise StateMismatchError(f"{where} has no tensor {key!r}", hint=_FIT_HINT)
+        dtype, shape = saved[key]
+        if tuple(shape) != tuple(tensor.shape) or dtype != tensor.dtype:
+            raise StateMismatchError(
+                f"{where}: tensor {key!r} is {tuple(shape)} {dtype} in the checkpoint and "
+                f"{tuple(tensor.shape)} {tensor.dtype} in this Run",
+                hint=_FIT_HINT,
+            )
+    extra = sorted(set(saved) - set(live))
+    if extra:
+        raise StateMismatchError(
+            f"{where} holds tensor {extra[0]!r}, which this Run's objects lack", hint=_FIT_HINT
+        )
+    missing = sorted(set(objects) - set(section["objects"]))
+    if missing:
+        raise StateMismatchError(f"{where} holds no state of {missing[0]!r}", hint=_FIT_HINT)
+    return dict(section["objects"])
+
+
+_FIT_HINT = "pass the same model and optimizer as the run that wrote it, or a new run directory"
+
+
+def restore(
+    where: Path,
+    doc: Any,
+    loaded_files: Mapping[str, Any],
+    objects: Mapping[str, tuple[torch.nn.Module, Any]],
+) -> None:
+    """Load the DCP states of ``objects`` from checkpoint ``where`` (a collective). The tensors
+    are read into copies first, so a failed read leaves the live objects as they were."""
+    skeletons = check_fits(where, doc, objects)
+    live, _ = capture(objects)
+    copies = {key: tensor.detach().clone() for key, tensor in live.items()}
+    reader = SpotwiseReader(where, doc["dcp"]["metadata"], loaded_files, str(where / STATE_FILE))
+    try:
+        dcp.load(copies, storage_reader=reader)
+    except CheckpointException as exc:
+        raise StateMismatchError(f"{where}: reading the distributed state failed: {exc}") from exc
+    for name, (model, optimizer) in objects.items():
+        state = _join(skeletons[name], copies)
+        if optimizer is None:
+            set_model_state_dict(model, state)
+        else:
+            set_optimizer_state_dict(model, optimizer, state)
+
+
+def consolidated(path: Path, name: str = "model") -> dict[str, torch.Tensor]:
+    """The full, unsharded state dict of state entry ``name`` (a model) of checkpoint ``path``,
+    read in this one process: from DCP shards of any world size (DCP loads without a process
+    group), or from a single-process checkpoint's tensors. Raises CorruptCheckpointError or
+    StateMismatchError naming what is missing."""
+    loaded = load_checkpoint(path)
+    doc = loaded.doc
+    meta = doc.get("spotwise") if isinstance(doc, dict) else None
+    if not isinstance(meta, dict):
+        raise StateMismatchError(f"{path} was not written by spotwise.Run (no run state in it)")
+    if "world" not in meta:
+        saved = doc["state"].get(name) if isinstance(doc.get("state"), dict) else None
+        if not isinstance(saved, dict) or not all(
+            isinstance(t, torch.Tensor) for t in saved.values()
+        ):
+            raise StateMismatchError(
+                f"{path} holds no model state named {name!r}",
+                hint="name the Run's model entry (state= key), e.g. --state model",
+            )
+        return dict(saved)
+    section = doc.get("dcp")
+    if not isinstance(section, dict):
+        raise CorruptCheckpointError(f"{path} holds no distributed state")
+    prefix = f"{name}/"
+    shapes = {
+        key: spec
+        for key, spec in dcp_tensors(section.get("metadata"), str(path)).items()
+        if key.startswith(prefix)
+    }
+    if not shapes:
+        raise StateMismatchError(
+            f"{path} holds no distributed state named {name!r}",
+            hint="name the Run's model entry (state= key), e.g. --state model",
+        )
+    state = {key: torch.empty(size, dtype=dtype) for key, (dtype, size) in shapes.items()}
+    reader = SpotwiseReader(path, section["metadata"], loaded.manifest.files, str(path))
+    try:
+        with warnings.catch_warnings():  # "assuming ... a single process": that is the point
+            warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
+            dcp.load(state, storage_reader=reader, no_dist=True)
+    except CheckpointException as exc:
+        raise CorruptCheckpointError(f"{path}: its distributed state does not load: {exc}") from exc
+    return {key[len(prefix) :]: tensor for key, tensor in state.items()}

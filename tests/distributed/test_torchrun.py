@@ -1,0 +1,169 @@
+"""spotwise.Run under real torchrun jobs (two gloo ranks on the CPU) training the digits example
+with DDP and FSDP2: interrupted in each way a spot machine can go, restarted, and resharded."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from typer.testing import CliRunner
+
+from spotwise.cli.main import app
+from spotwise.runtime.commit import list_checkpoints
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "examples" / "digits" / "train.py"
+HASH = re.compile(r"final-weights-sha256: ([0-9a-f]{64})")
+RESUMED = re.compile(r"resumed from step (\d+)")
+SAVED = re.compile(r"saved step (\d+) in .*exiting with code 75")
+
+pytestmark = pytest.mark.e2e
+
+
+def torchrun(nproc: int, run_dir: Path, steps: int, *args: str) -> subprocess.Popen[str]:
+    """``torchrun --standalone`` of the digits example, in its own process group."""
+    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    argv += [f"--nproc-per-node={nproc}", str(SCRIPT), "--run-dir", str(run_dir)]
+    argv += ["--steps", str(steps), "--save-every", "10", *args]
+    env = {**os.environ, "SPOTWISE_PLATFORM": "none", "OMP_NUM_THREADS": "1"}
+    return subprocess.Popen(
+        argv,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+
+
+def finish(proc: subprocess.Popen[str], timeout: float = 120) -> tuple[int, str]:
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise
+    return proc.returncode, out
+
+
+def completed(nproc: int, run_dir: Path, steps: int, *args: str) -> tuple[str, list[int]]:
+    """The final hash of a torchrun that must succeed, and the steps its ranks resumed from."""
+    rc, out = finish(torchrun(nproc, run_dir, steps, *args))
+    assert rc == 0, out[-3000:]
+    hashes = HASH.findall(out)
+    assert len(hashes) == 1, out[-3000:]  # rank 0 alone prints it
+    return hashes[0], [int(s) for s in RESUMED.findall(out)]
+
+
+def rank_pid(proc: subprocess.Popen[str], rank: int, timeout: float = 60) -> int:
+    """The pid of torchrun worker ``rank`` (a child of the agent with RANK=rank)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
+        for child in children:
+            try:
+                environ = Path(f"/proc/{child}/environ").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if f"RANK={rank}".encode() in environ:
+                return int(child)
+        time.sleep(0.05)
+    raise AssertionError(f"no worker of rank {rank}")
+
+
+def wait_for(path: Path, proc: subprocess.Popen[str], timeout: float = 90) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert proc.poll() is None, proc.communicate()[0][-3000:]
+        assert time.monotonic() < deadline, f"{path} never appeared"
+        time.sleep(0.02)
+
+
+def sha256_of(state: dict[str, torch.Tensor]) -> str:
+    """The example's ``final-weights-sha256``: the raw bytes of the tensors in key order."""
+    digest = hashlib.sha256()
+    for _, tensor in sorted(state.items()):
+        digest.update(tensor.contiguous().reshape(-1).view(torch.uint8).numpy())
+    return digest.hexdigest()
+
+
+def steps_in(run_dir: Path) -> list[int]:
+    return sorted(int(p.name[5:]) for p in run_dir.glob("step-*"))
+
+
+def test_ddp_survives_kills_and_notices_and_a_corrupt_shard(tmp_path: Path) -> None:
+    reference, _ = completed(2, tmp_path / "reference", 30)
+    run_dir = tmp_path / "run"
+
+    # one rank SIGKILLed: the survivor cannot finish a collective, torchrun ends the job
+    proc = torchrun(2, run_dir, 30, "--step-sleep", "0.05")
+    wait_for(run_dir / "step-00000010", proc)
+    os.kill(rank_pid(proc, 1), signal.SIGKILL)
+    killed = time.monotonic()
+    rc, out = finish(proc, timeout=90)
+    assert rc != 0 and time.monotonic() - killed < 60, out[-3000:]
+    left = list_checkpoints(run_dir, deep=True)  # what the kill left: only whole checkpoints
+    assert left and all(c.valid for c in left) and left[0].step == 10
+
+    # SIGTERM to rank 1 only: both ranks save the same step and exit 75
+    proc = torchrun(2, run_dir, 30, "--step-sleep", "0.05")
+    wait_for(run_dir / "step-00000020", proc)
+    os.kill(rank_pid(proc, 1), signal.SIGTERM)
+    rc, out = finish(proc)
+    saved = [int(s) for s in SAVED.findall(out)]
+    assert len(saved) == 2 and saved[0] == saved[1] >= 20, out[-3000:]
+    assert re.findall(r"^\s*exitcode\s+:\s*(-?\d+)", out, re.M) == ["75", "75"], out[-3000:]
+    newest = steps_in(run_dir)[-1]
+    assert newest == saved[0]
+
+    # rank 1's shard of the newest checkpoint rots on disk: both ranks fall back together
+    shard = run_dir / f"step-{newest:08d}" / "dcp-00001.safetensors"
+    data = bytearray(shard.read_bytes())
+    data[-3] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    older = [s for s in steps_in(run_dir) if s < newest][-1]
+    final, resumed = completed(2, run_dir, 30)
+    assert resumed == [older, older]
+    assert final == reference
+
+
+def test_fsdp2_state_reshards_between_world_sizes(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    at_20, _ = completed(2, run_dir, 20, "--fsdp")
+    assert {p.name for p in (run_dir / "step-00000020").glob("dcp-*")} == {
+        "dcp-00000.safetensors",
+        "dcp-00001.safetensors",
+    }  # each rank wrote its own shards
+    # 2 -> 1: the finished run read back by one rank holds exactly the weights of step 20
+    again, resumed = completed(1, run_dir, 20, "--fsdp")
+    assert (again, resumed) == (at_20, [20])
+    # one rank trains on and saves; 1 -> 2: two ranks read back exactly its weights
+    at_30, resumed = completed(1, run_dir, 30, "--fsdp")
+    assert resumed == [20] and at_30 != at_20
+    again, resumed = completed(2, run_dir, 30, "--fsdp")
+    assert (again, resumed) == (at_30, [30, 30])
+
+    # export: the shards of both ranks as one file that the safetensors library reads
+    out = tmp_path / "model.safetensors"
+    result = CliRunner().invoke(
+        app, ["ckpt", "export", str(run_dir / "step-00000020"), "--out", str(out)]
+    )
+    assert result.exit_code == 0, result.output
+    weights = load_file(out)
+    assert set(weights) == {"0.weight", "0.bias", "3.weight", "3.bias"}
+    assert sha256_of(weights) == at_20
+
+    # a different model: the error names the tensor that does not fit
+    rc, out = finish(torchrun(1, run_dir, 30, "--fsdp", "--hidden", "64"))
+    assert rc != 0
+    expected = "tensor 'model/0.weight' is (128, 64) torch.float32 in the checkpoint and (64, 64)"
+    assert expected in out
