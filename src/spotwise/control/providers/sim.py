@@ -54,6 +54,10 @@ class SimOptions(Options):
     # sigterm: SIGTERM then SIGKILL after notice_s; aws: the AWS IMDS spot/instance-action
     # notice from a loopback emulator
     notice: Literal["sigterm", "aws"] = "sigterm"
+    # spot machines that one unit of the trace's count stands for: the shipped traces record
+    # whether one machine could be had (0 or 1), so a multi-node job replays them as a cluster
+    # of this many machines that comes and goes with that capacity
+    machines_per_count: int = Field(default=1, ge=1, le=1024)
 
 
 @dataclass(frozen=True)
@@ -135,9 +139,14 @@ class SimProvider(ProcessBacked):
     ):
         opts = parse_options(SimOptions, self.name, options)
         self.notice_s, self.boot_s, self.notice = opts.notice_s, opts.boot_s, opts.notice
-        zones, machines, gap_s = _load_zones(opts.trace, opts.zones)
+        zones, counts, gap_s = _load_zones(opts.trace, opts.zones)
         self.market = SimMarket(
-            zones, machines, gap_s, opts.time_compression, epoch, opts.start_hour * 3600.0
+            zones,
+            counts * opts.machines_per_count,
+            gap_s,
+            opts.time_compression,
+            epoch,
+            opts.start_hour * 3600.0,
         )
         self.instance_type = instance_type or "p3.2xlarge"
         given = {"spot": opts.spot_usd_per_hour, "on-demand": opts.ondemand_usd_per_hour}
