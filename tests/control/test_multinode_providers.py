@@ -11,6 +11,8 @@ import json
 import shutil
 from pathlib import Path
 
+import pytest
+
 from spotwise.control.store import Store
 
 TOY = Path(__file__).with_name("ddp_toy.py")
@@ -87,3 +89,8 @@ def test_sim_losing_one_node_preempts_and_min_nodes_resumes_on_fewer(workdir: Pa
         "attempt 2 runs on 1 of 2 nodes (min_nodes 1): the market lacks capacity for 2"
     ]
     assert f"rank 0/1 starts at step {step}" in log and "rank 0/1 done at step 60" in log
+    # billed per machine held, in simulated hours ($1/h spot, 10x compression)
+    for a, machines in zip(attempts, (2, 1), strict=True):
+        assert a["cost_usd"] == pytest.approx(
+            machines * (a["end"] - a["start"]) * 10 / 3600, abs=1e-5
+        )

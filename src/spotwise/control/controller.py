@@ -407,8 +407,8 @@ class Controller:
             provider=self.provider.name,
             market=placement.market,
             zone=placement.zone,
-            usd_per_hour=pricing.usd_per_hour,
-            ondemand_usd_per_hour=pricing.ondemand_usd_per_hour,
+            usd_per_hour=pricing.usd_per_hour * self.spec.nodes,  # (every machine is billed)
+            ondemand_usd_per_hour=pricing.ondemand_usd_per_hour * self.spec.nodes,
             time_scale=pricing.time_scale,
             now=now,
         )
@@ -475,6 +475,13 @@ class Controller:
                 nodes -= 1
                 continue
             if nodes < req.nodes:
+                pricing = self.provider.prices.of(req.placement)
+                self.store.update_attempt(
+                    self.job_id,
+                    req.n,
+                    usd_per_hour=pricing.usd_per_hour * nodes,
+                    ondemand_usd_per_hour=pricing.ondemand_usd_per_hour * nodes,
+                )
                 self.store.event(
                     self.job_id,
                     "nodes",
