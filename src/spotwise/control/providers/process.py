@@ -218,6 +218,10 @@ class ProcessMachines:
         end = _read_json(d / "exit.json")
         machine = _read_json(d / "machine.json") or {}
         running_at = machine.get("running_at")
+        if end is not None and lock_held(d / "lock"):
+            # the outcome is written, the machine is still leaving (killing what is left of the
+            # command): ended only once nothing of it runs any more
+            return AttemptStatus(Phase.RUNNING, running_at=running_at, detail="finishing")
         if end is not None:
             killed = end["outcome"] == "terminated" and (end["exit_code"] or 0) < 0
             if end["outcome"] == "lost" or end["exit_code"] is None or killed:
