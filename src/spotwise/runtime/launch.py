@@ -7,10 +7,11 @@ same arguments, same rendezvous and agent) and turns its per-rank failures into 
 with :func:`attempt_exit_code`: the rank that ended first is the root cause, and the ranks the
 agent stopped afterwards (SIGTERM / SIGKILL from torch's agent) follow that root cause.
 
-A SIGTERM to the launcher (the spot notice) is passed on to the workers as SIGTERM, and torch's
-agent then sees them exit as usual. torchrun's own handler would instead stop the workers itself
-and raise, dropping their exit codes, so nobody could tell whether they saved; the launcher
-therefore takes SIGTERM out of torchrun's ``--signals-to-handle`` (torch's own switch for it).
+A SIGTERM to the launcher (the spot notice; also SLURM's SIGUSR1/SIGUSR2) is passed on to the
+workers as that signal, and torch's agent then sees them exit as usual. torchrun's own handler
+would instead stop the workers itself and raise, dropping their exit codes, so nobody could tell
+whether they saved; the launcher therefore takes SIGTERM out of torchrun's
+``--signals-to-handle`` (torch's own switch for it).
 """
 
 from __future__ import annotations
