@@ -17,7 +17,7 @@ Options: --workers K (DataLoader worker processes), --step-sleep S (sleep inside
 interruption tests have time to act), --trace FILE (append one JSON line per step: epoch, a digest
 of the batch and the exact loss, to compare runs step by step).
 
-Under torchrun it trains with DistributedDataParallel over gloo (or NCCL on GPUs), or with FSDP2
+Under torchrun it trains on the CPU with DistributedDataParallel over gloo, or with FSDP2
 (``fully_shard``) given --fsdp; rank 0 prints the hash of the full, unsharded weights:
 
     torchrun --standalone --nproc-per-node 2 examples/digits/train.py --run-dir runs/ddp
@@ -77,10 +77,11 @@ def weights_sha256(state: dict[str, torch.Tensor]) -> str:
 
 def start_distributed(model: nn.Module, fsdp: bool) -> nn.Module:
     """Join the torchrun job (its environment names the rank, world size and rendezvous) and
-    wrap the model: DDP replicates it, FSDP2 shards its parameters over the ranks."""
+    wrap the model: DDP replicates it, FSDP2 shards its parameters over the ranks. The model
+    stays on the CPU, so the backend is gloo (a GPU script would pass "nccl")."""
     import torch.distributed as dist
 
-    dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    dist.init_process_group("gloo")
     if fsdp:
         from torch.distributed.fsdp import fully_shard
 

@@ -1,11 +1,13 @@
 """The ranks of a ``torch.distributed`` job as the Run sees them, and the few tiny collectives
-it needs: agree on a verdict, broadcast rank 0's choice, gather small JSON documents.
+it needs: agree on a verdict, broadcast rank 0's choice, gather small JSON documents, and the
+per-step :class:`Agreement` on notices and timed saves.
 
 A Run is distributed exactly when the user initialised a process group before creating it (as
 under ``torchrun``); otherwise :func:`current` is None and nothing here runs. The collectives
-travel over a gloo group: the default group when it is gloo, otherwise one created once for the
-Run, so that a NCCL job does not put CPU scalars on the GPU stream. Documents travel as UTF-8
-JSON in byte tensors (``all_gather_object`` would pickle them).
+travel over a gloo group of their own, created once per Run: a NCCL job does not put CPU
+scalars on the GPU stream, and the agreement's reduction in flight never queues in front of
+DDP's gradient buckets. Documents travel as UTF-8 JSON in byte tensors (``all_gather_object``
+would pickle them).
 """
 
 from __future__ import annotations
@@ -33,10 +35,10 @@ class Ranks:
 
 def current() -> Ranks | None:
     """The job's ranks when a default process group is initialised, else None. Collective:
-    under a non-gloo backend every rank creates the gloo group here together."""
+    every rank creates the Run's gloo group here together."""
     if not (dist.is_available() and dist.is_initialized()):
         return None
-    group = dist.group.WORLD if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
+    group = dist.new_group(backend="gloo")
     return Ranks(dist.get_rank(), dist.get_world_size(), group)
 
 
@@ -77,3 +79,33 @@ def gather_json(ranks: Ranks, document: Any) -> list[Any]:
         json.loads(bytes(buf[: int(n.item())].tolist()))
         for buf, n in zip(buffers, lengths, strict=True)
     ]
+
+
+class Agreement:
+    """The element-wise maximum over all ranks of what each proposed one step boundary ago.
+
+    Each :meth:`exchange` awaits the all-reduce started at the previous boundary and starts one
+    for this boundary's proposal, so the reduction runs while the next step computes and the
+    step pays only for starting and collecting it. All ranks therefore act on a proposal at the
+    same boundary, one step after it was made (a notice's exit margin allows for two steps)."""
+
+    def __init__(self, ranks: Ranks) -> None:
+        self.ranks = ranks
+        self._pending: tuple[Any, torch.Tensor] | None = None
+
+    def exchange(self, proposal: list[int]) -> list[int]:
+        """The maximum of the previous proposals (zeros at the first boundary)."""
+        agreed = self.drain() or [0] * len(proposal)
+        tensor = torch.tensor(proposal, dtype=torch.int64)
+        work = dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=self.ranks.group, async_op=True)
+        self._pending = (work, tensor)
+        return agreed
+
+    def drain(self) -> list[int] | None:
+        """Await the reduction in flight, if any, and return its result."""
+        if self._pending is None:
+            return None
+        work, tensor = self._pending
+        self._pending = None
+        work.wait()
+        return [int(v) for v in tensor.tolist()]

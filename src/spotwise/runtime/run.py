@@ -148,6 +148,7 @@ class Run:
         )
         # under torch.distributed (torchrun): models and optimizers are saved through DCP
         self._ranks = distributed.current()
+        self._agreement = None if self._ranks is None else distributed.Agreement(self._ranks)
         self._sharded = {} if self._ranks is None else _sharded().sharded_objects(self.state)
         if steps is not None and (isinstance(steps, bool) or steps < 0):
             raise ConfigError(f"steps must be a non-negative number of steps, got {steps!r}")
@@ -322,6 +323,8 @@ class Run:
             return
         self._closed = True
         try:
+            if self._agreement is not None:
+                self._agreement.drain()
             self._wait_writer()
             if self.mirror is not None:
                 self.mirror.flush()
@@ -409,7 +412,8 @@ class Run:
     def _handle_pending_notice(self) -> None:
         """Act on a notice that arrived while the loader failed (only at a step boundary:
         inside an accumulation window there is nothing consistent to save)."""
-        if self._notices is not None and self._micro == 0:
+        # under torch.distributed a notice is acted on at a boundary, by every rank together
+        if self._notices is not None and self._micro == 0 and self._ranks is None:
             notice = self._notices.current()
             if notice is not None:
                 self._on_notice(notice)
@@ -451,11 +455,13 @@ class Run:
             write_s=self.write_s,
             mtbi_s=self.config.mtbi,
         )
-        if self._ranks is not None:  # every rank acts as the most urgent of them, together
-            action, due_flag = distributed.all_max(
-                self._ranks, [self._notice_action(notice), int(due)]
+        if self._agreement is not None:  # every rank acts as the most urgent of them, together
+            schedule = self.config.schedule
+            timed = schedule.seconds is not None or schedule.auto  # steps are the same everywhere
+            action, timed_due = self._agreement.exchange(
+                [self._notice_action(notice), int(due and timed)]
             )
-            due = bool(due_flag)
+            due = bool(timed_due) if timed else due
             if action == _EXIT:
                 self._emergency_exit(notice)
             if action == _EARLY_SAVE:
