@@ -21,6 +21,7 @@ import sys
 import time
 from collections.abc import Callable
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -117,6 +118,7 @@ def submit(store: Store, spec: JobSpec, spec_path: str | None = None) -> Job:
         preflight=True,
         resources=spec.resources,
     )
+    check_world(spec, provider)
     if spec.budget_usd is not None and spec.expected_runtime_s is not None:
         zone = provider.features.zones[0]
         market = "on-demand" if spec.market == "on-demand" or not provider.features.spot else "spot"
@@ -143,6 +145,18 @@ def submit(store: Store, spec: JobSpec, spec_path: str | None = None) -> Job:
     return job
 
 
+def check_world(spec: JobSpec, provider: Provider) -> None:
+    """Refuse more than one training process where the provider cannot start torch's launcher
+    (``multi_node`` feature), instead of silently running one."""
+    if spec.world_size > 1 and not provider.features.multi_node:
+        raise ConfigError(
+            f"nodes: {spec.nodes}, procs_per_node: {spec.procs_per_node}: provider "
+            f"{spec.provider.name!r} runs one process per attempt",
+            hint="use a provider that runs multi-node attempts (local, sim, slurm) or set "
+            "nodes: 1 and procs_per_node: 1",
+        )
+
+
 def dry_run(spec: JobSpec) -> list[dict[str, Any]]:
     """The objects launching ``spec`` would create for its first attempt, as the provider's
     own manifests (``launch --dry-run``). Nothing is contacted or created."""
@@ -153,6 +167,7 @@ def dry_run(spec: JobSpec) -> list[dict[str, Any]]:
         instance_type=spec.resources.instance_type,
         resources=spec.resources,
     )
+    check_world(spec, provider)
     build = getattr(provider, "manifest", None)  # providers that create API objects have one
     if build is None:
         raise ConfigError(
@@ -244,6 +259,8 @@ def launch_request(
         attempt_dir=attempts_dir(job_dir) / str(n),
         placement=placement,
         grace_s=features.grace_s,
+        nodes=spec.nodes,
+        procs_per_node=spec.procs_per_node,
     )
 
 
@@ -390,8 +407,8 @@ class Controller:
             provider=self.provider.name,
             market=placement.market,
             zone=placement.zone,
-            usd_per_hour=pricing.usd_per_hour,
-            ondemand_usd_per_hour=pricing.ondemand_usd_per_hour,
+            usd_per_hour=pricing.usd_per_hour * self.spec.nodes,  # (every machine is billed)
+            ondemand_usd_per_hour=pricing.ondemand_usd_per_hour * self.spec.nodes,
             time_scale=pricing.time_scale,
             now=now,
         )
@@ -410,7 +427,7 @@ class Controller:
             )
         else:
             try:
-                handle = self.provider.launch(req)
+                handle = self._launch_sized(req)
             except CapacityError as exc:
                 self.store.discard_attempt(self.job_id, attempt.n, exc.message)
                 blocked = dict(job.blocked)
@@ -442,6 +459,36 @@ class Controller:
                 )
                 return
         self.store.update_attempt(self.job_id, attempt.n, handle=handle)
+
+    def _launch_sized(self, req: LaunchRequest) -> Handle:
+        """Launch on the job's ``nodes``, or, with ``min_nodes``, on the most machines the
+        market has right now (the run resumes at the smaller world size)."""
+        fewest = self.spec.min_nodes or req.nodes
+        nodes = req.nodes
+        while True:
+            try:
+                handle = self.provider.launch(replace(req, nodes=nodes))
+            except CapacityError as exc:
+                if nodes <= fewest:
+                    raise
+                self.store.event(self.job_id, "capacity", f"{exc.message}; trying {nodes - 1}")
+                nodes -= 1
+                continue
+            if nodes < req.nodes:
+                pricing = self.provider.prices.of(req.placement)
+                self.store.update_attempt(
+                    self.job_id,
+                    req.n,
+                    usd_per_hour=pricing.usd_per_hour * nodes,
+                    ondemand_usd_per_hour=pricing.ondemand_usd_per_hour * nodes,
+                )
+                self.store.event(
+                    self.job_id,
+                    "nodes",
+                    f"attempt {req.n} runs on {nodes} of {req.nodes} nodes (min_nodes "
+                    f"{fewest}): the market lacks capacity for {req.nodes}",
+                )
+            return handle
 
     def _request(self, job: Job, attempt: Attempt) -> LaunchRequest:
         return launch_request(

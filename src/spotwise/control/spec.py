@@ -18,7 +18,15 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from spotwise.errors import ConfigError, UnknownBackendError
 
@@ -157,6 +165,12 @@ class JobSpec(BaseModel):
     zone_cooldown_s: float = Field(default=60.0, ge=0)  # keep away from a zone just lost
     provider: ProviderSpec = Field(default_factory=ProviderSpec)
     env: dict[str, str] = Field(default_factory=dict)
+    # machines of one attempt and training processes on each: more than one in all runs the
+    # command through torchrun (spotwise.runtime.launch); min_nodes lets an attempt start on
+    # fewer machines when the market lacks capacity for ``nodes``
+    nodes: int = Field(default=1, ge=1, le=1024)
+    procs_per_node: int = Field(default=1, ge=1, le=1024)
+    min_nodes: int | None = Field(default=None, ge=1)
 
     @field_validator("command", mode="before")
     @classmethod
@@ -222,6 +236,19 @@ class JobSpec(BaseModel):
             rest = {k: val for k, val in v.items() if k != "name"}
             return {"name": v.get("name", "local"), "options": rest}
         return v
+
+    @field_validator("min_nodes")
+    @classmethod
+    def _min_nodes(cls, v: int | None, info: ValidationInfo) -> int | None:
+        nodes = info.data.get("nodes")
+        if v is not None and nodes is not None and v > nodes:
+            raise ValueError(f"more than nodes ({nodes}); set it to {nodes} or less")
+        return v
+
+    @property
+    def world_size(self) -> int:
+        """Training processes of a full-size attempt."""
+        return self.nodes * self.procs_per_node
 
     @property
     def command_line(self) -> str:

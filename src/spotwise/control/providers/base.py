@@ -47,6 +47,8 @@ class LaunchRequest:
     attempt_dir: Path
     placement: Placement
     grace_s: float = 30.0
+    nodes: int = 1  # machines of this attempt (job's nodes, or fewer down to min_nodes)
+    procs_per_node: int = 1  # training processes per machine (torchrun ranks)
 
     @property
     def key(self) -> str:
@@ -97,7 +99,8 @@ class NoticeKind(str, enum.Enum):
 class Features:
     zones: tuple[str, ...]  # where attempts can be placed; never empty
     spot: bool = False  # can run on an interruptible market
-    multi_node: bool = False  # one attempt can span several machines
+    # one attempt can span several machines and processes (torch's launcher on each)
+    multi_node: bool = False
     self_requeue: bool = False  # relaunches a preempted attempt itself (SLURM --requeue)
     notice: NoticeKind = NoticeKind.SIGNAL
     poll_s: float = 0.1  # how often the controller should ask for status

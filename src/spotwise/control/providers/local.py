@@ -43,9 +43,19 @@ class LocalProvider(ProcessBacked):
     ):
         opts = parse_options(LocalOptions, self.name, options)
         # a local process is on no cloud: the runtime must never probe metadata endpoints
-        self.features = Features(zones=("local",), spot=False, poll_s=0.05, platform="none")
+        self.features = Features(
+            zones=("local",), spot=False, multi_node=True, poll_s=0.05, platform="none"
+        )
         self.prices = Prices.flat(self.features.zones, opts.usd_per_hour)
         self._machines = ProcessMachines()
 
     def launch(self, req: LaunchRequest) -> Handle:
-        return self._machines.launch(req, banner=f"attempt {req.n} on local")
+        """One process, or one torch launcher per node meeting on 127.0.0.1."""
+        banner = f"attempt {req.n} on local"
+        return self._machines.launch_nodes(
+            req,
+            [
+                {"banner": f"{banner} node {k}/{req.nodes}" if req.nodes > 1 else banner}
+                for k in range(req.nodes)
+            ],
+        )

@@ -54,6 +54,34 @@ def _kill_group(pgid: int, sig: int) -> None:
         return
 
 
+def _descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (``/proc/PID/task/*/children``), e.g. torch's workers,
+    which its launcher starts in sessions of their own, out of reach of a group kill."""
+    found: list[int] = []
+    todo = [pid]
+    while todo:
+        for task in Path(f"/proc/{todo.pop()}/task").glob("*"):
+            try:
+                kids = [int(k) for k in (task / "children").read_text().split()]
+            except OSError:
+                continue
+            found += kids
+            todo += kids
+    return found
+
+
+def _kill_tree(pid: int) -> None:
+    """Take the machine away: SIGKILL the command's group and everything it started."""
+    below = _descendants(pid)  # before the kill: orphans would leave the tree
+    _kill_group(pid, signal.SIGKILL)
+    for p in below:
+        _kill_group(p, signal.SIGKILL)
+        try:
+            os.kill(p, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            continue
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--dir", required=True, type=Path)
@@ -156,10 +184,10 @@ def _supervise(
                     child.send_signal(signal.SIGTERM)
             if lost_at is not None and now >= lost_at:
                 log.write(b"[spotwise] machine taken away: SIGKILL\n")
-                _kill_group(child.pid, signal.SIGKILL)
+                _kill_tree(child.pid)
                 child.wait()
                 return int(finish("lost" if outcome == "exited" else outcome, None))
-        _kill_group(child.pid, signal.SIGKILL)  # leave nothing behind on the "machine"
+        _kill_tree(child.pid)  # leave nothing behind on the "machine"
         if code in (0, 75):
             return int(finish("exited", code))
         # Died of the notice itself (e.g. before its handler was installed): the platform's

@@ -1,5 +1,8 @@
 """Attempts as local supervised processes ("machines"), shared by the local and sim providers.
 
+An attempt on several nodes is one machine per node (``<attempt_dir>/node-<k>/``), each running
+torch's launcher; its status is the nodes' statuses folded by :func:`group_status`.
+
 Liveness comes from the machine's ``flock`` on ``<attempt_dir>/lock``, not from pids: the lock
 exists exactly as long as the machine process, so pid reuse cannot fool it, and the controller
 takes it *before* forking, so there is no instant at which a machine runs unlocked.
@@ -14,10 +17,15 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
+from spotwise.control.decisions import EXIT_PREEMPTED
 from spotwise.control.providers.base import AttemptStatus, Handle, LaunchRequest, Phase
 from spotwise.control.providers.machine import proc_start_ticks
+from spotwise.control.providers.torchrun import free_port, launcher_argv
 from spotwise.errors import ProviderError
 
 
@@ -128,11 +136,54 @@ class ProcessMachines:
             "start_ticks": proc_start_ticks(proc.pid),
         }
 
+    def launch_nodes(self, req: LaunchRequest, per_node: Sequence[dict[str, Any]]) -> Handle:
+        """Start ``req`` as one machine per node (``per_node[k]``: that machine's ``launch``
+        arguments), or as one machine when the attempt is a single process.
+
+        Several processes run through torch's launcher; several nodes meet at a c10d store on
+        127.0.0.1 that node 0 serves. A node that fails to start stops the ones already up."""
+        world = req.nodes * req.procs_per_node
+        if world == 1:
+            return self.launch(req, **per_node[0])
+        endpoint = f"127.0.0.1:{free_port()}"
+        started: list[Handle] = []
+        try:
+            for k, kwargs in enumerate(per_node):
+                argv = launcher_argv(
+                    req.argv,
+                    python=sys.executable,
+                    nodes=req.nodes,
+                    procs_per_node=req.procs_per_node,
+                    endpoint=endpoint,
+                    rdzv_id=req.key,
+                    host=k == 0,
+                )
+                node = replace(req, argv=argv, attempt_dir=req.attempt_dir / f"node-{k}")
+                started.append(self.launch(node, **kwargs))
+        except BaseException:
+            for handle in started:
+                self.terminate(handle)
+            raise
+        return _group(req.n, req.attempt_dir, started)
+
     def find(self, attempts_dir: Path) -> list[Handle]:
         """Machines of a job's attempts (``attempts_dir/<n>/``) that live or left an outcome."""
         found = []
         for d in sorted(attempts_dir.glob("*"), key=lambda p: p.name):
-            if d.name.isdigit() and (handle := self._find_one(d, int(d.name))) is not None:
+            if not d.name.isdigit():
+                continue
+            node_dirs = sorted(d.glob("node-*"), key=lambda p: int(p.name.removeprefix("node-")))
+            if node_dirs:
+                nodes = [self._find_one(nd, int(d.name)) for nd in node_dirs]
+                if any(h is not None for h in nodes):
+                    found.append(
+                        _group(
+                            int(d.name),
+                            d,
+                            [h or _gone(nd) for h, nd in zip(nodes, node_dirs, strict=True)],
+                        )
+                    )
+            elif (handle := self._find_one(d, int(d.name))) is not None:
                 found.append(handle)
         return found
 
@@ -155,10 +206,22 @@ class ProcessMachines:
         return None
 
     def status(self, handle: Handle) -> AttemptStatus:
+        if "nodes" in handle:
+            statuses = [self.status(h) for h in handle["nodes"]]
+            status, stop_rest = group_status(statuses)
+            if stop_rest:  # one node lost or failed: the attempt is over, end the others too
+                for h, st in zip(handle["nodes"], statuses, strict=True):
+                    if st.phase in (Phase.STARTING, Phase.RUNNING):
+                        self.terminate(h)
+            return status
         d = Path(handle["dir"])
         end = _read_json(d / "exit.json")
         machine = _read_json(d / "machine.json") or {}
         running_at = machine.get("running_at")
+        if end is not None and lock_held(d / "lock"):
+            # the outcome is written, the machine is still leaving (killing what is left of the
+            # command): ended only once nothing of it runs any more
+            return AttemptStatus(Phase.RUNNING, running_at=running_at, detail="finishing")
         if end is not None:
             killed = end["outcome"] == "terminated" and (end["exit_code"] or 0) < 0
             if end["outcome"] == "lost" or end["exit_code"] is None or killed:
@@ -190,6 +253,10 @@ class ProcessMachines:
         )
 
     def terminate(self, handle: Handle) -> None:
+        if "nodes" in handle:
+            for h in handle["nodes"]:
+                self.terminate(h)
+            return
         d = Path(handle["dir"])
         # machine.json may not be written yet right after launch: the handle knows the pid too
         machine = _read_json(d / "machine.json") or {
@@ -205,6 +272,54 @@ class ProcessMachines:
                 signal.SIGKILL,
                 group=True,
             )
+
+
+def _group(n: int, attempt_dir: Path, nodes: list[Handle]) -> Handle:
+    return {"n": n, "id": str(attempt_dir), "dir": str(attempt_dir), "nodes": nodes}
+
+
+def _gone(node_dir: Path) -> Handle:
+    """A node's machine that left nothing to find (never started, or its files are gone)."""
+    return {"n": 0, "id": str(node_dir), "dir": str(node_dir), "pid": None, "start_ticks": None}
+
+
+def _failed(st: AttemptStatus) -> bool:
+    return st.phase is Phase.LOST or (st.phase is Phase.EXITED and st.exit_code != 0)
+
+
+def group_status(statuses: Sequence[AttemptStatus]) -> tuple[AttemptStatus, bool]:
+    """One status for an attempt from its nodes' statuses, and whether to stop the nodes still
+    up (pure).
+
+    The attempt holds every node: one lost or failed ends it, so the rest are stopped (their
+    ranks get the notice and save). Once all have ended, the node that ended first with
+    anything but 0 is the root cause, as ``spotwise.runtime.launch`` does for ranks: a lost
+    machine makes the attempt lost, 75 makes it interrupted unless another node exited with
+    an error of its own (never hidden behind a preemption), an error code stays that error.
+    """
+    live = [st for st in statuses if st.phase in (Phase.STARTING, Phase.RUNNING)]
+    failed = [st for st in statuses if _failed(st)]
+    if live:
+        starting = any(st.phase is Phase.STARTING for st in live)
+        running = [st.running_at for st in statuses]
+        return AttemptStatus(
+            Phase.STARTING if starting else Phase.RUNNING,
+            running_at=None if starting or None in running else max(r for r in running if r),
+            detail=f"{len(live)} of {len(statuses)} nodes up",
+        ), bool(failed)
+    ended_at = max((st.ended_at for st in statuses if st.ended_at is not None), default=None)
+    running_at = max((st.running_at for st in statuses if st.running_at), default=None)
+    if not failed:
+        return AttemptStatus(Phase.EXITED, 0, ended_at, running_at), False
+    first = min(failed, key=lambda st: st.ended_at if st.ended_at is not None else float("inf"))
+    errors = [st for st in failed if st.phase is Phase.EXITED and st.exit_code != EXIT_PREEMPTED]
+    if first.phase is Phase.LOST:
+        return AttemptStatus(
+            Phase.LOST, first.exit_code, ended_at, running_at, detail=first.detail
+        ), False
+    if first.exit_code == EXIT_PREEMPTED and errors:
+        first = errors[0]
+    return AttemptStatus(Phase.EXITED, first.exit_code, ended_at, running_at), False
 
 
 class ProcessBacked:

@@ -54,6 +54,10 @@ class SimOptions(Options):
     # sigterm: SIGTERM then SIGKILL after notice_s; aws: the AWS IMDS spot/instance-action
     # notice from a loopback emulator
     notice: Literal["sigterm", "aws"] = "sigterm"
+    # spot machines that one unit of the trace's count stands for: the shipped traces record
+    # whether one machine could be had (0 or 1), so a multi-node job replays them as a cluster
+    # of this many machines that comes and goes with that capacity
+    machines_per_count: int = Field(default=1, ge=1, le=1024)
 
 
 @dataclass(frozen=True)
@@ -61,7 +65,7 @@ class SimMarket:
     """Pure replay of availability traces on a compressed clock (no I/O, time passed in)."""
 
     zones: tuple[str, ...]
-    available: np.ndarray  # zones x ticks, bool
+    machines: np.ndarray  # zones x ticks: spot machines available (a bool array means 0 or 1)
     gap_s: float
     compression: float
     epoch: float  # wall time of trace offset ``start_s``
@@ -73,17 +77,19 @@ class SimMarket:
     def wall_of_tick(self, tick: int) -> float:
         return self.epoch + (tick * self.gap_s - self.start_s) / self.compression
 
-    def is_available(self, zone: str, wall: float) -> bool:
+    def is_available(self, zone: str, wall: float, nodes: int = 1) -> bool:
+        """Whether ``zone`` has ``nodes`` spot machines at ``wall``."""
         t = self.tick(wall)
-        row = self.available[self.zones.index(zone)]
-        return bool(row[t % row.size])
+        row = self.machines[self.zones.index(zone)]
+        return bool(row[t % row.size] >= nodes)
 
-    def loss_wall(self, zone: str, wall: float) -> float | None:
-        """When spot in ``zone`` next becomes unavailable (None: not within one trace length)."""
-        row = self.available[self.zones.index(zone)]
+    def loss_wall(self, zone: str, wall: float, nodes: int = 1) -> float | None:
+        """When ``zone`` next has fewer than ``nodes`` spot machines, so an attempt holding
+        that many loses one (None: not within one trace length)."""
+        row = self.machines[self.zones.index(zone)]
         t = self.tick(wall)
         ahead = np.roll(row, -(t % row.size))
-        gone = np.flatnonzero(~ahead)
+        gone = np.flatnonzero(ahead < nodes)
         return None if gone.size == 0 else self.wall_of_tick(t + int(gone[0]))
 
 
@@ -114,8 +120,8 @@ def _load_zones(trace: str, zones: list[str] | None) -> tuple[tuple[str, ...], n
     if len(gaps) != 1:
         raise ConfigError("provider.sim: the chosen traces have different tick lengths")
     n = min(by_zone[z].n_ticks for z in chosen)
-    avail = np.stack([by_zone[z].available(1)[:n] for z in chosen])
-    return tuple(chosen), avail, gaps.pop()
+    machines = np.stack([by_zone[z].counts[:n] for z in chosen])
+    return tuple(chosen), machines, gaps.pop()
 
 
 class SimProvider(ProcessBacked):
@@ -133,9 +139,14 @@ class SimProvider(ProcessBacked):
     ):
         opts = parse_options(SimOptions, self.name, options)
         self.notice_s, self.boot_s, self.notice = opts.notice_s, opts.boot_s, opts.notice
-        zones, avail, gap_s = _load_zones(opts.trace, opts.zones)
+        zones, counts, gap_s = _load_zones(opts.trace, opts.zones)
         self.market = SimMarket(
-            zones, avail, gap_s, opts.time_compression, epoch, opts.start_hour * 3600.0
+            zones,
+            counts * opts.machines_per_count,
+            gap_s,
+            opts.time_compression,
+            epoch,
+            opts.start_hour * 3600.0,
         )
         self.instance_type = instance_type or "p3.2xlarge"
         given = {"spot": opts.spot_usd_per_hour, "on-demand": opts.ondemand_usd_per_hour}
@@ -164,30 +175,34 @@ class SimProvider(ProcessBacked):
             poll_s=0.05,
             grace_s=self.notice_s,
             platform="none",
+            multi_node=True,
         )
         self._machines = ProcessMachines()
 
     def launch(self, req: LaunchRequest) -> Handle:
+        """Start the attempt on ``req.nodes`` machines of one zone. On spot, the attempt lasts
+        while the zone has that many; then the last node is the one taken away (its ranks
+        get the notice, the runtime's agreement makes all ranks save)."""
         now = time.time()
         zone = req.placement.zone or self.market.zones[0]
         notice_at = lost_at = None
         if req.placement.market == "spot":
-            if not self.market.is_available(zone, now + self.boot_s):
+            if not self.market.is_available(zone, now + self.boot_s, req.nodes):
+                machines = f"{req.nodes} machines" if req.nodes > 1 else self.instance_type
                 raise CapacityError(
-                    f"no spot capacity for {self.instance_type} in {zone}",
-                    hint="another zone or on-demand may have some",
+                    f"no spot capacity for {machines} in {zone}",
+                    hint="another zone, on-demand or fewer nodes (min_nodes) may have some",
                 )
-            lost_at = self.market.loss_wall(zone, now + self.boot_s)
+            lost_at = self.market.loss_wall(zone, now + self.boot_s, req.nodes)
             if lost_at is not None:
                 notice_at = max(now + self.boot_s, lost_at - self.notice_s)
         banner = f"attempt {req.n} on sim {req.placement.market} {zone}"
         if lost_at is not None:
             banner += f" (spot lasts {lost_at - now:.1f}s wall)"
-        return self._machines.launch(
-            req,
-            boot_s=self.boot_s,
-            notice_at=notice_at,
-            lost_at=lost_at,
-            banner=banner,
-            notice_via=self.notice,
-        )
+        quiet: dict[str, Any] = {"boot_s": self.boot_s, "notice_via": self.notice}
+        per_node = [
+            {**quiet, "banner": f"{banner} node {k}/{req.nodes}" if req.nodes > 1 else banner}
+            for k in range(req.nodes)
+        ]
+        per_node[-1].update(notice_at=notice_at, lost_at=lost_at)
+        return self._machines.launch_nodes(req, per_node)

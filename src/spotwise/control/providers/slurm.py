@@ -5,7 +5,9 @@ that as the restart count going up (``scontrol show job``: ``Restarts=``) and re
 attempt without submitting anything. ``--signal=B:SIG@secs`` asks SLURM to signal the training
 process before its end time; the runtime's SLURM detector reads that signal and the end time.
 The batch script ``exec``s the command, so the training process is the batch step's process and
-gets SLURM's SIGTERM on preemption or requeue directly.
+gets SLURM's SIGTERM on preemption or requeue directly. An attempt of several processes asks
+for ``--nodes`` / ``--ntasks-per-node`` and runs torch's launcher (``spotwise.runtime.launch``)
+once per node with ``srun``; the launcher keeps the ranks' exit 75 as the job's exit code.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import re
 import shlex
 import subprocess
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -30,6 +33,7 @@ from spotwise.control.providers.base import (
     attempt_key,
     parse_options,
 )
+from spotwise.control.providers.torchrun import launcher_argv
 from spotwise.errors import (
     ProviderError,
     ProviderUnavailableError,
@@ -152,10 +156,34 @@ class SlurmProvider:
             'echo "[spotwise] slurm job $SLURM_JOB_ID start"'
             ' "(restart ${SLURM_RESTART_COUNT:-0})"\n'
             f"cd {shlex.quote(str(req.workdir))}\n"
-            f"exec {shlex.join(req.argv)}\n"
+            f"{self._command(req)}\n"
         )
         script.chmod(0o700)
         return script
+
+    @staticmethod
+    def _command(req: LaunchRequest) -> str:
+        """The batch step: the command itself, or ``srun`` starting torch's launcher once per
+        node (the rendezvous store on the allocation's first node, torch deciding by host
+        name which node serves it). ``exec``: SLURM's signals reach srun, which passes them on
+        to the launchers, which pass them on to the ranks."""
+        if req.nodes * req.procs_per_node == 1:
+            return f"exec {shlex.join(req.argv)}"
+        launcher = launcher_argv(
+            req.argv, python=sys.executable, nodes=req.nodes, procs_per_node=req.procs_per_node
+        )
+        rdzv = (
+            'head=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)\n'
+            'export PET_RDZV_ENDPOINT="$head:$((20000 + SLURM_JOB_ID % 20000))"\n'
+            'export PET_RDZV_ID="$SLURM_JOB_ID-${SLURM_RESTART_COUNT:-0}"\n'
+            if req.nodes > 1
+            else ""
+        )
+        # --export=ALL: the step gets the script's environment (sbatch --export=NONE would
+        # otherwise carry over to srun through SLURM_EXPORT_ENV)
+        srun = ["srun", "--export=ALL", f"--ntasks={req.nodes}", "--ntasks-per-node=1"]
+        srun.append(f"--cpus-per-task={req.procs_per_node}")
+        return f"{rdzv}exec {shlex.join([*srun, *launcher])}"
 
     def launch(self, req: LaunchRequest) -> Handle:
         req.attempt_dir.mkdir(parents=True, exist_ok=True)
@@ -169,6 +197,8 @@ class SlurmProvider:
             f"--output={req.log_path}",
             f"--chdir={req.workdir}",
             "--export=NONE",
+            f"--nodes={req.nodes}",
+            f"--ntasks-per-node={req.procs_per_node}",
         ]
         if self.partition:
             argv.append(f"--partition={self.partition}")
