@@ -263,7 +263,9 @@ def write_checkpoint(
         run_dir.mkdir(parents=True, exist_ok=True)
         tmp = temporary_dir(run_dir, step)
         parts = split_blob(blob, max(1, min(_WRITERS, blob.layout.data_bytes // _PART_BYTES)))
-        contents = {tensor_file_name(i): (p.layout.header, *p.chunks) for i, p in enumerate(parts)}
+        contents: dict[str, tuple[memoryview | bytes, ...]] = {
+            tensor_file_name(i): (p.layout.header, *p.chunks) for i, p in enumerate(parts)
+        }
         contents[STATE_FILE] = (state_bytes,)
         with ThreadPoolExecutor(max_workers=len(contents)) as pool:  # one writer per file
             writes = {n: pool.submit(_write_file, tmp / n, c, opened) for n, c in contents.items()}
