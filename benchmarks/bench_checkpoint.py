@@ -6,7 +6,7 @@ all, sized like a real model's parameters plus optimizer moments). For each, med
 --reps repetitions (the order of the contenders rotates each repetition) of:
 
 - durable save: spotwise ``write_checkpoint`` (safetensors + JSON + manifest, CRC32C, fsync of
-  every file and directory, rename; a state of 128 MiB or more in up to 4 tensor files, one
+  every file and directory, rename; a state of 256 MiB or more in up to 4 tensor files, one
   writer thread each) vs writing the same bytes raw into one file + fsync, vs the
   same bytes raw into 4 files by 4 writer threads + fsync (a disk's multi-stream speed), vs
   ``torch.save`` + fsync and ``safetensors.torch.save_file`` + fsync;
