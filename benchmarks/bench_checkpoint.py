@@ -6,12 +6,13 @@ all, sized like a real model's parameters plus optimizer moments). For each, med
 --reps repetitions (the order of the contenders rotates each repetition) of:
 
 - durable save: spotwise ``write_checkpoint`` (safetensors + JSON + manifest, CRC32C, fsync of
-  every file and directory, rename) vs writing the same bytes raw into one file + fsync, vs the
+  every file and directory, rename; a state of 256 MiB or more in up to 4 tensor files, one
+  writer thread each) vs writing the same bytes raw into one file + fsync, vs the
   same bytes raw into 4 files by 4 writer threads + fsync (a disk's multi-stream speed), vs
   ``torch.save`` + fsync and ``safetensors.torch.save_file`` + fsync;
 - async stall: what ``Run`` blocks for (state walk + JSON + copy into its reused snapshot
   buffer) vs a plain ``copy_`` of every tensor into preallocated buffers;
-- load: spotwise ``load_checkpoint`` (reads every byte into one buffer, verifies CRC32C, views
+- load: spotwise ``load_checkpoint`` (reads each file into one buffer, verifies CRC32C, views
   the tensors) vs a raw ``readinto`` of the same file; the page cache of the file is dropped
   (posix_fadvise DONTNEED after fsync) before every read, for both.
 

@@ -79,7 +79,7 @@ def test_loaded_tensors_are_aligned_views_of_one_buffer(tmp_path: Path) -> None:
 def test_manifest_records_sizes_and_crc32c(tmp_path: Path) -> None:
     info = write_checkpoint(tmp_path, 3, {"x": torch.ones(4)})
     manifest = json.loads((info.path / MANIFEST).read_text())
-    assert manifest["format"] == "spotwise-checkpoint" and manifest["version"] == 1
+    assert manifest["format"] == "spotwise-checkpoint" and manifest["version"] == 2
     assert manifest["step"] == 3
     for name in (TENSORS_FILE, STATE_FILE):
         entry = manifest["files"][name]

@@ -2,9 +2,12 @@
 
 Layout of one checkpoint (``run_dir/step-00001200/``):
 
-- ``tensors.safetensors``: every tensor of the state, in one file (standard safetensors: 8-byte
-  little-endian header length, JSON header, raw bytes). One file instead of one per tensor keeps
-  a model with thousands of small parameters as fast to save as one large blob.
+- ``tensors.safetensors`` (and, from format version 2, ``tensors-1.safetensors`` ... when the
+  state is large): every tensor of the state, each in exactly one of these standard safetensors
+  files (8-byte little-endian header length, JSON header, raw bytes). A few files instead of one
+  per tensor keep a model with thousands of small parameters as fast to save as one large blob;
+  a few instead of one let several writers reach the disk's multi-stream speed (on ext4 the
+  buffered writes of one file serialize on its inode lock).
 - ``state.json``: everything else (counters, hyper-parameters, RNG words), referring to tensors by
   name.
 - ``manifest.json``: written last; each file's size and CRC32C, the format version, the step, the
@@ -32,9 +35,10 @@ import torch
 from spotwise.errors import CorruptCheckpointError, SaveError
 
 FORMAT = "spotwise-checkpoint"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: the tensors may be spread over several files (1: one file)
 MANIFEST = "manifest.json"
-TENSORS_FILE = "tensors.safetensors"
+TENSORS_FILE = "tensors.safetensors"  # the first (in version 1 the only) tensor file
+TENSOR_PART = re.compile(r"^tensors-([1-9]\d{0,2})\.safetensors$")  # the further ones
 STATE_FILE = "state.json"
 REQUIRED_FILES = (TENSORS_FILE, STATE_FILE)  # what loading needs; a manifest must list both
 STEP_DIR = re.compile(r"^step-(\d{8,15})$")
@@ -70,6 +74,11 @@ def _dtype_table() -> dict[torch.dtype, str]:
 
 DTYPE_TO_ST: dict[torch.dtype, str] = _dtype_table()
 ST_TO_DTYPE: dict[str, torch.dtype] = {v: k for k, v in DTYPE_TO_ST.items()}
+
+
+def tensor_file_name(part: int) -> str:
+    """The name of tensor file number ``part`` (0 is :data:`TENSORS_FILE`)."""
+    return TENSORS_FILE if part == 0 else f"tensors-{part}.safetensors"
 
 
 def step_dir_name(step: int) -> str:
@@ -167,6 +176,46 @@ def pack_tensors(tensors: Mapping[str, torch.Tensor]) -> TensorBlob:
     return TensorBlob(layout, tuple(byte_view(cpu[s.name]) for s in layout.specs))
 
 
+def _tensor_bytes(blob: TensorBlob) -> list[list[memoryview]]:
+    """The bytes of each tensor of ``blob`` (in file order), cut out of its chunks, whatever
+    their boundaries (one per tensor from :func:`pack_tensors`, one in all from a snapshot)."""
+    chunks = iter(blob.chunks)
+    current = memoryview(b"")
+    out = []
+    for spec in blob.layout.specs:
+        need, pieces = spec.nbytes, []
+        while need:
+            while not len(current):
+                current = memoryview(next(chunks)).cast("B")
+            pieces.append(current[:need])
+            need -= len(pieces[-1])
+            current = current[len(pieces[-1]) :]
+        out.append(pieces)
+    return out
+
+
+def split_blob(blob: TensorBlob, parts: int) -> list[TensorBlob]:
+    """``blob`` dealt out into at most ``parts`` safetensors files of nearly equal size (largest
+    tensor first to the least loaded file), without copying: several writers can then write
+    them at once. Tensors are never cut, so each file is a standard safetensors file."""
+    specs = blob.layout.specs
+    if parts <= 1 or len(specs) <= 1:
+        return [blob]
+    groups: list[list[int]] = [[] for _ in range(parts)]
+    loads = [0] * parts
+    for index in sorted(range(len(specs)), key=lambda i: -specs[i].nbytes):
+        least = loads.index(min(loads))
+        groups[least].append(index)
+        loads[least] += specs[index].nbytes
+    pieces = _tensor_bytes(blob)
+    out = []
+    for group in filter(None, groups):
+        group.sort()  # the original order: plan() then keeps it (it is already by element size)
+        layout = TensorLayout.plan(specs[i] for i in group)
+        out.append(TensorBlob(layout, tuple(p for i in group for p in pieces[i])))
+    return out
+
+
 # --- bounded JSON ------------------------------------------------------------------------------
 def _loads(raw: bytes | memoryview, where: str, max_bytes: int) -> Any:
     """``json.loads`` of at most ``max_bytes``; its C parser guards its own recursion, so deep
@@ -247,6 +296,7 @@ class Manifest:
     wall_time: float | None
     metrics: dict[str, float]
     files: dict[str, FileEntry]
+    tensor_files: tuple[str, ...] = (TENSORS_FILE,)  # the listed files that hold the tensors
 
     @property
     def data_bytes(self) -> int:
@@ -284,11 +334,14 @@ def parse_manifest(raw: bytes | memoryview, where: str) -> Manifest:
     metrics = doc.get("metrics", {})
     if not isinstance(metrics, dict) or not all(_is_number(v) for v in metrics.values()):
         raise CorruptCheckpointError(f"{where}: metrics must map names to numbers")
+    files = _parse_files(doc.get("files"), where)
+    parts = [n for n in files if version >= 2 and TENSOR_PART.match(n)]
     return Manifest(
         step=step,
         wall_time=float(wall) if wall else None,
         metrics={k: float(v) for k, v in metrics.items()},
-        files=_parse_files(doc.get("files"), where),
+        files=files,
+        tensor_files=(TENSORS_FILE, *parts),
     )
 
 
