@@ -43,9 +43,9 @@ from spotwise.batch.plan import (
     parse_plan,
 )
 from spotwise.errors import ConfigError, StorageNotFoundError
+from spotwise.exitcode import EXIT_INTERRUPTED
 from spotwise.notices.base import NoticeSource
 from spotwise.notices.watcher import open_notices
-from spotwise.runtime.run import EXIT_INTERRUPTED
 from spotwise.storage import Storage, open_storage
 from spotwise.telemetry.events import EventLog
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
-from spotwise.runtime.run import EXIT_INTERRUPTED
+from spotwise.exitcode import EXIT_INTERRUPTED
 
 EXIT_FAILED = 1  # what torchrun itself exits with when a worker failed
 # Notices passed on to the workers: SIGTERM (spot, preemption) and the SIGUSR1/2 that SLURM's

@@ -22,11 +22,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from spotwise.control.decisions import EXIT_PREEMPTED
 from spotwise.control.providers.base import AttemptStatus, Handle, LaunchRequest, Phase
 from spotwise.control.providers.machine import proc_start_ticks
 from spotwise.control.providers.torchrun import free_port, launcher_argv
 from spotwise.errors import ProviderError
+from spotwise.exitcode import EXIT_INTERRUPTED
 
 
 def _read_json(path: Path) -> dict | None:
@@ -312,12 +312,12 @@ def group_status(statuses: Sequence[AttemptStatus]) -> tuple[AttemptStatus, bool
     if not failed:
         return AttemptStatus(Phase.EXITED, 0, ended_at, running_at), False
     first = min(failed, key=lambda st: st.ended_at if st.ended_at is not None else float("inf"))
-    errors = [st for st in failed if st.phase is Phase.EXITED and st.exit_code != EXIT_PREEMPTED]
+    errors = [st for st in failed if st.phase is Phase.EXITED and st.exit_code != EXIT_INTERRUPTED]
     if first.phase is Phase.LOST:
         return AttemptStatus(
             Phase.LOST, first.exit_code, ended_at, running_at, detail=first.detail
         ), False
-    if first.exit_code == EXIT_PREEMPTED and errors:
+    if first.exit_code == EXIT_INTERRUPTED and errors:
         first = errors[0]
     return AttemptStatus(Phase.EXITED, first.exit_code, ended_at, running_at), False
 
