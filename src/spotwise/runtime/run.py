@@ -331,6 +331,11 @@ class Run:
         try:
             if self._agreement is not None:
                 self._agreement.drain()
+                # every rank is done with the Run's gloo group before any of them goes on: a
+                # destroy_process_group() right after close() on one rank while another still
+                # had the group's pairs open aborted it ("terminate called without an active
+                # exception")
+                distributed.all_agree(self._agreement.ranks, True)
             self._wait_writer()
             if self.mirror is not None:
                 self.mirror.flush()
