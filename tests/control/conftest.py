@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
 import textwrap
+import time
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -59,7 +64,28 @@ def runs(workdir: Path) -> int:
     return int((workdir / "runs").read_text())
 
 
+def wait_until(pred: Callable[[], object], timeout_s: float = 180.0) -> None:
+    deadline = time.time() + timeout_s
+    while not pred():
+        assert time.time() < deadline, "timed out waiting"
+        time.sleep(0.2)
+
+
 @pytest.fixture()
 def kit() -> SimpleNamespace:
-    """``kit.spec(workdir, **fields)``, ``kit.run(spec)``, ``kit.runs(workdir)``."""
-    return SimpleNamespace(spec=make_spec, run=run_to_end, runs=runs)
+    """``kit.spec(workdir, **fields)``, ``kit.run(spec)``, ``kit.runs(workdir)``,
+    ``kit.wait(pred, timeout_s)``."""
+    return SimpleNamespace(spec=make_spec, run=run_to_end, runs=runs, wait=wait_until)
+
+
+@pytest.fixture(scope="module")
+def slurm() -> None:
+    """The local slurmctld answers (CI starts it with scripts/slurm-up.sh; elsewhere: skip)."""
+    ok = (
+        shutil.which("scontrol") is not None
+        and subprocess.run(["scontrol", "ping"], capture_output=True, timeout=30).returncode == 0
+    )
+    if not ok:
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail("slurmctld is not reachable in CI: scripts/slurm-up.sh must start it")
+        pytest.skip("slurmctld is not reachable (run scripts/slurm-up.sh as root to start one)")

@@ -6,7 +6,6 @@ Needs the local slurmctld (scripts/slurm-up.sh); in CI a missing SLURM is a fail
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import subprocess
@@ -23,26 +22,7 @@ TOY = Path(__file__).with_name("ddp_toy.py")
 pytestmark = pytest.mark.slurm
 
 
-def _slurm_up() -> None:
-    ok = (
-        shutil.which("scontrol") is not None
-        and subprocess.run(["scontrol", "ping"], capture_output=True, timeout=30).returncode == 0
-    )
-    if not ok:
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail("slurmctld is not reachable in CI: scripts/slurm-up.sh must start it")
-        pytest.skip("slurmctld is not reachable (run scripts/slurm-up.sh as root to start one)")
-
-
-def _wait(pred, timeout_s: float = 180.0) -> None:
-    deadline = time.time() + timeout_s
-    while not pred():
-        assert time.time() < deadline, "timed out waiting"
-        time.sleep(0.2)
-
-
-def test_two_task_job_requeued_once_saves_on_both_ranks_and_finishes(workdir: Path, kit):
-    _slurm_up()
+def test_two_task_job_requeued_once_saves_on_both_ranks_and_finishes(slurm, workdir: Path, kit):
     shutil.copy(TOY, workdir)
     spec = kit.spec(
         workdir,
@@ -61,12 +41,12 @@ def test_two_task_job_requeued_once_saves_on_both_ranks_and_finishes(workdir: Pa
         def text() -> str:
             return log.read_text(errors="replace") if log.exists() else ""
 
-        _wait(lambda: "rank 0/2 starts at step 0" in text() and "rank 1/2 starts" in text())
+        kit.wait(lambda: "rank 0/2 starts at step 0" in text() and "rank 1/2 starts" in text())
         time.sleep(1.0)
         slurm_id = store.attempts(job.id)[-1].handle["slurm_job_id"]
         batch = (Path(store.job(job.id).dir) / "attempts" / "1" / "batch.sh").read_text()
         subprocess.run(["scontrol", "requeue", slurm_id], check=True, timeout=30)
-        _wait(lambda: len(store.attempts(job.id)) == 2)
+        kit.wait(lambda: len(store.attempts(job.id)) == 2)
         thread.join(240)
     finally:
         if thread.is_alive():

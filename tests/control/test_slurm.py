@@ -5,13 +5,10 @@ In CI (CI=true) a missing SLURM is a failure, never a skip.
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -25,25 +22,6 @@ ARGS = ["--steps", "200", "--save-every", "10", "--step-sleep", "0.04"]
 HASH = re.compile(r"final-weights-sha256: ([0-9a-f]{64})")
 
 pytestmark = pytest.mark.slurm
-
-
-@pytest.fixture(scope="module")
-def slurm() -> None:
-    ok = (
-        shutil.which("scontrol") is not None
-        and subprocess.run(["scontrol", "ping"], capture_output=True, timeout=30).returncode == 0
-    )
-    if not ok:
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail("slurmctld is not reachable in CI: scripts/slurm-up.sh must start it")
-        pytest.skip("slurmctld is not reachable (run scripts/slurm-up.sh as root to start one)")
-
-
-def _wait(pred, timeout_s: float = 180.0) -> None:
-    deadline = time.time() + timeout_s
-    while not pred():
-        assert time.time() < deadline, "timed out waiting"
-        time.sleep(0.2)
 
 
 def test_requeued_twice_finishes_with_the_uninterrupted_hash(slurm, tmp_path: Path, kit):
@@ -70,7 +48,7 @@ def test_requeued_twice_finishes_with_the_uninterrupted_hash(slurm, tmp_path: Pa
             return log.read_text(errors="replace") if log.exists() else ""
 
         for restarts in (0, 1):  # requeue once in the first run and once after a resume
-            _wait(
+            kit.wait(
                 lambda r=restarts: (
                     text().count("resumed from step") == r
                     and re.search(r"step \d+/200", text().split("resumed from step")[-1])
@@ -78,7 +56,7 @@ def test_requeued_twice_finishes_with_the_uninterrupted_hash(slurm, tmp_path: Pa
             )
             slurm_id = store.attempts(job.id)[-1].handle["slurm_job_id"]
             subprocess.run(["scontrol", "requeue", slurm_id], check=True, timeout=30)
-            _wait(lambda r=restarts: len(store.attempts(job.id)) == r + 2)
+            kit.wait(lambda r=restarts: len(store.attempts(job.id)) == r + 2)
         thread.join(300)
     finally:
         if thread.is_alive():
@@ -112,12 +90,12 @@ def test_exit_1_fails_without_retry_and_cancel_cleans_up(slurm, tmp_path: Path, 
     )
     thread = threading.Thread(target=lambda: Controller(Store(), job.id).run())
     thread.start()
-    _wait(lambda: store.job(job.id).state is JobState.RUNNING)
+    kit.wait(lambda: store.job(job.id).state is JobState.RUNNING)
     store.request_cancel(job.id)
     thread.join(120)
     assert store.job(job.id).state is JobState.CANCELLED
     slurm_id = store.attempts(job.id)[0].handle["slurm_job_id"]
-    _wait(
+    kit.wait(
         lambda: (
             subprocess.run(
                 ["squeue", "-h", "-j", slurm_id], capture_output=True, text=True
