@@ -12,7 +12,11 @@ would pickle them).
 
 from __future__ import annotations
 
+import contextlib
 import json
+import sys
+import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,10 +46,32 @@ def current() -> Ranks | None:
     return Ranks(dist.get_rank(), dist.get_world_size(), group)
 
 
+_RELEASE_S = 1.0  # far beyond the microseconds a gloo worker needs to let go
+
+
+@contextlib.contextmanager
+def _released(*tensors: torch.Tensor) -> Iterator[None]:
+    """Leave once gloo's worker thread has dropped its references to ``tensors``, which it
+    does just after the collective completes. While it holds one, the tensor's Python object
+    carries an extra reference; a worker that drops it during interpreter shutdown (the Run's
+    last agreement comes right before ``SystemExit(75)``) must take the GIL there and aborts
+    the process ("terminate called without an active exception": exit -6 instead of 75)."""
+    before = _references(tensors)
+    yield
+    deadline = time.monotonic() + _RELEASE_S
+    while _references(tensors) > before and time.monotonic() < deadline:
+        time.sleep(0.0005)  # releases the GIL the worker may be waiting for
+
+
+def _references(tensors: tuple[torch.Tensor, ...]) -> int:
+    return sum(sys.getrefcount(t) for t in tensors)
+
+
 def all_max(ranks: Ranks, values: list[int]) -> list[int]:
     """The element-wise maximum of ``values`` over all ranks (one all-reduce)."""
     tensor = torch.tensor(values, dtype=torch.int64)
-    dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=ranks.group)
+    with _released(tensor):
+        dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=ranks.group)
     return [int(v) for v in tensor.tolist()]
 
 
@@ -57,11 +83,13 @@ def all_agree(ranks: Ranks, ok: bool) -> bool:
 def broadcast_ints(ranks: Ranks, values: list[int] | None) -> list[int]:
     """Rank 0's ``values`` on every rank (the others pass None)."""
     size = torch.tensor([len(values) if values is not None else 0], dtype=torch.int64)
-    dist.broadcast(size, src=0, group=ranks.group)
+    with _released(size):
+        dist.broadcast(size, src=0, group=ranks.group)
     data = torch.zeros(int(size.item()), dtype=torch.int64)
     if ranks.is_coordinator and values is not None:
         data = torch.tensor(values, dtype=torch.int64).reshape(-1)
-    dist.broadcast(data, src=0, group=ranks.group)
+    with _released(data):
+        dist.broadcast(data, src=0, group=ranks.group)
     return [int(v) for v in data.tolist()]
 
 
@@ -69,12 +97,15 @@ def gather_json(ranks: Ranks, document: Any) -> list[Any]:
     """Every rank's JSON ``document``, in rank order, on every rank."""
     raw = torch.tensor(list(json.dumps(document).encode()), dtype=torch.uint8)
     lengths = [torch.zeros(1, dtype=torch.int64) for _ in range(ranks.world)]
-    dist.all_gather(lengths, torch.tensor([raw.numel()], dtype=torch.int64), group=ranks.group)
+    length = torch.tensor([raw.numel()], dtype=torch.int64)
+    with _released(length, *lengths):
+        dist.all_gather(lengths, length, group=ranks.group)
     longest = max(int(n.item()) for n in lengths)
     padded = torch.zeros(longest, dtype=torch.uint8)
     padded[: raw.numel()] = raw
     buffers = [torch.zeros(longest, dtype=torch.uint8) for _ in range(ranks.world)]
-    dist.all_gather(buffers, padded, group=ranks.group)
+    with _released(padded, *buffers):
+        dist.all_gather(buffers, padded, group=ranks.group)
     return [
         json.loads(bytes(buf[: int(n.item())].tolist()))
         for buf, n in zip(buffers, lengths, strict=True)
