@@ -73,6 +73,7 @@ class ClockSim:
     start_tick: int = 0
     spot_usd_per_hour: float = 0.918
     ondemand_usd_per_hour: float = 3.06
+    zone_spot_usd_per_hour: tuple[float, ...] = ()  # per zone, instead of spot_usd_per_hour
     poll_s: float = 0.25
     name: str = "sim"
     outage_at: float = math.inf  # from this wall time, the next `failing` status calls raise
@@ -99,18 +100,20 @@ class ClockSim:
     # --- the Provider protocol ------------------------------------------------------------------
     @property
     def prices(self) -> Prices:
-        """Fixed prices; spot capacity from the trace at the controller's clock."""
+        """Fixed prices (per zone where given); spot capacity from the trace at the
+        controller's clock."""
+        per_zone = self.zone_spot_usd_per_hour or (self.spot_usd_per_hour,) * len(self.zones)
+        spot = dict(zip(self.zones, per_zone, strict=True))
 
-        def pricing(market: str) -> Pricing:
-            spot = market == "spot"
-            usd = self.spot_usd_per_hour if spot else self.ondemand_usd_per_hour
+        def pricing(market: str, zone: str) -> Pricing:
+            usd = spot[zone] if market == "spot" else self.ondemand_usd_per_hour
             return Pricing(usd, self.ondemand_usd_per_hour, self.compression)
 
         def capacity(zone: str, at_s: float) -> bool:
             assert self.market is not None
             return self.market.is_available(zone, at_s)
 
-        return Prices({(m, z): pricing(m) for m in MARKETS for z in self.zones}, capacity)
+        return Prices({(m, z): pricing(m, z) for m in MARKETS for z in self.zones}, capacity)
 
     def launch(self, req: LaunchRequest) -> Handle:
         assert self.market is not None

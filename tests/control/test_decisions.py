@@ -92,3 +92,25 @@ def test_budget_stop_leaves_room_for_the_save():
     assert not stop_for_budget(5.0, 0.1, None, 30)
     assert not stop_for_budget(5.0, 0.1, 10.0, 30)  # 5 + 3 < 10
     assert stop_for_budget(7.5, 0.1, 10.0, 30)  # 7.5 + 3 >= 10
+
+
+def test_zone_offers_count_this_jobs_preemptions_over_its_spot_hours():
+    from spotwise.control.decisions import zone_offers
+    from spotwise.control.store import Attempt
+
+    def attempt(n, market, zone, start, running, end, reason):
+        return Attempt("j", n, "ended" if end else "running", "sim", market, zone, None, start,
+                       running, end, reason, None, 1.0, 3.0, 600.0)  # fmt: skip
+
+    attempts = [
+        attempt(1, "spot", "a", 0.0, 1.0, 7.0, "preempted"),  # 6 s x 600 = 1 market hour
+        attempt(2, "spot", "b", 7.0, None, 13.0, "lost"),  # never running: from its start
+        attempt(3, "on-demand", "a", 13.0, 14.0, 20.0, "switched"),  # not spot: not counted
+        attempt(4, "spot", "a", 20.0, 21.0, None, None),  # open: until now, no interruption
+        attempt(5, "spot", "elsewhere", 0.0, 0.0, 6.0, "preempted"),  # not offered now
+    ]
+    got = zone_offers(("a", "b", "c"), (1.0, 2.0, 3.0), (0.1, 0.2, 0.3), attempts, now=27.0)
+    assert [(o.zone, o.usd_per_hour, o.prior_rate_per_h) for o in got] == [
+        ("a", 1.0, 0.1), ("b", 2.0, 0.2), ("c", 3.0, 0.3)
+    ]  # fmt: skip
+    assert [(o.interruptions, o.exposure_h) for o in got] == [(1, 2.0), (1, 1.0), (0, 0.0)]

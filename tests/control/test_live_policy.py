@@ -43,8 +43,10 @@ def _run(
     *,
     until: float | None = None,
     seen: list[dict[str, Any]] | None = None,
+    **options: Any,
 ) -> JobState | None:
-    """Run a controller on the double; ``until``: "kill" it at that wall time."""
+    """Run a controller on the double; ``until``: "kill" it at that wall time; ``options``:
+    more of the Controller's arguments."""
 
     def update(job, attempts) -> None:
         if (
@@ -64,6 +66,7 @@ def _run(
         provider=sim,
         read_progress=sim.read_progress,
         on_update=update,
+        **options,
     )
     try:
         return ctl.run()

@@ -152,3 +152,32 @@ def test_shipped_data_answers_8xv100_48h_offline():
 def test_unknown_gpu_through_the_advisor():
     with pytest.raises(UnknownGPUError, match="did you mean"):
         advise_from_catalog(JobRequest(compute_hours=1, gpu="H10"), load_catalog(), model({}))
+
+
+def test_zones_rank_by_expected_cost_with_what_was_seen_there():
+    from spotwise.market.advisor import ZoneOffer, rank_zones
+
+    terms = {"restart_h": 0.1, "emergency_save": True}
+    offers = [
+        ZoneOffer("a", 0.5, 6.0),  # the cheapest price, interrupted every ten minutes
+        ZoneOffer("b", 1.0, 0.05),
+        ZoneOffer("c", 0.9, 0.05),
+        ZoneOffer("d", 0.9, 0.05),
+    ]
+    ranked = rank_zones(offers, 2.0, **terms)
+    assert [r.zone for r in ranked] == ["c", "d", "b", "a"]  # c and d are equal: given order
+    for r in ranked:  # the advisor's expected cost: price x expected wall hours
+        wall = expected_wall_hours(2.0, r.interruption_rate_per_h, checkpoint_cost_h=0.05, **terms)
+        assert r.expected_cost_usd == pytest.approx(r.usd_per_hour * wall.expected_hours)
+    assert ranked[-1].expected_hours > 2 * ranked[0].expected_hours
+    # three interruptions in c over two hours put it behind its equal d, not behind b: the
+    # model's estimate counts as a week of observation
+    offers[2] = ZoneOffer("c", 0.9, 0.05, interruptions=3, exposure_h=2.0)
+    seen = rank_zones(offers, 2.0, **terms)
+    assert [r.zone for r in seen] == ["d", "c", "b", "a"]
+    assert seen[1].interruption_rate_per_h == pytest.approx((0.05 * 168 + 3) / (168 + 2))
+    assert [r.zone for r in rank_zones(offers, 2.0, limit=2, **terms)] == ["d", "c"]
+    # a zone interrupted too often to finish goes last, whatever its price
+    hopeless = rank_zones([ZoneOffer("x", 0.1, 50.0), ZoneOffer("y", 5.0, 0.0)], 2.0)
+    assert [r.zone for r in hopeless] == ["y", "x"]
+    assert hopeless[1].to_dict()["expected_cost_usd"] is None

@@ -34,8 +34,11 @@ from spotwise.control.decisions import (
     decision_placement,
     estimate_cost_usd,
     live_problem,
+    ranked_zones,
     stop_for_budget,
+    zone_offers,
 )
+from spotwise.control.pricing import interruption_rate_per_h
 from spotwise.control.progress import (
     Committed,
     compute_s,
@@ -47,6 +50,7 @@ from spotwise.control.providers import (
     AttemptStatus,
     Handle,
     LaunchRequest,
+    NoticeKind,
     Phase,
     Placement,
     Provider,
@@ -63,7 +67,8 @@ from spotwise.errors import (
     ProviderError,
     TransientProviderError,
 )
-from spotwise.market.policies import Market, make_policy
+from spotwise.market.interruption import InterruptionModel, load_interruption_model
+from spotwise.market.policies import Market, Problem, make_policy
 from spotwise.market.policies.driver import PolicyDriver
 
 Clock = Callable[[], float]
@@ -90,13 +95,15 @@ def plans(spec: JobSpec, provider: Provider) -> bool:
     return spec.market == "auto" and spec.deadline_s is not None and provider.features.spot
 
 
-def build_driver(spec: JobSpec, provider: Provider, compute_wall_s: float) -> PolicyDriver:
-    """The job's policy object, reset for its terms in the market's time (``live_problem``)."""
-    zones = provider.features.zones or ("",)
-    spot = provider.prices.of(Placement("spot", zones[0]))
+def job_terms(
+    spec: JobSpec, provider: Provider, compute_wall_s: float, zone: str
+) -> tuple[Problem, float]:
+    """The policy's job terms and tick in the market's time (``live_problem``), priced at
+    ``zone``."""
+    spot = provider.prices.of(Placement("spot", zone))
     assert spec.deadline_s is not None
     changeover = DEFAULT_CHANGEOVER_S if spec.changeover_s is None else spec.changeover_s
-    problem, gap_s = live_problem(
+    return live_problem(
         compute_wall_s,
         spec.deadline_s,
         changeover,
@@ -105,7 +112,15 @@ def build_driver(spec: JobSpec, provider: Provider, compute_wall_s: float) -> Po
         spot.usd_per_hour,
         spot.ondemand_usd_per_hour,
     )
-    return PolicyDriver(make_policy(spec.policy), problem, gap_s, len(zones), name=spec.policy)
+
+
+def build_driver(
+    spec: JobSpec, provider: Provider, compute_wall_s: float, zones: tuple[str, ...]
+) -> PolicyDriver:
+    """The job's policy object over ``zones`` (index 0 the best: its on-demand zone, and the
+    single-zone policies' zone), reset for the job's terms priced there."""
+    problem, gap_s = job_terms(spec, provider, compute_wall_s, zones[0])
+    return PolicyDriver(make_policy(spec.policy), problem, gap_s, zones, name=spec.policy)
 
 
 def submit(store: Store, spec: JobSpec, spec_path: str | None = None) -> Job:
@@ -134,7 +149,8 @@ def submit(store: Store, spec: JobSpec, spec_path: str | None = None) -> Job:
     if plans(spec, provider):
         load_readers()
         if spec.expected_runtime_s:
-            build_driver(spec, provider, spec.expected_runtime_s)  # bad terms fail here
+            build_driver(spec, provider, spec.expected_runtime_s, provider.features.zones)
+            # (bad terms fail here)
     stored = spec.model_dump(mode="json")
     chosen = getattr(provider, "placement", None)  # a provider that chose where to run
     if chosen is not None:  # pins it, so every later controller runs the job there too
@@ -277,6 +293,7 @@ class Controller:
         on_update: Callable[[Job, list[Attempt]], None] | None = None,
         provider: Provider | None = None,
         read_progress: ProgressReader = read_committed,
+        interruptions: InterruptionModel | None = None,
     ) -> None:
         self.store = store
         self.job_id = store.job(job_id).id
@@ -287,6 +304,7 @@ class Controller:
         self.spec = JobSpec.model_validate(job.spec)
         self.provider = provider if provider is not None else provider_for(job)
         self.read_progress = read_progress
+        self._interruptions = interruptions  # the advisor's estimates (default: shipped)
         self._terminate_sent: dict[int, float] = {}  # attempt -> when we asked it to stop
         self._driver: PolicyDriver | None = None  # the job's policy, restored from the store
 
@@ -385,7 +403,7 @@ class Controller:
             placement = (
                 None
                 if self._stale(job, attempts)
-                else decision_placement(self._driver.decision, self.provider.features.zones)
+                else decision_placement(self._driver.decision, self._driver.zones)
             )
             retry_at = self._boundary_wall(job, self._driver.tick + 1)
         else:
@@ -668,8 +686,40 @@ class Controller:
         done = self.read_progress(self._checkpoint_dir(job))
         total = compute_s(self.spec.steps, self.spec.expected_runtime_s, done.step_rate)
         if total > 0:
-            self._driver = build_driver(self.spec, self.provider, total)
+            zones = self._rank_zones(job, total)
+            self._driver = build_driver(self.spec, self.provider, total, zones)
         return self._driver
+
+    def _rank_zones(self, job: Job, compute_wall_s: float) -> tuple[str, ...]:
+        """The zones the job's policy plans over, for its whole life: the advisor's best
+        ``RANKED_ZONES`` of the provider's, by expected cost for the job's terms, from the
+        provider's spot prices, the interruption model's estimates and the job's own record
+        so far (docs/control.md). Recorded as a ``zones`` event."""
+        features, prices = self.provider.features, self.provider.prices
+        problem, _ = job_terms(self.spec, self.provider, compute_wall_s, features.zones[0])
+        model = self._interruptions or load_interruption_model()
+        # the advisor's name for the machine: what the provider runs (sim, aws), else the job's
+        itype = getattr(self.provider, "instance_type", None) or self.spec.resources.instance_type
+        offers = zone_offers(
+            features.zones,
+            [prices.of(Placement("spot", z)).usd_per_hour for z in features.zones],
+            [interruption_rate_per_h(model, itype, z) for z in features.zones],
+            self.store.attempts(self.job_id),
+            self.clock(),
+        )
+        ranked = ranked_zones(offers, problem, features.notice is not NoticeKind.NONE)
+        self.store.event(
+            self.job_id,
+            "zones",
+            f"policy {self.spec.policy} plans over "
+            + ", ".join(
+                f"{r.zone} (${r.usd_per_hour:.4g}/h, {r.interruption_rate_per_h:.3g}/h "
+                f"interrupted, expected ${r.expected_cost_usd:.4g})"
+                for r in ranked
+            ),
+            {"zones": [r.zone for r in ranked], "ranked": [r.to_dict() for r in ranked]},
+        )
+        return tuple(r.zone for r in ranked)
 
     def _decide(self, job: Job, attempt: Attempt | None, now: float) -> None:
         """At each tick boundary ask the job's policy, once, with what is known now (the
@@ -685,12 +735,15 @@ class Controller:
         tick = int((now - job.created_at) // self._tick_wall_s())
         if tick <= driver.tick:
             return
-        zones = self.provider.features.zones or ("",)
+        zones = driver.zones
         prices = [self.provider.prices.of(Placement("spot", z)) for z in zones]
         scale = prices[0].time_scale
         here = None if attempt is None else Placement(attempt.market, attempt.zone)
         market, zone, left = Market.IDLE, None, 0.0
-        if attempt is not None and here is not None:
+        # an attempt placed before the policy existed, in a zone outside its plan, is seen as
+        # idle: the policy's decision then moves the job into its own zones
+        if here is not None and (here.market != "spot" or here.zone in zones):
+            assert attempt is not None
             market = Market.SPOT if here.market == "spot" else Market.ONDEMAND
             zone = zones.index(here.zone) if market is Market.SPOT else None
             left = max(0.0, driver.problem.changeover_s - (now - attempt.started_at) * scale)
@@ -857,5 +910,6 @@ def _policy_summary(doc: dict[str, Any] | None) -> dict[str, Any] | None:
         "name": doc["policy"],
         "tick": doc["tick"],
         "gap_s": doc["gap_s"],
+        "zones": doc["zones"],
         "decision": doc["decision"],
     }

@@ -7,11 +7,21 @@ with tables.
 from __future__ import annotations
 
 import enum
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from spotwise.control.providers.base import AttemptStatus, Phase, Placement, Pricing
+from spotwise.control.store import Attempt
 from spotwise.exitcode import EXIT_INTERRUPTED
+from spotwise.market.advisor import RankedZone, ZoneOffer, rank_zones
 from spotwise.market.policies.base import Decision, Market, Problem
+
+# Zones a job's policy plans over: the advisor's best of the provider's zones. Twice the
+# spotwise plan's two zones, so that when both planned zones are out of spot it has ranked
+# zones left to re-plan with (the simulator's multi-zone figures in docs/policies.md: more
+# zones are cheaper); a cap all the same, so one job does not spread over every zone and
+# region a cloud lists.
+RANKED_ZONES = 4
 
 
 class Reason(str, enum.Enum):
@@ -161,3 +171,45 @@ def decision_placement(decision: Decision, zones: tuple[str, ...]) -> Placement 
     if decision.market is Market.SPOT:
         return Placement("spot", zones[decision.zone or 0])
     return None
+
+
+def zone_offers(
+    zones: Sequence[str],
+    spot_usd_per_hour: Sequence[float],
+    prior_rates_per_h: Sequence[float],
+    attempts: Sequence[Attempt],
+    now: float,
+) -> list[ZoneOffer]:
+    """What the ranking knows of each zone: its spot price, the interruption model's estimate,
+    and this job's own record there (spot attempts preempted or lost, over the market hours
+    its spot attempts ran in the zone)."""
+    seen = {z: [0, 0.0] for z in zones}
+    for a in attempts:
+        if a.market != "spot" or a.zone not in seen:
+            continue
+        began = a.running_at if a.running_at is not None else a.started_at
+        ended = a.ended_at if a.ended_at is not None else now
+        seen[a.zone][0] += a.reason in (Reason.PREEMPTED.value, Reason.LOST.value)
+        seen[a.zone][1] += max(0.0, ended - began) * a.time_scale / 3600.0
+    return [
+        ZoneOffer(z, usd, rate, int(seen[z][0]), seen[z][1])
+        for z, usd, rate in zip(zones, spot_usd_per_hour, prior_rates_per_h, strict=True)
+    ]
+
+
+def ranked_zones(
+    offers: Sequence[ZoneOffer],
+    problem: Problem,
+    emergency_save: bool,
+    limit: int = RANKED_ZONES,
+) -> list[RankedZone]:
+    """The zones a job's policy plans over, best first: the advisor's ranking by expected
+    cost for the job's terms (compute and changeover in the market's time), at most
+    ``limit``."""
+    return rank_zones(
+        offers,
+        problem.compute_h,
+        restart_h=problem.changeover_h,
+        emergency_save=emergency_save,
+        limit=limit,
+    )

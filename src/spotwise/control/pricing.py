@@ -1,11 +1,16 @@
-"""Hourly prices for attempts, from the market catalog (the one place that knows prices)."""
+"""Hourly prices and interruption rates for attempts, from the market catalog and the
+interruption model (the one place that knows prices)."""
 
 from __future__ import annotations
 
 import functools
 import re
+from typing import TYPE_CHECKING
 
 from spotwise.errors import ConfigError, MarketError
+
+if TYPE_CHECKING:
+    from spotwise.market.interruption import InterruptionModel
 
 
 @functools.lru_cache(maxsize=1)
@@ -30,3 +35,12 @@ def catalog_usd_per_hour(instance_type: str, zone: str, market: str, cloud: str 
             hint="set resources.instance_type to a catalog type (spotwise gpus --json), or give "
             "the sim provider spot_usd_per_hour / ondemand_usd_per_hour",
         ) from exc
+
+
+def interruption_rate_per_h(
+    model: InterruptionModel, instance_type: str | None, zone: str, cloud: str = "aws"
+) -> float:
+    """The interruption model's estimate for spot ``instance_type`` in ``zone``, the one the
+    advisor ranks placements with: the zone's own row, else its region's, else the cloud's
+    default (zones it does not know then rank by price alone)."""
+    return model.rate(cloud, region_of(zone), zone, instance_type or "").rate_per_h

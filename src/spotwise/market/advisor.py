@@ -16,13 +16,13 @@ Expected cost is the hourly price times W (changeovers are billed, as on every c
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 
 from spotwise.errors import ConfigError, NoPlacementError
 from spotwise.market.catalog import CLOUDS, MARKETS, Catalog, Offer, same_family
-from spotwise.market.interruption import InterruptionModel
+from spotwise.market.interruption import InterruptionModel, posterior_rate
 
 MIN_USEFUL_SHARE = 0.05  # below this the job spends > 95% of its time redoing work
 DEFAULT_CHECKPOINT_COST_H = 0.05  # 3 minutes to write a checkpoint
@@ -290,3 +290,65 @@ def advise_from_catalog(
         now,
         objective=objective,
     )
+
+
+@dataclass(frozen=True)
+class ZoneOffer:
+    """One zone a provider offers spot capacity in, with what is known of its interruptions:
+    the interruption model's estimate and what has been seen there since (a job's own
+    preemptions over the spot hours it ran in the zone)."""
+
+    zone: str
+    usd_per_hour: float
+    prior_rate_per_h: float  # the interruption model's estimate for the zone
+    interruptions: int = 0  # seen there since
+    exposure_h: float = 0.0  # spot hours they were seen over
+
+
+@dataclass(frozen=True)
+class RankedZone:
+    zone: str
+    usd_per_hour: float
+    interruption_rate_per_h: float
+    expected_hours: float
+    expected_cost_usd: float  # inf when the zone is interrupted too often to finish
+
+    def to_dict(self) -> dict[str, object]:
+        data = asdict(self)
+        for key in ("expected_hours", "expected_cost_usd"):
+            if math.isinf(data[key]):
+                data[key] = None  # JSON has no infinity
+        return data
+
+
+def rank_zones(
+    offers: Sequence[ZoneOffer],
+    compute_hours: float,
+    *,
+    checkpoint_cost_h: float = DEFAULT_CHECKPOINT_COST_H,
+    restart_h: float = DEFAULT_RESTART_H,
+    emergency_save: bool = False,
+    limit: int | None = None,
+) -> list[RankedZone]:
+    """The zones best first by expected cost (price x ``expected_wall_hours``, the model
+    :func:`advise` ranks placements with), then by expected hours; equal zones keep the order
+    given (the provider's), so zones nothing tells apart are tried as the provider lists them.
+
+    A zone's rate is the Gamma-Poisson update of the model's estimate with what was seen there
+    (``posterior_rate``: the estimate counts as a week of observation, as in the model's own
+    build), so one preemption moves a zone a little, not to the back. At most ``limit`` zones.
+    """
+    ranked = []
+    for o in offers:
+        rate = posterior_rate(o.prior_rate_per_h, o.interruptions, o.exposure_h)
+        exp = expected_wall_hours(
+            compute_hours,
+            rate,
+            checkpoint_cost_h=checkpoint_cost_h,
+            restart_h=restart_h,
+            emergency_save=emergency_save,
+        )
+        cost = o.usd_per_hour * exp.expected_hours
+        ranked.append(RankedZone(o.zone, o.usd_per_hour, rate, exp.expected_hours, cost))
+    ranked.sort(key=lambda r: (r.expected_cost_usd, r.expected_hours))  # stable: ties keep order
+    return ranked[:limit]

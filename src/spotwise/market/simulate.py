@@ -134,7 +134,7 @@ def simulate_run(
         )
     avail = markets.available[:, start : start + ticks]
     prices = markets.prices(problem, start, ticks)
-    driver = PolicyDriver(policy, problem, gap, markets.zones, markets.available[:, :start])
+    driver = PolicyDriver(policy, problem, gap, markets.zone_names, markets.available[:, :start])
     plan = getattr(policy, "plan", None)
     if callable(plan):  # the omniscient optimum alone is shown the future
         plan(avail, prices)

@@ -11,6 +11,7 @@ the same committed state instead of a cold prior. Nothing is pickled.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -20,14 +21,16 @@ from spotwise.market.policies.base import Decision, Market, Observation, Policy,
 
 
 class PolicyDriver:
-    """``policy`` reset for ``problem`` on ``zones`` zones with ``gap_s``-long ticks."""
+    """``policy`` reset for ``problem`` on ``zones`` (names; the policy's zone indices point
+    into them) with ``gap_s``-long ticks. The names are stored with the state, so a driver
+    restored by a later controller means the same zone by the same index."""
 
     def __init__(
         self,
         policy: Policy,
         problem: Problem,
         gap_s: float,
-        zones: int,
+        zones: Sequence[str],
         history: np.ndarray | None = None,
         *,
         name: str | None = None,
@@ -36,10 +39,10 @@ class PolicyDriver:
         self.name = name or policy.name
         self.problem = problem
         self.gap_s = gap_s
-        self.zones = zones
+        self.zones = tuple(zones)
         self.tick = -1  # last boundary decided
         self.decision: Decision | None = None
-        policy.reset(problem, gap_s, zones, history)
+        policy.reset(problem, gap_s, len(self.zones), history)
 
     def decide(
         self,
@@ -83,7 +86,7 @@ class PolicyDriver:
             "policy": self.name,
             "problem": dataclasses.asdict(self.problem),
             "gap_s": self.gap_s,
-            "zones": self.zones,
+            "zones": list(self.zones),
             "tick": self.tick,
             "decision": None if d is None else {"market": d.market.value, "zone": d.zone},
             "state": self.policy.state(),
@@ -99,7 +102,7 @@ class PolicyDriver:
                 make_policy(doc["policy"]),
                 Problem(**doc["problem"]),
                 float(doc["gap_s"]),
-                int(doc["zones"]),
+                tuple(str(z) for z in doc["zones"]),
                 name=doc["policy"],
             )
             driver.policy.load_state(doc["state"])

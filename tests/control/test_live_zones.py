@@ -1,0 +1,121 @@
+"""Placement across zones in the live loop: the job's policy plans over the advisor's best
+zones (expected cost from prices and interruption rates), starts in the best one, moves to the
+next-ranked one after a preemption, never uses a zone ranked out, and keeps its zone indices
+across a controller restart. On the process-free sim double with an injected clock."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+from spotwise.control.controller import job_summary
+from spotwise.control.decisions import RANKED_ZONES
+from spotwise.control.store import JobState, Store
+from spotwise.market.interruption import InterruptionModel, RateRow
+
+from .clocksim import Clock, ClockSim, job_for
+from .test_live_policy import _run
+
+# The provider's order, its spot prices ($/h) and the advisor's interruption rates (/h): the
+# cheapest zone is interrupted every ten minutes, so finishing there costs the most; among the
+# others the price decides. Ranked: us-east-1b, us-west-2a, us-west-2b, eu-west-1a | us-east-1a.
+ZONES = ("us-east-1a", "eu-west-1a", "us-west-2b", "us-east-1b", "us-west-2a")
+PRICES = (0.50, 1.20, 1.10, 0.90, 1.00)
+RATES = (6.0, 0.05, 0.05, 0.05, 0.05)
+RANKED = ["us-east-1b", "us-west-2a", "us-west-2b", "eu-west-1a"]
+
+
+def _model(rates: tuple[float, ...] = RATES) -> InterruptionModel:
+    rows = [RateRow("aws", "", "", "", 0.3, 0, 0.0, 0.3, "default")]
+    rows += [
+        RateRow("aws", z[:-1], z, "", r, 0, 0.0, r, "test zone")
+        for z, r in zip(ZONES, rates, strict=True)
+    ]
+    return InterruptionModel(rows)
+
+
+def _sim(available: np.ndarray) -> ClockSim:
+    return ClockSim(
+        Clock(), ZONES, available, gap_s=600.0, compression=600.0, work_s=12.0,
+        changeover_s=0.5, zone_spot_usd_per_hour=PRICES,
+    )  # fmt: skip
+
+
+def _up(lost: dict[str, int] | None = None, ticks: int = 60) -> np.ndarray:
+    """Spot everywhere, except from the given tick on in the given zones."""
+    avail = np.ones((len(ZONES), ticks), bool)
+    for zone, tick in (lost or {}).items():
+        avail[ZONES.index(zone), tick:] = False
+    return avail
+
+
+def _job(sim: ClockSim, store: Store, **fields: Any):
+    job, _ = job_for(sim, store, policy="spotwise", deadline=30, zone_cooldown=5, **fields)
+    return job
+
+
+def test_the_policy_starts_in_the_advisors_best_zone_and_moves_to_the_next_ranked_one():
+    sim = _sim(_up({"us-east-1b": 4}))  # the best zone loses its capacity at tick 4
+    store = Store()
+    job = _job(sim, store)
+    assert _run(sim, store, job.id, interruptions=_model()) is JobState.SUCCEEDED
+    attempts = store.attempts(job.id)
+    assert [(a.market, a.zone, a.reason) for a in attempts] == [
+        ("spot", "us-east-1b", "preempted"),
+        ("spot", "us-west-2a", "succeeded"),  # the next-ranked zone, not the provider's next
+    ]
+    assert store.job(job.id).blocked["us-east-1b"] == pytest.approx(attempts[0].ended_at + 5)
+    # the policy plans over exactly the top RANKED_ZONES zones, best first
+    doc = store.job(job.id).policy
+    assert RANKED_ZONES == 4 and doc["zones"] == RANKED
+    assert doc["state"]["plan"]["zones"] == [0, 1]  # its two best of them
+    [event] = [e for e in store.events(job.id) if e["kind"] == "zones"]
+    assert event["data"]["zones"] == RANKED
+    costs = [r["expected_cost_usd"] for r in event["data"]["ranked"]]
+    assert costs == sorted(costs)
+    assert job_summary(store, store.job(job.id), now=sim.clock())["policy"]["zones"] == RANKED
+
+
+def test_a_zone_ranked_out_is_never_used_and_with_every_ranked_zone_out_the_job_goes_on_demand():
+    # from tick 3 only the zone ranked out (us-east-1a, cheap but always interrupted) has spot
+    sim = _sim(_up({z: 3 for z in RANKED}))
+    store = Store()
+    job = _job(sim, store)
+    assert _run(sim, store, job.id, interruptions=_model()) is JobState.SUCCEEDED
+    summary = job_summary(store, store.job(job.id), now=sim.clock())
+    placed = [(a["market"], a["zone"], a["reason"]) for a in summary["attempts"]]
+    assert placed[0] == ("spot", "us-east-1b", "preempted")
+    assert placed[-1] == ("on-demand", "us-east-1b", "succeeded")
+    assert all(zone != "us-east-1a" for _, zone, _ in placed)
+    assert summary["attempts"][-1]["end"] - job.created_at <= 30
+
+
+def test_a_resumed_controller_keeps_the_zone_order_the_policy_was_built_with():
+    reference_sim = _sim(_up({"us-east-1b": 4}))
+    store = Store()
+    reference = _job(reference_sim, store)
+    assert _run(reference_sim, store, reference.id, interruptions=_model()) is JobState.SUCCEEDED
+
+    sim = _sim(_up({"us-east-1b": 4}))
+    job = _job(sim, store)
+    kill_at = sim.clock() + 4.7  # after the preemption in us-east-1b
+    assert _run(sim, store, job.id, until=kill_at, interruptions=_model()) is None
+    assert [a.reason for a in store.attempts(job.id)][:1] == ["preempted"]
+    # the next controller's advisor would rank us-east-1b last: the policy keeps its zones
+    changed = _model((6.0, 0.05, 0.05, 9.0, 0.05))
+    assert _run(sim, store, job.id, interruptions=changed) is JobState.SUCCEEDED
+    assert store.job(job.id).policy["zones"] == RANKED
+    assert [(a.market, a.zone, a.reason) for a in store.attempts(job.id)] == [
+        (a.market, a.zone, a.reason) for a in store.attempts(reference.id)
+    ]
+    assert len([e for e in store.events(job.id) if e["kind"] == "zones"]) == 1
+    # a job ranked by that advisor from the start plans over other zones
+    fresh_sim = _sim(_up())
+    fresh = _job(fresh_sim, store)
+    assert (
+        _run(fresh_sim, store, fresh.id, until=fresh_sim.clock() + 1, interruptions=changed) is None
+    )
+    ranked = ["us-west-2a", "us-west-2b", "eu-west-1a", "us-east-1a"]  # us-east-1b: never done
+    assert store.job(fresh.id).policy["zones"] == ranked
