@@ -64,9 +64,8 @@ def _run(
         clock=sim.clock,
         sleep=sim.clock.sleep,
         provider=sim,
-        read_progress=sim.read_progress,
         on_update=update,
-        **options,
+        **{"read_progress": sim.read_progress, **options},
     )
     try:
         return ctl.run()

@@ -12,6 +12,7 @@ import pytest
 
 from spotwise.control.controller import job_summary
 from spotwise.control.decisions import RANKED_ZONES
+from spotwise.control.progress import Committed
 from spotwise.control.store import JobState, Store
 from spotwise.market.interruption import InterruptionModel, RateRow
 
@@ -119,3 +120,24 @@ def test_a_resumed_controller_keeps_the_zone_order_the_policy_was_built_with():
     )
     ranked = ["us-west-2a", "us-west-2b", "eu-west-1a", "us-east-1a"]  # us-east-1b: never done
     assert store.job(fresh.id).policy["zones"] == ranked
+
+
+def test_an_attempt_placed_before_the_policy_outside_its_zones_is_moved_into_them():
+    """With ``steps`` and no ``expected_runtime`` the first attempt is placed before the policy
+    exists (in the provider's order: us-east-1a, which the advisor ranks out); once the step
+    rate is measured the policy is built over the ranked zones and moves the job there."""
+    sim = _sim(_up())
+    store = Store()
+    job = _job(sim, store, expected_runtime=None)
+
+    def measured(checkpoint_dir: str) -> Committed:  # no rate until a checkpoint is committed
+        done = sim.read_progress(checkpoint_dir)
+        return done if done.step > 0 else Committed(0, None)
+
+    assert (
+        _run(sim, store, job.id, interruptions=_model(), read_progress=measured)
+        is JobState.SUCCEEDED
+    )
+    placed = [(a.market, a.zone, a.reason) for a in store.attempts(job.id)]
+    assert placed == [("spot", "us-east-1a", "switched"), ("spot", "us-east-1b", "succeeded")]
+    assert store.job(job.id).policy["zones"] == RANKED
