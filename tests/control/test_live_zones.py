@@ -141,3 +141,22 @@ def test_an_attempt_placed_before_the_policy_outside_its_zones_is_moved_into_the
     placed = [(a.market, a.zone, a.reason) for a in store.attempts(job.id)]
     assert placed == [("spot", "us-east-1a", "switched"), ("spot", "us-east-1b", "succeeded")]
     assert store.job(job.id).policy["zones"] == RANKED
+
+
+@pytest.mark.parametrize("policy", ["uniform-progress", "spotwise"])
+def test_on_the_sim_provider_the_job_starts_in_the_advisors_best_zone(workdir, kit, policy):
+    """The real ``sim`` provider (a stand-in process per attempt) on shipped traces: its spot
+    prices are the catalog's for each zone's region, the rates the shipped interruption model's
+    for p3.2xlarge. us-east-2a is both cheaper (us-east-2) and less interrupted (~0.24/h against
+    ~0.78/h in us-east-1a); us-west-2c is as rarely interrupted, at us-west-2's higher price."""
+    spec = kit.spec(
+        workdir, command="python standin.py 0 0.3", market="auto", policy=policy,
+        deadline="40s", expected_runtime="1s", changeover="0.5s", decision_interval="0.78s",
+        provider={"name": "sim", "trace": "aws-02-15-2023-first30d", "start_hour": 399.5,
+                  "zones": ["us-east-1a", "us-west-2c", "us-east-2a"], "time_compression": 250,
+                  "boot_s": 0},
+    )  # fmt: skip
+    summary = kit.run(spec)
+    assert summary["state"] == "SUCCEEDED"
+    assert summary["policy"]["zones"] == ["us-east-2a", "us-east-1a", "us-west-2c"]
+    assert [(a["market"], a["zone"]) for a in summary["attempts"]] == [("spot", "us-east-2a")]
