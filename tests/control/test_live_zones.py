@@ -160,3 +160,18 @@ def test_on_the_sim_provider_the_job_starts_in_the_advisors_best_zone(workdir, k
     assert summary["state"] == "SUCCEEDED"
     assert summary["policy"]["zones"] == ["us-east-2a", "us-east-1a", "us-west-2c"]
     assert [(a["market"], a["zone"]) for a in summary["attempts"]] == [("spot", "us-east-2a")]
+
+
+def test_a_stored_policy_without_zone_names_is_refused_with_the_way_out():
+    from spotwise.errors import ConfigError
+    from spotwise.market.policies.driver import PolicyDriver
+
+    sim = _sim(_up())
+    store = Store()
+    job = _job(sim, store)
+    assert _run(sim, store, job.id, until=sim.clock() + 1, interruptions=_model()) is None
+    doc = store.job(job.id).policy
+    assert PolicyDriver.from_json(doc).zones == tuple(RANKED)
+    with pytest.raises(ConfigError, match="unreadable") as err:
+        PolicyDriver.from_json({**doc, "zones": 4})  # as written before zones had names
+    assert "resubmit the job" in (err.value.hint or "")

@@ -148,9 +148,8 @@ def submit(store: Store, spec: JobSpec, spec_path: str | None = None) -> Job:
             )
     if plans(spec, provider):
         load_readers()
-        if spec.expected_runtime_s:
+        if spec.expected_runtime_s:  # bad terms fail here
             build_driver(spec, provider, spec.expected_runtime_s, provider.features.zones)
-            # (bad terms fail here)
     stored = spec.model_dump(mode="json")
     chosen = getattr(provider, "placement", None)  # a provider that chose where to run
     if chosen is not None:  # pins it, so every later controller runs the job there too
