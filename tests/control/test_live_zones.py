@@ -21,11 +21,14 @@ from .test_live_policy import _run
 
 # The provider's order, its spot prices ($/h) and the advisor's interruption rates (/h): the
 # cheapest zone is interrupted every ten minutes, so finishing there costs the most; among the
-# others the price decides. Ranked: us-east-1b, us-west-2a, us-west-2b, eu-west-1a | us-east-1a.
-ZONES = ("us-east-1a", "eu-west-1a", "us-west-2b", "us-east-1b", "us-west-2a")
-PRICES = (0.50, 1.20, 1.10, 0.90, 1.00)
-RATES = (6.0, 0.05, 0.05, 0.05, 0.05)
-RANKED = ["us-east-1b", "us-west-2a", "us-west-2b", "eu-west-1a"]
+# others the price decides, and twelve more zones (ap-south-1a..l, $1.50) fill the ranking up
+# to RANKED_ZONES. Ranked: us-east-1b, us-west-2a, us-west-2b, eu-west-1a, ap-south-1a..l;
+# us-east-1a is ranked out.
+FILL = tuple(f"ap-south-1{c}" for c in "abcdefghijkl")
+ZONES = ("us-east-1a", "eu-west-1a", "us-west-2b", "us-east-1b", "us-west-2a", *FILL)
+PRICES = (0.50, 1.20, 1.10, 0.90, 1.00, *(1.50,) * len(FILL))
+RATES = (6.0, 0.05, 0.05, 0.05, 0.05, *(0.05,) * len(FILL))
+RANKED = ["us-east-1b", "us-west-2a", "us-west-2b", "eu-west-1a", *FILL]
 
 
 def _model(rates: tuple[float, ...] = RATES) -> InterruptionModel:
@@ -70,7 +73,7 @@ def test_the_policy_starts_in_the_advisors_best_zone_and_moves_to_the_next_ranke
     assert store.job(job.id).blocked["us-east-1b"] == pytest.approx(attempts[0].ended_at + 5)
     # the policy plans over exactly the top RANKED_ZONES zones, best first
     doc = store.job(job.id).policy
-    assert RANKED_ZONES == 4 and doc["zones"] == RANKED
+    assert RANKED_ZONES == 16 == len(RANKED) and doc["zones"] == RANKED
     assert doc["state"]["plan"]["zones"] == [0, 1]  # its two best of them
     [event] = [e for e in store.events(job.id) if e["kind"] == "zones"]
     assert event["data"]["zones"] == RANKED
@@ -105,7 +108,7 @@ def test_a_resumed_controller_keeps_the_zone_order_the_policy_was_built_with():
     assert _run(sim, store, job.id, until=kill_at, interruptions=_model()) is None
     assert [a.reason for a in store.attempts(job.id)][:1] == ["preempted"]
     # the next controller's advisor would rank us-east-1b last: the policy keeps its zones
-    changed = _model((6.0, 0.05, 0.05, 9.0, 0.05))
+    changed = _model((6.0, 0.05, 0.05, 9.0, 0.05, *RATES[5:]))
     assert _run(sim, store, job.id, interruptions=changed) is JobState.SUCCEEDED
     assert store.job(job.id).policy["zones"] == RANKED
     assert [(a.market, a.zone, a.reason) for a in store.attempts(job.id)] == [
@@ -118,7 +121,7 @@ def test_a_resumed_controller_keeps_the_zone_order_the_policy_was_built_with():
     assert (
         _run(fresh_sim, store, fresh.id, until=fresh_sim.clock() + 1, interruptions=changed) is None
     )
-    ranked = ["us-west-2a", "us-west-2b", "eu-west-1a", "us-east-1a"]  # us-east-1b: never done
+    ranked = ["us-west-2a", "us-west-2b", "eu-west-1a", *FILL, "us-east-1a"]  # 1b never finishes
     assert store.job(fresh.id).policy["zones"] == ranked
 
 

@@ -16,12 +16,13 @@ from spotwise.exitcode import EXIT_INTERRUPTED
 from spotwise.market.advisor import RankedZone, ZoneOffer, rank_zones
 from spotwise.market.policies.base import Decision, Market, Problem
 
-# Zones a job's policy plans over: the advisor's best of the provider's zones. Twice the
-# spotwise plan's two zones, so that when both planned zones are out of spot it has ranked
-# zones left to re-plan with (the simulator's multi-zone figures in docs/policies.md: more
-# zones are cheaper); a cap all the same, so one job does not spread over every zone and
-# region a cloud lists.
-RANKED_ZONES = 4
+# Zones a job's policy plans over: the advisor's best of the provider's zones. A cap on how
+# far one job spreads and on the policy's state (it keeps what it saw in every zone), set above
+# what the providers list today (the sim's nine shipped zones, an AWS region's zones): fewer
+# zones cost more, because a zone ranked low for its spot price is still far cheaper than
+# on-demand when the better ones are out (the spotwise live loop on the nine 2023 zones at
+# their regions' prices: docs/control.md, "Placement across zones").
+RANKED_ZONES = 16
 
 
 class Reason(str, enum.Enum):
