@@ -1,0 +1,112 @@
+"""Background saves under torch.distributed with real torchrun jobs (two gloo ranks): a job
+SIGKILLed while its ranks write a checkpoint in the background leaves only whole checkpoints,
+and its restart ends exactly like a job that was never interrupted."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from spotwise.runtime.commit import TMP_PREFIX, list_checkpoints, load_checkpoint
+from spotwise.runtime.format import MANIFEST, step_dir_name
+
+from .conftest import finish, launch, signal_job, wait_for, workers
+
+CHILD = Path(__file__).with_name("_async_child.py")
+STEPS, EVERY = 50, 10
+HASH = re.compile(r"final-weights-sha256: ([0-9a-f]{64})")
+RESUMED = re.compile(r"resumed from step (\d+)")
+FIRST_SEEN = re.compile(r"first-save-seen-in-step: (\d+)")
+
+pytestmark = pytest.mark.e2e
+
+
+def job(run_dir: Path, *args: str) -> subprocess.Popen[str]:
+    return launch(2, CHILD, str(run_dir), "--steps", str(STEPS), "--save-every", str(EVERY), *args)
+
+
+def _step_of(tmp: Path) -> int:
+    return int(tmp.name[len(TMP_PREFIX) :].split("-")[0])
+
+
+def _files(directory: Path) -> set[str] | None:
+    try:
+        return set(os.listdir(directory))
+    except FileNotFoundError:  # committed (renamed into place) or removed
+        return None
+
+
+def freeze_mid_write(
+    proc: subprocess.Popen[str], pids: list[int], run_dir: Path, whole: set[str]
+) -> tuple[Path, set[str]]:
+    """Stop the job (SIGSTOP to the workers ``pids`` and the agent) as soon as a background
+    save's temporary directory holds a file, and return it stopped if it really is in the middle
+    of the write: no manifest yet and some of the files of a whole checkpoint (``whole``) not
+    created yet. Otherwise (the write had finished by the time the job stopped) let it go on and
+    catch a later save. The last save, which the run makes blocking, does not count."""
+    looked_at: set[str] = set()
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, "the job ended before a background write was caught"
+        for tmp in run_dir.glob(f"{TMP_PREFIX}*"):
+            if tmp.name in looked_at or _step_of(tmp) >= STEPS or not _files(tmp):
+                continue
+            signal_job(proc, signal.SIGSTOP, pids)
+            present = _files(tmp)
+            if present is not None and MANIFEST not in present and present < whole:
+                return tmp, present
+            looked_at.add(tmp.name)
+            signal_job(proc, signal.SIGCONT, pids)
+        time.sleep(0.001)
+    raise AssertionError("no background write was caught in 90 s")
+
+
+def test_a_job_killed_during_a_background_write_resumes_exactly(tmp_path: Path) -> None:
+    reference = job(tmp_path / "reference")  # uninterrupted, alongside the one killed
+    try:
+        _kill_mid_write_and_resume(reference, tmp_path / "run")
+    finally:
+        if reference.poll() is None:
+            signal_job(reference, signal.SIGKILL, workers(reference))
+            reference.communicate()
+
+
+def _kill_mid_write_and_resume(reference: subprocess.Popen[str], run_dir: Path) -> None:
+    victim = job(run_dir, "--step-sleep", "0.02")
+    pids: list[int] = []
+    try:
+        wait_for(run_dir / step_dir_name(EVERY), victim)
+        pids = workers(victim)
+        assert len(pids) == 2
+        whole = set(load_checkpoint(run_dir / step_dir_name(EVERY)).manifest.files)
+        tmp, present = freeze_mid_write(victim, pids, run_dir, whole)
+    finally:
+        signal_job(victim, signal.SIGKILL, pids)  # the whole job at once, stopped or not
+        finish(victim)
+    killed_at = _step_of(tmp)
+    left = list_checkpoints(run_dir, deep=True)
+    assert left and all(c.valid for c in left), [c.as_dict() for c in left]
+    newest = left[-1].step
+    assert newest < killed_at, (newest, killed_at, present)
+    assert _files(tmp) == present  # the half-written save was never committed
+
+    rc, out = finish(reference)
+    assert rc == 0, out[-3000:]
+    (expected,) = HASH.findall(out)
+    # training went on while the first save was written: a blocking save would have committed
+    # it before the body of the step right after it
+    (seen,) = FIRST_SEEN.findall(out)
+    assert int(seen) > EVERY + 1, out[-3000:]
+
+    rc, out = finish(job(run_dir))
+    assert rc == 0, out[-3000:]
+    assert [int(s) for s in RESUMED.findall(out)] == [newest, newest]
+    assert HASH.findall(out) == [expected]
+    assert not list(run_dir.glob(f"{TMP_PREFIX}*"))  # rank 0 removed the half-written save
+    assert all(c.valid for c in list_checkpoints(run_dir, deep=True))
