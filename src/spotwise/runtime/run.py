@@ -479,9 +479,12 @@ class Run:
             action, timed_due, writing = self._agreement.exchange(
                 [self._notice_action(notice), int(due and timed), writing]
             )
-            if pending is not None and pending.agreed(writing):  # committed on every rank
+            if pending is not None:  # a failed save is not retried: dropped before it raises
                 self._pending = None
-                self._settled(pending)
+                if pending.agreed(writing):  # committed, on every rank at this boundary
+                    self._settled(pending)
+                else:
+                    self._pending = pending
             due = bool(timed_due) if timed else due
             if action == _EXIT:
                 self._emergency_exit(notice)
@@ -641,17 +644,7 @@ class Run:
         self._last_save_step, self._last_save_time = step, time.monotonic()
 
         def committed(info: CheckpointInfo) -> None:  # on rank 0, where it commits
-            took = time.perf_counter() - started - stall
-            deleted = retain(self.run_dir, self.config.retention)
-            self.events.emit(
-                "checkpoint",
-                step=step,
-                reason=reason,
-                bytes=info.size_bytes,
-                stall_s=round(stall, 6),
-                write_s=round(took, 6),
-                deleted=[d.step for d in deleted],
-            )
+            self._retain_after(info, reason, stall, time.perf_counter() - started - stall)
 
         self._pending = sharded.PendingSave(self._ranks, staged, self.metrics, committed)
         if block:
@@ -699,20 +692,27 @@ class Run:
         text = json.dumps(state).encode()
         info = write_checkpoint(self.run_dir, step, blob, text, metrics=metrics)
         self._committed_step = step
-        deleted = retain(self.run_dir, self.config.retention)
         took = time.perf_counter() - started
         self.write_s = _smooth(self.write_s, took)
+        deleted = self._retain_after(info, reason, stall_s, took)
+        if self.mirror is not None:
+            self.mirror.committed(info, deleted)
+
+    def _retain_after(
+        self, info: CheckpointInfo, reason: str, stall_s: float, write_s: float
+    ) -> list[CheckpointInfo]:
+        """Retention after a commit, and the commit's event, on the thread that committed."""
+        deleted = retain(self.run_dir, self.config.retention)
         self.events.emit(
             "checkpoint",
-            step=step,
+            step=info.step,
             reason=reason,
             bytes=info.size_bytes,
             stall_s=round(stall_s, 6),
-            write_s=round(took, 6),
+            write_s=round(write_s, 6),
             deleted=[d.step for d in deleted],
         )
-        if self.mirror is not None:
-            self.mirror.committed(info, deleted)
+        return deleted
 
     def _settled(self, pending: PendingSave) -> None:
         """A distributed save committed, on every rank."""

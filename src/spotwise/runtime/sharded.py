@@ -335,8 +335,9 @@ class PendingSave:
         """Wait for this rank's thread and leave the save uncommitted, without a collective (the
         other ranks may be gone): for a Run ending on an error."""
         self._join()
-        if self._error is not None:
-            log.error("background save of step %d failed: %s", self.step, self._error)
+        problem = self._error or (self._report or {}).get("problem")
+        if problem is not None:
+            log.error("background save of step %d failed: %s", self.step, problem)
 
     def _join(self) -> None:
         if self._thread is not None:
