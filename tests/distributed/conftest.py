@@ -36,10 +36,16 @@ def workers(proc: subprocess.Popen[str]) -> list[int]:
 
 def signal_job(proc: subprocess.Popen[str], signum: int, pids: list[int]) -> None:
     """Send ``signum`` to each worker's process group (``pids``, from :func:`workers`), then to
-    the agent's: a ``killpg`` of the agent's group alone would leave the workers running."""
-    for pid in pids:
-        os.killpg(pid, signum)
-    os.killpg(proc.pid, signum)
+    the agent's: a ``killpg`` of the agent's group alone would leave the workers running.
+    Every group is tried; ProcessLookupError afterwards when one of them was gone."""
+    gone = None
+    for group in (*pids, proc.pid):
+        try:
+            os.killpg(group, signum)
+        except ProcessLookupError as exc:
+            gone = exc
+    if gone is not None:
+        raise gone
 
 
 def finish(proc: subprocess.Popen[str], timeout: float = 120) -> tuple[int, str]:

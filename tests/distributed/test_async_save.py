@@ -4,6 +4,7 @@ and its restart ends exactly like a job that was never interrupted."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -73,7 +74,8 @@ def test_a_job_killed_during_a_background_write_resumes_exactly(tmp_path: Path) 
         _kill_mid_write_and_resume(reference, tmp_path / "run")
     finally:
         if reference.poll() is None:
-            signal_job(reference, signal.SIGKILL, workers(reference))
+            with contextlib.suppress(OSError):  # it may end meanwhile
+                signal_job(reference, signal.SIGKILL, workers(reference))
             reference.communicate()
 
 
@@ -87,7 +89,8 @@ def _kill_mid_write_and_resume(reference: subprocess.Popen[str], run_dir: Path) 
         whole = set(load_checkpoint(run_dir / step_dir_name(EVERY)).manifest.files)
         tmp, present = freeze_mid_write(victim, pids, run_dir, whole)
     finally:
-        signal_job(victim, signal.SIGKILL, pids)  # the whole job at once, stopped or not
+        with contextlib.suppress(ProcessLookupError):  # it may have ended on its own
+            signal_job(victim, signal.SIGKILL, pids)  # the whole job at once, stopped or not
         finish(victim)
     killed_at = _step_of(tmp)
     left = list_checkpoints(run_dir, deep=True)
