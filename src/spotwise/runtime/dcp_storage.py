@@ -5,13 +5,12 @@ each FSDP2/DTensor shard on the rank that holds it, and its metadata records the
 so a checkpoint written by N ranks loads into M. This module only stores what the plan says:
 
 - :class:`SpotwiseWriter`: each rank packs its write items as one safetensors file,
-  ``dcp-<rank>.safetensors`` (:meth:`SpotwiseWriter.packed`), either referring to the live
-  tensors or copied into reused staging buffers, on a helper thread while DCP's last
-  collectives run; the caller writes and fsyncs it afterwards, on the training thread or in the
-  background (in ``write_data`` the writing would hold up DCP's last collective). The
-  coordinator's ``finish`` turns DCP's ``Metadata`` into JSON (:attr:`SpotwiseWriter.document`)
-  instead of pickling it as DCP's ``FileSystemWriter`` does; the Run stores it in
-  ``state.json``.
+  ``dcp-<rank>.safetensors`` (:attr:`SpotwiseWriter.blob`), either referring to the live tensors
+  or copied into reused staging buffers; the caller writes and fsyncs it afterwards, on the
+  training thread or in the background (DCP's own ``write_data`` would have to finish before
+  its last collective returns). The coordinator's ``finish`` turns DCP's ``Metadata`` into JSON
+  (:attr:`SpotwiseWriter.document`) instead of pickling it as DCP's ``FileSystemWriter`` does;
+  the Run stores it in ``state.json``.
 - :class:`SpotwiseReader`: rebuilds ``Metadata`` from that JSON, parsed as hostile input, and
   reads each file through the checkpoint reader (no links followed, CRC32C checked).
 
@@ -22,7 +21,6 @@ non-tensor state in JSON themselves.
 from __future__ import annotations
 
 import os
-import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -86,10 +84,8 @@ class SpotwiseWriter(StorageWriter):
         self.directory = directory
         self.rank = rank
         self.pack = pack  # pack_tensors (live tensors) or a staging buffer's capture (a copy)
+        self.blob: TensorBlob | None = None  # this rank's file, once write_data has run
         self.document: dict[str, Any] | None = None  # set by finish() on the coordinator
-        self.problem: str | None = None  # why packing failed
-        self._blob: TensorBlob | None = None
-        self._packing: threading.Thread | None = None
 
     def reset(self, checkpoint_id: str | os.PathLike[str] | None = None) -> None:
         if checkpoint_id is not None:
@@ -117,12 +113,7 @@ class SpotwiseWriter(StorageWriter):
         results: list[WriteResult] = []
         if plan.items:
             file = DCP_FILE.format(rank=self.rank)
-            # the copy overlaps DCP's last collectives (results to the coordinator, metadata
-            # back), which need only the locations
-            self._packing = threading.Thread(
-                target=self._pack, args=(tensors,), name="spotwise-stage"
-            )
-            self._packing.start()
+            self.blob = self.pack(tensors)
             for item in plan.items:
                 size = item.tensor_storage_size() or 0
                 location = _Location(file, _chunk_name(item.index))
@@ -130,20 +121,6 @@ class SpotwiseWriter(StorageWriter):
         future: Future[list[WriteResult]] = Future()
         future.set_result(results)
         return future
-
-    def _pack(self, tensors: Mapping[str, torch.Tensor]) -> None:
-        try:
-            self._blob = self.pack(tensors)
-        except Exception as exc:  # reported to every rank with the rank's writes
-            self.problem = f"staging the distributed state failed: {type(exc).__name__}: {exc}"
-
-    def packed(self) -> TensorBlob | None:
-        """This rank's file (None when DCP gave it nothing to write, or packing failed: see
-        :attr:`problem`), once the packing started by ``write_data`` is done."""
-        if self._packing is not None:
-            self._packing.join()
-            self._packing = None
-        return self._blob
 
     def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
         storage = []

@@ -171,7 +171,6 @@ class Staged:
     tmp: Path
     chunks: dict[str, tuple[memoryview | bytes, ...]]
     documents: dict[str, Any]
-    problem: str | None = None  # staging failed on this rank: it reports this, writes nothing
 
 
 def stage(
@@ -208,16 +207,14 @@ def stage(
     try:  # DCP raises on every rank when any rank failed
         dcp.save(tensors, storage_writer=writer, process_group=ranks.group)
     except CheckpointException as exc:
-        writer.packed()
         if ranks.is_coordinator:
             remove_tree(tmp)
         raise SaveError(
             f"could not save step {step}: {exc}", hint="earlier checkpoints are intact"
         ) from exc
-    dcp_blob = writer.packed()
-    staged = Staged(step, tmp, {}, {}, writer.problem)
-    if dcp_blob is not None:
-        staged.chunks[dcp_file] = (dcp_blob.layout.header, *dcp_blob.chunks)
+    staged = Staged(step, tmp, {}, {})
+    if writer.blob is not None:
+        staged.chunks[dcp_file] = (writer.blob.layout.header, *writer.blob.chunks)
     own_tensors, own_doc = own
     rank_tensors = RANK_TENSORS.format(rank=ranks.rank)
     blob = pack(rank_tensors, own_tensors)
@@ -238,8 +235,6 @@ def share_report(staged: Staged) -> dict[str, Any]:
     :func:`conclude_writes` gathers: their manifest entries, or what failed. No collective, so
     it may run on a background thread, and it never raises: the other ranks wait for the
     report, whatever went wrong."""
-    if staged.problem is not None:
-        return {"files": {}, "problem": staged.problem}
     try:
         entries = {name: write_durable(staged.tmp / name, c) for name, c in staged.chunks.items()}
         for name, doc in staged.documents.items():
