@@ -136,6 +136,20 @@ def _sharded(label: str, tensors: int, numel: int, rank: int, repeats: int, root
         print(f"ratio-dist-load-vs-dcp{suffix}: {theirs_load / ours_load:.2f}")
 
 
+def _slowest_rank_s(fn: Callable[[], object]) -> float:
+    """How long ``fn`` took on the slowest rank, from a common start: without a barrier after
+    it, which would also count the time the background write just started takes from it."""
+    import torch
+    import torch.distributed as dist
+
+    dist.barrier()
+    started = time.perf_counter()
+    fn()
+    took = torch.tensor([time.perf_counter() - started], dtype=torch.float64)
+    dist.all_reduce(took, op=dist.ReduceOp.MAX)
+    return float(took.item())
+
+
 def _stall(rank: int, repeats: int, root: Path, mib: int) -> None:
     import torch
     from torch import nn
@@ -158,9 +172,9 @@ def _stall(rank: int, repeats: int, root: Path, mib: int) -> None:
     buffers = [torch.empty_like(t) for t in shards]
     stalls, copies = [], []
     for _ in range(repeats + 1):  # pairs, so drifting load hits both alike; the first allocates
-        stalls.append(_median_s(stage, 1))
+        stalls.append(_slowest_rank_s(stage))
         run.save()  # waits for the write and the commit, outside the timing
-        copies.append(_median_s(lambda: torch._foreach_copy_(buffers, shards), 1))
+        copies.append(_slowest_rank_s(lambda: torch._foreach_copy_(buffers, shards)))
     run.close()
     stall_s, copy_s = statistics.median(stalls[1:]), statistics.median(copies[1:])
     if rank == 0:
