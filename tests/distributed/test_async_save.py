@@ -1,19 +1,27 @@
-"""Background saves under torch.distributed with real torchrun jobs (two gloo ranks): a job
-SIGKILLed while its ranks write a checkpoint in the background leaves only whole checkpoints,
-and its restart ends exactly like a job that was never interrupted."""
+"""Background saves under torch.distributed: a torchrun job (two gloo ranks) SIGKILLed while
+its ranks write a checkpoint in the background leaves only whole checkpoints, and its restart
+ends exactly like a job that was never interrupted; in this process (one gloo rank), a save is
+committed at a later step boundary and a write that fails raises SaveError there, leaving the
+previous checkpoint the newest."""
 
 from __future__ import annotations
 
 import contextlib
 import os
 import re
+import resource
 import signal
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import torch
+import torch.distributed as dist
 
+from spotwise import Run
+from spotwise.errors import SaveError
 from spotwise.runtime.commit import TMP_PREFIX, list_checkpoints, load_checkpoint
 from spotwise.runtime.format import MANIFEST, step_dir_name
 
@@ -113,3 +121,52 @@ def _kill_mid_write_and_resume(reference: subprocess.Popen[str], run_dir: Path) 
     assert HASH.findall(out) == [expected]
     assert not list(run_dir.glob(f"{TMP_PREFIX}*"))  # rank 0 removed the half-written save
     assert all(c.valid for c in list_checkpoints(run_dir, deep=True))
+
+
+@pytest.fixture
+def one_rank() -> Iterator[None]:
+    """A real one-rank gloo process group in this process (torch.distributed without torchrun)."""
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+@contextlib.contextmanager
+def file_size_limit(limit: int) -> Iterator[None]:
+    """Writes past ``limit`` bytes fail with EFBIG (as on a full quota), for this process."""
+    before = resource.getrlimit(resource.RLIMIT_FSIZE)
+    handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, before[1]))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, before)
+        signal.signal(signal.SIGXFSZ, handler)
+
+
+def test_a_background_save_commits_at_a_later_boundary_and_a_failed_write_raises(
+    tmp_path: Path, one_rank: None
+) -> None:
+    model = torch.nn.Linear(512, 512)  # 1 MiB of weights
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    run = Run(tmp_path, model=model, optimizer=optimizer, steps=12, every=4, notices=None)
+    seen: dict[int, int] = {}  # checkpoint step -> the run.step of the body that first saw it
+    with contextlib.ExitStack() as limits, pytest.raises(SaveError) as failed:
+        for _ in run:
+            optimizer.zero_grad()
+            model(torch.randn(4, 512)).sum().backward()
+            optimizer.step()
+            for info in list_checkpoints(tmp_path):
+                seen.setdefault(info.step, run.step)
+            if run.step == 7:  # the save of step 8 cannot write its 1 MiB tensor file
+                limits.enter_context(file_size_limit(64 << 10))
+    # staged at the boundary of step 4, written while steps 5 and 6 ran: the write phase ends
+    # at a boundary only once every rank reported done one boundary earlier, so not before 6
+    assert seen[4] >= 6, seen
+    message = failed.value.message  # raised at a later boundary, on every rank together
+    assert message.startswith("could not save step 8: rank 0: OSError:"), message
+    assert "File too large" in message
+    assert [c.step for c in list_checkpoints(tmp_path, deep=True) if c.valid] == [4]
+    assert not list(tmp_path.glob(f"{TMP_PREFIX}*"))  # the failed save's directory is gone
