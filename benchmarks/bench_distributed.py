@@ -10,10 +10,13 @@ measured in the same run:
    ``torch.distributed.checkpoint.save`` with its ``FileSystemWriter`` (which fsyncs too), and a
    resume (a new Run reading the newest checkpoint, CRCs checked) against ``dcp.load``.
 
+3. **Stall** of a background save of the large FSDP2 state (``run.save(block=False)``: DCP's
+   planning collectives and the copy of this rank's shards into reused staging buffers; the
+   write, fsync and commit follow in the background, outside the timing) against copying the
+   same local shards into reused buffers with one ``torch._foreach_copy_``.
+
     .venv/bin/python benchmarks/bench_distributed.py            # ~1 GiB / 2,000 x 128 KiB
     .venv/bin/python benchmarks/bench_distributed.py --quick    # 64 MiB / 500 x 32 KiB
-
-Distributed saves are synchronous (no background staging yet), so there is no stall figure.
 """
 
 from __future__ import annotations
@@ -133,6 +136,52 @@ def _sharded(label: str, tensors: int, numel: int, rank: int, repeats: int, root
         print(f"ratio-dist-load-vs-dcp{suffix}: {theirs_load / ours_load:.2f}")
 
 
+def _slowest_rank_s(fn: Callable[[], object]) -> float:
+    """How long ``fn`` took on the slowest rank, from a common start: without a barrier after
+    it, which would also count the time the background write just started takes from it."""
+    import torch
+    import torch.distributed as dist
+
+    dist.barrier()
+    started = time.perf_counter()
+    fn()
+    took = torch.tensor([time.perf_counter() - started], dtype=torch.float64)
+    dist.all_reduce(took, op=dist.ReduceOp.MAX)
+    return float(took.item())
+
+
+def _stall(rank: int, repeats: int, root: Path, mib: int) -> None:
+    import torch
+    from torch import nn
+    from torch.distributed.fsdp import fully_shard
+
+    from spotwise import Run
+
+    side = int((mib * 2**20 // 4 // 8) ** 0.5)
+    layers = nn.ModuleList(nn.Linear(side, side, bias=False) for _ in range(8))
+    for layer in layers:
+        fully_shard(layer)
+    model = fully_shard(nn.Sequential(*layers))
+    run = Run(root / "run-stall", model=model, notices=None, keep_last=2)
+
+    def stage() -> None:
+        run.step += 1  # a save of an already committed step would be skipped
+        run.save(block=False)
+
+    shards = [p.to_local() for p in model.parameters()]  # type: ignore[attr-defined]
+    buffers = [torch.empty_like(t) for t in shards]
+    stalls, copies = [], []
+    for _ in range(repeats + 1):  # pairs, so drifting load hits both alike; the first allocates
+        stalls.append(_slowest_rank_s(stage))
+        run.save()  # waits for the write and the commit, outside the timing
+        copies.append(_slowest_rank_s(lambda: torch._foreach_copy_(buffers, shards)))
+    run.close()
+    stall_s, copy_s = statistics.median(stalls[1:]), statistics.median(copies[1:])
+    if rank == 0:
+        print(f"dist-stall-s: {stall_s:.4f}  copy-local-shards-s: {copy_s:.4f}")
+        print(f"ratio-dist-stall-vs-copy: {stall_s / copy_s:.2f}")
+
+
 def worker(args: argparse.Namespace) -> None:
     import torch
     import torch.distributed as dist
@@ -145,6 +194,7 @@ def worker(args: argparse.Namespace) -> None:
     mib = 64 if args.quick else 1024
     # large: 8 square fp32 tensors; many small: 2,000 (500 quick) tensors of 128 (32) KiB
     _sharded("large", 8, mib * 2**20 // 4 // 8, rank, args.repeats, root)
+    _stall(rank, args.repeats, root, mib)
     small = (500, 32 * 1024 // 4) if args.quick else (2000, 128 * 1024 // 4)
     _sharded("small", *small, rank, args.repeats, root)
     dist.destroy_process_group()

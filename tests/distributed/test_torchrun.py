@@ -8,7 +8,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -19,6 +18,8 @@ from typer.testing import CliRunner
 
 from spotwise.cli.main import app
 from spotwise.runtime.commit import list_checkpoints
+
+from .conftest import finish, launch, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "examples" / "digits" / "train.py"
@@ -32,28 +33,8 @@ pytestmark = pytest.mark.e2e
 
 def torchrun(nproc: int, run_dir: Path, steps: int, *args: str) -> subprocess.Popen[str]:
     """``torchrun --standalone`` of the digits example, in its own process group."""
-    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
-    argv += [f"--nproc-per-node={nproc}", str(SCRIPT), "--run-dir", str(run_dir)]
-    argv += ["--steps", str(steps), "--save-every", "10", *args]
-    env = {**os.environ, "SPOTWISE_PLATFORM": "none", "OMP_NUM_THREADS": "1"}
-    return subprocess.Popen(
-        argv,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
-
-
-def finish(proc: subprocess.Popen[str], timeout: float = 120) -> tuple[int, str]:
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
-        raise
-    return proc.returncode, out
+    args = ("--run-dir", str(run_dir), "--steps", str(steps), "--save-every", "10", *args)
+    return launch(nproc, SCRIPT, *args)
 
 
 def completed(nproc: int, run_dir: Path, steps: int, *args: str) -> tuple[str, list[int]]:
@@ -79,14 +60,6 @@ def rank_pid(proc: subprocess.Popen[str], rank: int, timeout: float = 60) -> int
                 return int(child)
         time.sleep(0.05)
     raise AssertionError(f"no worker of rank {rank}")
-
-
-def wait_for(path: Path, proc: subprocess.Popen[str], timeout: float = 90) -> None:
-    deadline = time.monotonic() + timeout
-    while not path.exists():
-        assert proc.poll() is None, proc.communicate()[0][-3000:]
-        assert time.monotonic() < deadline, f"{path} never appeared"
-        time.sleep(0.02)
 
 
 def sha256_of(state: dict[str, torch.Tensor]) -> str:

@@ -4,10 +4,13 @@ DCP plans the save: its planner de-duplicates replicated (DDP) tensors over the 
 each FSDP2/DTensor shard on the rank that holds it, and its metadata records the global layout,
 so a checkpoint written by N ranks loads into M. This module only stores what the plan says:
 
-- :class:`SpotwiseWriter`: each rank puts its write items into one safetensors file,
-  ``dcp-<rank>.safetensors``, in the step's temporary directory, and fsyncs it. The
-  coordinator's ``finish`` turns DCP's ``Metadata`` into JSON (:attr:`SpotwiseWriter.document`)
-  instead of pickling it as DCP's ``FileSystemWriter`` does; the Run stores it in ``state.json``.
+- :class:`SpotwiseWriter`: each rank packs its write items as one safetensors file,
+  ``dcp-<rank>.safetensors`` (:attr:`SpotwiseWriter.blob`), either referring to the live tensors
+  or copied into reused staging buffers; the caller writes and fsyncs it afterwards, on the
+  training thread or in the background (DCP's own ``write_data`` would have to finish before
+  its last collective returns). The coordinator's ``finish`` turns DCP's ``Metadata`` into JSON
+  (:attr:`SpotwiseWriter.document`) instead of pickling it as DCP's ``FileSystemWriter`` does;
+  the Run stores it in ``state.json``.
 - :class:`SpotwiseReader`: rebuilds ``Metadata`` from that JSON, parsed as hostile input, and
   reads each file through the checkpoint reader (no links followed, CRC32C checked).
 
@@ -18,7 +21,7 @@ non-tensor state in JSON themselves.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -45,13 +48,13 @@ from torch.distributed.checkpoint.storage import StorageReader, StorageWriter, W
 from torch.futures import Future
 
 from spotwise.errors import CorruptCheckpointError, SaveError
-from spotwise.runtime.commit import read_member, write_durable
+from spotwise.runtime.commit import read_member
 from spotwise.runtime.format import (
     DTYPE_TO_ST,
     MAX_NDIM,
     ST_TO_DTYPE,
     FileEntry,
-    pack_tensors,
+    TensorBlob,
     parse_safetensors,
 )
 
@@ -60,12 +63,10 @@ DCP_FILE = "dcp-{rank:05d}.safetensors"
 
 @dataclass(frozen=True)
 class _Location:
-    """Where one write item went: the file, the tensor's name in it, and the file's manifest
-    entry (so the coordinator can list every rank's file)."""
+    """Where one write item goes: the file and the tensor's name in it."""
 
     file: str
     name: str
-    entry: dict[str, Any]
 
 
 def _chunk_name(index: MetadataIndex) -> str:
@@ -76,12 +77,15 @@ def _chunk_name(index: MetadataIndex) -> str:
 class SpotwiseWriter(StorageWriter):
     """Writes one rank's share of a DCP save into ``directory`` (see the module docstring)."""
 
-    def __init__(self, directory: Path, rank: int) -> None:
+    def __init__(
+        self, directory: Path, rank: int, pack: Callable[[Mapping[str, torch.Tensor]], TensorBlob]
+    ) -> None:
         super().__init__()
         self.directory = directory
         self.rank = rank
+        self.pack = pack  # pack_tensors (live tensors) or a staging buffer's capture (a copy)
+        self.blob: TensorBlob | None = None  # this rank's file, once write_data has run
         self.document: dict[str, Any] | None = None  # set by finish() on the coordinator
-        self.files: dict[str, dict[str, Any]] = {}  # every rank's file, on the coordinator
 
     def reset(self, checkpoint_id: str | os.PathLike[str] | None = None) -> None:
         if checkpoint_id is not None:
@@ -109,11 +113,10 @@ class SpotwiseWriter(StorageWriter):
         results: list[WriteResult] = []
         if plan.items:
             file = DCP_FILE.format(rank=self.rank)
-            blob = pack_tensors(tensors)
-            entry = write_durable(self.directory / file, (blob.layout.header, *blob.chunks))
+            self.blob = self.pack(tensors)
             for item in plan.items:
                 size = item.tensor_storage_size() or 0
-                location = _Location(file, _chunk_name(item.index), entry)
+                location = _Location(file, _chunk_name(item.index))
                 results.append(WriteResult(item.index, size, location))
         future: Future[list[WriteResult]] = Future()
         future.set_result(results)
@@ -124,7 +127,6 @@ class SpotwiseWriter(StorageWriter):
         for rank_results in results:
             for result in rank_results:
                 location = result.storage_data
-                self.files[location.file] = location.entry
                 offset = list(result.index.offset or ())
                 storage.append([result.index.fqn, offset, location.file, location.name])
         tensors = {}

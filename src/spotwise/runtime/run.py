@@ -39,7 +39,7 @@ import time
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import torch
 from torch.utils.data import DataLoader
@@ -84,6 +84,9 @@ from spotwise.runtime.tiered import TieredMirror, is_remote, staging_dir
 from spotwise.runtime.workers import LoaderWorkers
 from spotwise.telemetry.events import EVENTS_FILE, EventLog
 from spotwise.telemetry.runmetrics import RunTelemetry
+
+if TYPE_CHECKING:
+    from spotwise.runtime.sharded import PendingSave, StagingBuffers
 
 log = logging.getLogger(__name__)
 
@@ -221,6 +224,8 @@ class Run:
 
         self._snapshot = SnapshotBuffer()
         self._writer: threading.Thread | None = None
+        self._pending: PendingSave | None = None  # a distributed background save
+        self._staging: StagingBuffers | None = None  # its reused buffers
         self._writer_error: BaseException | None = None
         self._committed_step: int | None = None
         self._last_save_step = 0
@@ -469,9 +474,17 @@ class Run:
         if self._agreement is not None:  # every rank acts as the most urgent of them, together
             schedule = self.config.schedule
             timed = schedule.seconds is not None or schedule.auto  # steps are the same everywhere
-            action, timed_due = self._agreement.exchange(
-                [self._notice_action(notice), int(due and timed)]
+            pending = self._pending
+            writing = 0 if pending is None else pending.busy()
+            action, timed_due, writing = self._agreement.exchange(
+                [self._notice_action(notice), int(due and timed), writing]
             )
+            if pending is not None:  # a failed save is not retried: dropped before it raises
+                self._pending = None
+                if pending.agreed(writing):  # committed, on every rank at this boundary
+                    self._settled(pending)
+                else:
+                    self._pending = pending
             due = bool(timed_due) if timed else due
             if action == _EXIT:
                 self._emergency_exit(notice)
@@ -603,42 +616,46 @@ class Run:
         }
         return encoder.tensors, doc
 
-    def _save_distributed(self, reason: str) -> None:
-        """A synchronous save with every rank (DCP's collectives run on the training thread)."""
+    def _save_distributed(self, *, block: bool, reason: str) -> None:
+        """A save with every rank. The training thread stalls for DCP's planning collectives
+        and for packing this rank's tensors (copied into reused buffers unless ``block``); a
+        background save's files are then written in a thread per rank and committed at a
+        later step boundary once every rank's are (:class:`~spotwise.runtime.sharded.
+        PendingSave`); a blocking one is written and committed here."""
         assert self._ranks is not None
+        sharded = _sharded()
         started = time.perf_counter()
-        tensors, state = self._state(per_rank=False)
-        own_tensors, own = self._rank_state()
-        info = _sharded().save(
+        step = self.step
+        pack = sharded.pack_live
+        if not block:
+            self._staging = self._staging or sharded.StagingBuffers()
+            pack = self._staging
+        staged = sharded.stage(
             self._ranks,
             self.run_dir,
-            self.step,
+            step,
             self._sharded,
-            (pack_tensors(tensors), state),
-            (pack_tensors(own_tensors), own),
-            dict(self.metrics),
+            self._state(per_rank=False),
+            self._rank_state(),
+            pack,
         )
-        took = time.perf_counter() - started
-        self.save_cost_s = _smooth(self.save_cost_s, took)
-        self._last_save_step, self._last_save_time = self.step, time.monotonic()
-        self._committed_step = self.step
-        if info is None:  # not rank 0: it commits, prunes and records the event
-            return
-        deleted = retain(self.run_dir, self.config.retention)
-        self.events.emit(
-            "checkpoint",
-            step=self.step,
-            reason=reason,
-            bytes=info.size_bytes,
-            stall_s=round(took, 6),
-            write_s=round(took, 6),
-            deleted=[d.step for d in deleted],
-        )
+        stall = time.perf_counter() - started
+        self.save_cost_s = _smooth(self.save_cost_s, stall)
+        self._last_save_step, self._last_save_time = step, time.monotonic()
+
+        def committed(info: CheckpointInfo) -> None:  # on rank 0, where it commits
+            self._retain_after(info, reason, stall, time.perf_counter() - started - stall)
+
+        self._pending = sharded.PendingSave(self._ranks, staged, self.metrics, committed)
+        if block:
+            self._wait_writer()  # written and committed here, on this thread
+        else:
+            self._pending.start()
 
     def _save(self, *, block: bool, reason: str) -> None:
         self._wait_writer()
         if self._ranks is not None:
-            self._save_distributed(reason)
+            self._save_distributed(block=block, reason=reason)
             return
         started = time.perf_counter()
         tensors, state = self._state()
@@ -675,20 +692,32 @@ class Run:
         text = json.dumps(state).encode()
         info = write_checkpoint(self.run_dir, step, blob, text, metrics=metrics)
         self._committed_step = step
-        deleted = retain(self.run_dir, self.config.retention)
         took = time.perf_counter() - started
         self.write_s = _smooth(self.write_s, took)
+        deleted = self._retain_after(info, reason, stall_s, took)
+        if self.mirror is not None:
+            self.mirror.committed(info, deleted)
+
+    def _retain_after(
+        self, info: CheckpointInfo, reason: str, stall_s: float, write_s: float
+    ) -> list[CheckpointInfo]:
+        """Retention after a commit, and the commit's event, on the thread that committed."""
+        deleted = retain(self.run_dir, self.config.retention)
         self.events.emit(
             "checkpoint",
-            step=step,
+            step=info.step,
             reason=reason,
             bytes=info.size_bytes,
             stall_s=round(stall_s, 6),
-            write_s=round(took, 6),
+            write_s=round(write_s, 6),
             deleted=[d.step for d in deleted],
         )
-        if self.mirror is not None:
-            self.mirror.committed(info, deleted)
+        return deleted
+
+    def _settled(self, pending: PendingSave) -> None:
+        """A distributed save committed, on every rank."""
+        self._committed_step = pending.step
+        self.write_s = _smooth(self.write_s, time.perf_counter() - pending.staged_at)
 
     def _raise_writer_error(self) -> None:
         if self._writer is not None and not self._writer.is_alive():
@@ -705,6 +734,15 @@ class Run:
             ) from error
 
     def _wait_writer(self, quiet: bool = False) -> None:
+        """Finish the background save, if any: under torch.distributed on every rank together
+        (a collective), unless ``quiet``, where this rank only waits for its own thread."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            if quiet:
+                pending.abandon()
+                return
+            pending.finish()
+            self._settled(pending)
         if self._writer is not None:
             self._writer.join()
         if quiet:

@@ -11,10 +11,13 @@ One checkpoint directory, one manifest, written by rank 0 last:
   the loader position, schedulers and other objects), the JSON of the DCP states' non-tensor
   parts (learning rates, betas...) and DCP's metadata as JSON.
 
-The commit: every rank writes and fsyncs its files, their sizes and CRCs reach rank 0 (an
-all-gather, which is also the barrier), rank 0 writes its files and the manifest and renames the
-directory into place (:func:`spotwise.runtime.commit.commit_files`), then tells every rank the
-outcome, so all of them raise together when any part failed.
+A save: on the training thread, every rank together plans it with DCP and packs its share of
+the tensors (:func:`stage`; for a background save, copied into reused buffers: the only stall).
+Then every rank writes and fsyncs its files (:class:`PendingSave`, in the background or at
+once); their sizes and CRCs reach rank 0 (an all-gather, which is also the barrier) only when
+every rank's writes are done, rank 0 writes the manifest and renames the directory into place
+(:func:`spotwise.runtime.commit.commit_files`), then every rank learns the outcome, so all of
+them raise together when any part failed.
 """
 
 from __future__ import annotations
@@ -22,8 +25,11 @@ from __future__ import annotations
 import json
 import logging
 import secrets
+import threading
+import time
 import warnings
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -50,16 +56,18 @@ from spotwise.runtime.commit import (
     remove_tree,
     write_durable,
 )
-from spotwise.runtime.dcp_storage import SpotwiseReader, SpotwiseWriter, dcp_tensors
+from spotwise.runtime.dcp_storage import DCP_FILE, SpotwiseReader, SpotwiseWriter, dcp_tensors
 from spotwise.runtime.distributed import Ranks
 from spotwise.runtime.format import (
     STATE_FILE,
     TENSORS_FILE,
     TensorBlob,
+    pack_tensors,
     parse_safetensors,
     parse_state,
     step_dir_name,
 )
+from spotwise.runtime.snapshot import SnapshotBuffer
 from spotwise.runtime.state import StateEncoder, capture_rng, decode
 
 log = logging.getLogger(__name__)
@@ -134,19 +142,51 @@ def capture(
     return tensors, skeletons
 
 
-def save(
+Pack = Callable[[str, Mapping[str, torch.Tensor]], TensorBlob]
+
+
+def pack_live(file: str, tensors: Mapping[str, torch.Tensor]) -> TensorBlob:
+    """A :data:`Pack` that copies nothing: for a save written before training goes on."""
+    return pack_tensors(tensors)
+
+
+class StagingBuffers:
+    """A :data:`Pack` into reused host buffers, one per file this rank writes, for background
+    saves: the copy is the stall, and the thread writing the copies out lets training change the
+    live tensors meanwhile. A save may be staged only when the previous one's writes are done."""
+
+    def __init__(self) -> None:
+        self._buffers: dict[str, SnapshotBuffer] = {}
+
+    def __call__(self, file: str, tensors: Mapping[str, torch.Tensor]) -> TensorBlob:
+        return self._buffers.setdefault(file, SnapshotBuffer()).capture(tensors)
+
+
+@dataclass
+class Staged:
+    """A distributed save after its collectives: the files this rank writes into ``tmp`` (tensor
+    files as packed chunks, JSON files as documents, serialized by the writer)."""
+
+    step: int
+    tmp: Path
+    chunks: dict[str, tuple[memoryview | bytes, ...]]
+    documents: dict[str, Any]
+
+
+def stage(
     ranks: Ranks,
     run_dir: Path,
     step: int,
     objects: Mapping[str, tuple[torch.nn.Module, Any]],
-    common: tuple[TensorBlob, dict[str, Any]],
-    own: tuple[TensorBlob, dict[str, Any]],
-    metrics: Mapping[str, float],
-) -> CheckpointInfo | None:
-    """Write and commit step ``step`` together with every other rank (a collective); returns the
-    committed checkpoint's info on rank 0, None elsewhere. ``common`` is rank 0's replicated
-    state (the others pass theirs and it is ignored), ``own`` this rank's RNG and extras.
-    Raises SaveError on every rank when any rank's part failed."""
+    common: tuple[Mapping[str, torch.Tensor], dict[str, Any]],
+    own: tuple[Mapping[str, torch.Tensor], dict[str, Any]],
+    pack: Pack = pack_live,
+) -> Staged:
+    """The collective part of saving step ``step``, together with every other rank: rank 0
+    creates the temporary directory, DCP plans the save (its collectives run here, on the calling
+    thread) and ``pack`` takes this rank's share of the tensors. ``common`` is rank 0's
+    replicated state (the others' is ignored), ``own`` this rank's RNG and extras. Raises
+    SaveError on every rank when the directory or DCP's plan failed."""
     token = secrets.randbits(31)
     error = "rank 0 could not create the temporary directory"
     if ranks.is_coordinator:
@@ -162,51 +202,182 @@ def save(
             f"could not save step {step}: {error}", hint="earlier checkpoints are intact"
         )
     tensors, skeletons = capture(objects)
-    writer = SpotwiseWriter(tmp, ranks.rank)
-    problem: str | None = None
-    files: dict[str, Any] = {}
-    try:
-        dcp.save(tensors, storage_writer=writer)
-        blob, doc = own
-        files[RANK_TENSORS.format(rank=ranks.rank)] = write_durable(
-            tmp / RANK_TENSORS.format(rank=ranks.rank), (blob.layout.header, *blob.chunks)
-        )
-        files[RANK_STATE.format(rank=ranks.rank)] = write_durable(
-            tmp / RANK_STATE.format(rank=ranks.rank), (json.dumps(doc).encode(),)
-        )
-    except (OSError, SaveError, CheckpointException) as exc:
-        problem = f"rank {ranks.rank}: {exc}"
-    reports = distributed.gather_json(ranks, {"files": files, "problem": problem})
-    problems = [r["problem"] for r in reports if r["problem"]]
-    info = None
-    if ranks.is_coordinator and not problems:
-        blob, doc = common
-        doc = {**doc, "dcp": {"objects": skeletons, "metadata": writer.document}}
-        doc["spotwise"] = {**doc["spotwise"], "world": ranks.world}
-        others = {name: entry for r in reports for name, entry in r["files"].items()}
-        others.update(writer.files)
-        try:
-            info = commit_files(
-                tmp,
-                step,
-                {
-                    TENSORS_FILE: (blob.layout.header, *blob.chunks),
-                    STATE_FILE: (json.dumps(doc).encode(),),
-                },
-                others,
-                metrics=metrics,
-            )
-        except SaveError as exc:
-            problems.append(f"rank 0: {exc.message}")
-    (committed,) = distributed.broadcast_ints(ranks, [int(not problems)])
-    if not committed:
+    dcp_file = DCP_FILE.format(rank=ranks.rank)
+    writer = SpotwiseWriter(tmp, ranks.rank, lambda live: pack(dcp_file, live))
+    try:  # DCP raises on every rank when any rank failed
+        dcp.save(tensors, storage_writer=writer, process_group=ranks.group)
+    except CheckpointException as exc:
         if ranks.is_coordinator:
             remove_tree(tmp)
         raise SaveError(
-            f"could not save step {step}: {'; '.join(problems) or 'rank 0 could not commit'}",
+            f"could not save step {step}: {exc}", hint="earlier checkpoints are intact"
+        ) from exc
+    staged = Staged(step, tmp, {}, {})
+    if writer.blob is not None:
+        staged.chunks[dcp_file] = (writer.blob.layout.header, *writer.blob.chunks)
+    own_tensors, own_doc = own
+    rank_tensors = RANK_TENSORS.format(rank=ranks.rank)
+    blob = pack(rank_tensors, own_tensors)
+    staged.chunks[rank_tensors] = (blob.layout.header, *blob.chunks)
+    staged.documents[RANK_STATE.format(rank=ranks.rank)] = own_doc
+    if ranks.is_coordinator:
+        common_tensors, doc = common
+        doc = {**doc, "dcp": {"objects": skeletons, "metadata": writer.document}}
+        doc["spotwise"] = {**doc["spotwise"], "world": ranks.world}
+        blob = pack(TENSORS_FILE, common_tensors)
+        staged.chunks[TENSORS_FILE] = (blob.layout.header, *blob.chunks)
+        staged.documents[STATE_FILE] = doc
+    return staged
+
+
+def share_report(staged: Staged) -> dict[str, Any]:
+    """Write and fsync this rank's files of ``staged``, as the JSON report
+    :func:`conclude_writes` gathers: their manifest entries, or what failed. No collective, so
+    it may run on a background thread, and it never raises: the other ranks wait for the
+    report, whatever went wrong."""
+    try:
+        entries = {name: write_durable(staged.tmp / name, c) for name, c in staged.chunks.items()}
+        for name, doc in staged.documents.items():
+            entries[name] = write_durable(staged.tmp / name, (json.dumps(doc).encode(),))
+    except Exception as exc:  # reported to every rank by conclude_writes
+        problem = exc.message if isinstance(exc, SaveError) else f"{type(exc).__name__}: {exc}"
+        return {"files": {}, "problem": problem}
+    return {"files": entries, "problem": None}
+
+
+def conclude_writes(ranks: Ranks, staged: Staged, report: Mapping[str, Any]) -> dict[str, Any]:
+    """Gather every rank's :func:`share_report` (a collective, once all have written: it is
+    also the barrier); returns every rank's manifest entries, or raises SaveError on every rank
+    naming the ranks whose files failed (rank 0 removes the temporary directory)."""
+    reports = distributed.gather_json(ranks, dict(report))
+    problems = [f"rank {r}: {rep['problem']}" for r, rep in enumerate(reports) if rep["problem"]]
+    if problems:
+        if ranks.is_coordinator:
+            remove_tree(staged.tmp)
+        raise SaveError(
+            f"could not save step {staged.step}: {'; '.join(problems)}",
             hint="earlier checkpoints are intact",
         )
-    return info
+    return {name: entry for rep in reports for name, entry in rep["files"].items()}
+
+
+_WRITE, _COMMIT = 0, 1  # the phases of a PendingSave
+
+
+class PendingSave:
+    """One distributed save from the end of its stall (:func:`stage`) to its commit, driven by
+    the training thread in the same order on every rank.
+
+    Phase one: every rank writes and fsyncs its files (:func:`share_report`), in the
+    background after :meth:`start`. Phase two: rank 0 writes the manifest listing every rank's
+    files and renames the directory (:func:`~spotwise.runtime.commit.commit_files`), then calls
+    ``committed`` (retention, events). A phase ends only when every rank's part of it is done,
+    and with a collective, so its threads never issue one: at a step boundary each rank
+    proposes :meth:`busy` through the Run's per-step agreement, and :meth:`agreed` ends the
+    phase once the agreed value says no rank is busy; :meth:`finish` ends the save at once
+    (blocking). A rank killed while writing leaves a temporary directory without a manifest,
+    which does not exist as a checkpoint; rank 0 removes it at the next start."""
+
+    def __init__(
+        self,
+        ranks: Ranks,
+        staged: Staged,
+        metrics: Mapping[str, float],
+        committed: Callable[[CheckpointInfo], None],
+    ) -> None:
+        self.ranks, self.staged = ranks, staged
+        self.step = staged.step
+        self.staged_at = time.perf_counter()  # the end of the stall
+        self._metrics, self._committed = dict(metrics), committed
+        self._phase = _WRITE
+        self._thread: threading.Thread | None = None
+        self._report: dict[str, Any] | None = None
+        self._error: BaseException | None = None  # rank 0's commit
+        self._entries: dict[str, Any] = {}
+        self._proposed: int | None = None  # the phase this rank's last proposal was about
+        self._agreed_on: int | None = None  # ... and the one before, which agreed() receives
+
+    def start(self) -> None:
+        """Write this rank's files in the background."""
+        self._thread = threading.Thread(target=self._write, name="spotwise-save", daemon=False)
+        self._thread.start()
+
+    def busy(self) -> int:
+        """This boundary's proposal: 1 while this rank's part of the current phase runs."""
+        self._agreed_on, self._proposed = self._proposed, self._phase
+        return int(self._thread is not None and self._thread.is_alive())
+
+    def agreed(self, busy: int) -> bool:
+        """Act on the agreed (maximum) of the proposals of one boundary ago: end the phase when
+        they were about this phase and no rank was busy. True once the save is committed;
+        raises SaveError on every rank when it failed."""
+        if busy or self._agreed_on != self._phase:
+            return False
+        self._join()
+        if self._phase == _WRITE:
+            self._end_writes(background=True)
+            return False
+        self._end_commit()
+        return True
+
+    def finish(self) -> None:
+        """Complete the save now, on every rank together (blocking): returns once committed,
+        raises SaveError on every rank when any part failed."""
+        if self._thread is None and self._report is None:
+            self._write()  # a blocking save: written on the calling thread
+        self._join()
+        if self._phase == _WRITE:
+            self._end_writes(background=False)
+        self._join()
+        self._end_commit()
+
+    def abandon(self) -> None:
+        """Wait for this rank's thread and leave the save uncommitted, without a collective (the
+        other ranks may be gone): for a Run ending on an error."""
+        self._join()
+        problem = self._error or (self._report or {}).get("problem")
+        if problem is not None:
+            log.error("background save of step %d failed: %s", self.step, problem)
+
+    def _join(self) -> None:
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+
+    def _write(self) -> None:
+        self._report = share_report(self.staged)
+
+    def _end_writes(self, *, background: bool) -> None:
+        assert self._report is not None
+        self._entries = conclude_writes(self.ranks, self.staged, self._report)
+        self._phase = _COMMIT
+        if not self.ranks.is_coordinator:
+            return
+        if background:
+            self._thread = threading.Thread(target=self._commit, name="spotwise-commit")
+            self._thread.start()
+        else:
+            self._commit()
+
+    def _commit(self) -> None:
+        try:
+            info = commit_files(
+                self.staged.tmp, self.step, {}, self._entries, metrics=self._metrics
+            )
+            self._committed(info)
+        except BaseException as exc:  # reported to every rank by _end_commit
+            self._error = exc
+
+    def _end_commit(self) -> None:
+        if distributed.all_agree(self.ranks, self._error is None):
+            return
+        error = self._error
+        problem = "rank 0 could not commit" if error is None else f"rank 0: {error}"
+        if isinstance(error, SaveError):
+            problem = f"rank 0: {error.message}"
+        raise SaveError(
+            f"could not save step {self.step}: {problem}", hint="earlier checkpoints are intact"
+        ) from error
 
 
 def agreed_checkpoints(ranks: Ranks, run_dir: Path) -> Iterator[LoadedCheckpoint]:
