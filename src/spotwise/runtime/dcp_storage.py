@@ -148,14 +148,21 @@ class SpotwiseWriter(StorageWriter):
 
 class SpotwiseReader(StorageReader):
     """Reads a DCP state out of checkpoint directory ``directory``, whose ``state.json`` held
-    ``document`` (the writer's JSON) and whose manifest listed ``files``."""
+    ``document`` (the writer's JSON) and whose manifest listed ``files``. ``preread`` holds
+    files already read and checked (while verifying), which are not read again."""
 
     def __init__(
-        self, directory: Path, document: Any, files: Mapping[str, FileEntry], where: str
+        self,
+        directory: Path,
+        document: Any,
+        files: Mapping[str, FileEntry],
+        where: str,
+        preread: Mapping[str, torch.Tensor] | None = None,
     ) -> None:
         super().__init__()
         self.directory = directory
         self.files = dict(files)
+        self.preread = dict(preread or {})
         self.where = where
         self.metadata, self.locations = _parse_document(document, self.files, where)
 
@@ -181,7 +188,9 @@ class SpotwiseReader(StorageReader):
                 raise CorruptCheckpointError(f"{self.where} asks for a non-tensor value")
             by_file.setdefault(self.locations[item.storage_index][0], []).append(item)
         for file, items in by_file.items():
-            buf = read_member(self.directory, file, self.files[file])
+            buf = self.preread.get(file)
+            if buf is None:
+                buf = read_member(self.directory, file, self.files[file])
             stored = parse_safetensors(buf, str(self.directory / file))
             for item in items:
                 name = self.locations[item.storage_index][1]

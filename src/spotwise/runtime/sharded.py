@@ -21,9 +21,10 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import secrets
 import warnings
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +47,6 @@ from spotwise.runtime.commit import (
     commit_files,
     list_checkpoints,
     load_checkpoint,
-    read_member,
     remove_tree,
     write_durable,
 )
@@ -66,6 +66,7 @@ log = logging.getLogger(__name__)
 
 RANK_TENSORS = "rank-{rank:05d}.safetensors"
 RANK_STATE = "rank-{rank:05d}.json"
+_WRITTEN_BY = re.compile(r"^(?:dcp|rank)-(\d+)\.(?:safetensors|json)$")  # a rank's own file
 _MARK = "__dcp__"  # where a tensor of a DCP state sits in its JSON skeleton
 
 
@@ -211,9 +212,12 @@ def save(
 
 def agreed_checkpoints(ranks: Ranks, run_dir: Path) -> Iterator[LoadedCheckpoint]:
     """The checkpoints every rank can read, newest first, the same sequence on every rank: rank
-    0 lists the candidates, each rank reads and verifies a candidate, and one all-reduce of the
-    verdicts skips it on all ranks when any rank failed. Each yielded document has this rank's
-    RNG and extras in place of rank 0's."""
+    0 lists the candidates; each rank reads the candidate's manifest, tensors and state, checks
+    the type and size of every file and the bytes of its :func:`verify_share`, and one
+    all-reduce of the verdicts skips it on all ranks when any rank failed. So every byte is
+    checked once, the cost split over the ranks, and a rank reads its share only once: the
+    bytes are kept for :func:`restore`. Each yielded document has this rank's RNG and extras
+    in place of rank 0's."""
     steps = distributed.broadcast_ints(
         ranks,
         [i.step for i in reversed(list_checkpoints(run_dir)) if i.valid]
@@ -222,9 +226,9 @@ def agreed_checkpoints(ranks: Ranks, run_dir: Path) -> Iterator[LoadedCheckpoint
     )
     for step in steps:
         path = run_dir / step_dir_name(step)
-        loaded, problem = None, "another rank could not read it"
+        loaded, problem = None, "another rank found a problem in its share of the files"
         try:
-            loaded = _load_for_rank(path, ranks.rank)
+            loaded = _load_for_rank(path, ranks)
         except CorruptCheckpointError as exc:
             problem = exc.message
         if not distributed.all_agree(ranks, loaded is not None):
@@ -236,23 +240,40 @@ def agreed_checkpoints(ranks: Ranks, run_dir: Path) -> Iterator[LoadedCheckpoint
         yield loaded
 
 
-def _load_for_rank(path: Path, rank: int) -> LoadedCheckpoint:
-    loaded = load_checkpoint(path)
+def verify_share(names: Iterable[str], rank: int, world: int) -> set[str]:
+    """The files of a distributed checkpoint, beyond the tensors and state every rank reads,
+    whose bytes rank ``rank`` of ``world`` checks: those rank ``i`` wrote fall to rank
+    ``i % world``, which at the same world size is the rank that reads them (its RNG and
+    extras, and under FSDP2 its shards), and anything else to rank 0, so that together the
+    ranks check every file once."""
+    mine = set()
+    for name in names:
+        written = _WRITTEN_BY.match(name)
+        if (int(written.group(1)) % world if written else 0) == rank:
+            mine.add(name)
+    return mine
+
+
+def _load_for_rank(path: Path, ranks: Ranks) -> LoadedCheckpoint:
+    loaded = load_checkpoint(
+        path, share=lambda manifest: verify_share(manifest.files, ranks.rank, ranks.world)
+    )
     doc = loaded.doc
     meta = doc.get("spotwise") if isinstance(doc, dict) else None
     if not isinstance(meta, dict) or "world" not in meta:
         return loaded  # not distributed: the Run refuses it with the reason
     files = loaded.manifest.files
-    name = RANK_STATE.format(rank=rank)
+    name = RANK_STATE.format(rank=ranks.rank)
     if name not in files:  # more ranks now than wrote it: this rank starts its RNG afresh
-        log.info("%s holds no state of rank %d; its RNGs are left as they are", path, rank)
+        log.info("%s holds no state of rank %d; its RNGs are left as they are", path, ranks.rank)
         doc.update(rng=capture_rng(), extras=None)
         return loaded
-    tensors_name = RANK_TENSORS.format(rank=rank)
+    tensors_name = RANK_TENSORS.format(rank=ranks.rank)
     if tensors_name not in files:
         raise CorruptCheckpointError(f"{path} lists {name} but not {tensors_name}")
-    own = parse_state(read_member(path, name, files[name]).numpy().tobytes(), str(path / name))
-    tensors = parse_safetensors(read_member(path, tensors_name, files[tensors_name]), str(path))
+    # both are this rank's own files, so in its share: read and checked already
+    own = parse_state(loaded.members[name].numpy().tobytes(), str(path / name))
+    tensors = parse_safetensors(loaded.members[tensors_name], str(path))
     try:
         mine = decode(own, tensors)
     except (CorruptCheckpointError, TypeError, ValueError, KeyError, AttributeError) as exc:
@@ -304,17 +325,22 @@ _FIT_HINT = "pass the same model and optimizer as the run that wrote it, or a ne
 
 
 def restore(
-    where: Path,
-    doc: Any,
-    loaded_files: Mapping[str, Any],
-    objects: Mapping[str, tuple[torch.nn.Module, Any]],
+    loaded: LoadedCheckpoint, doc: Any, objects: Mapping[str, tuple[torch.nn.Module, Any]]
 ) -> None:
-    """Load the DCP states of ``objects`` from checkpoint ``where`` (a collective). The tensors
-    are read into copies first, so a failed read leaves the live objects as they were."""
+    """Load the DCP states of ``objects`` from checkpoint ``loaded`` (a collective), whose
+    ``doc`` the Run checked. The files this rank verified are not read again; the tensors are
+    read into copies first, so a failed read leaves the live objects as they were."""
+    where = loaded.info.path
     skeletons = check_fits(where, doc, objects)
     live, _ = capture(objects)
     copies = {key: tensor.detach().clone() for key, tensor in live.items()}
-    reader = SpotwiseReader(where, doc["dcp"]["metadata"], loaded_files, str(where / STATE_FILE))
+    reader = SpotwiseReader(
+        where,
+        doc["dcp"]["metadata"],
+        loaded.manifest.files,
+        str(where / STATE_FILE),
+        loaded.members,
+    )
     try:
         dcp.load(copies, storage_reader=reader)
     except CheckpointException as exc:
@@ -332,7 +358,7 @@ def consolidated(path: Path, name: str = "model") -> dict[str, torch.Tensor]:
     read in this one process: from DCP shards of any world size (DCP loads without a process
     group), or from a single-process checkpoint's tensors. Raises CorruptCheckpointError or
     StateMismatchError naming what is missing."""
-    loaded = load_checkpoint(path)
+    loaded = load_checkpoint(path, share=lambda manifest: manifest.files)  # each file read once
     doc = loaded.doc
     meta = doc.get("spotwise") if isinstance(doc, dict) else None
     if not isinstance(meta, dict):
@@ -362,7 +388,9 @@ def consolidated(path: Path, name: str = "model") -> dict[str, torch.Tensor]:
             hint="name the Run's model entry (state= key), e.g. --state model",
         )
     state = {key: torch.empty(size, dtype=dtype) for key, (dtype, size) in shapes.items()}
-    reader = SpotwiseReader(path, section["metadata"], loaded.manifest.files, str(path))
+    reader = SpotwiseReader(
+        path, section["metadata"], loaded.manifest.files, str(path), loaded.members
+    )
     try:
         with warnings.catch_warnings():  # "assuming ... a single process": that is the point
             warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
