@@ -548,14 +548,15 @@ def _tensor_header(fd: int, size: int, file: Path) -> Header:
     return Header(length, raw, parse_header(raw, size - 8 - length, str(file)))
 
 
-def _buffer(size: int) -> torch.Tensor:
-    """An uninitialized uint8 tensor of ``size`` bytes to read a file into. A large one is an
-    anonymous mapping advised to use transparent huge pages: first-touch page faults, one per
-    4 KiB page otherwise, cost as much as the disk read itself on a virtual machine (256 MiB
-    faulted in at about 1.3 GB/s here), and one fault per 2 MiB page makes them negligible.
-    The tensor keeps the mapping alive; it is unmapped when the last view of it goes."""
+def fresh_buffer(size: int, *, zeroed: bool = False) -> torch.Tensor:
+    """An uninitialized (or ``zeroed``) uint8 tensor of ``size`` bytes to read a file or a
+    state into. A large one is an anonymous mapping (zero-filled by the kernel) advised to use
+    transparent huge pages: first-touch page faults, one per 4 KiB page otherwise, cost as much
+    as the disk read itself on a virtual machine (256 MiB faulted in at about 1.3 GB/s here),
+    and one fault per 2 MiB page makes them negligible. The tensor keeps the mapping alive; it
+    is unmapped when the last view of it goes."""
     if size < _READ_CHUNK or not hasattr(mmap, "MADV_HUGEPAGE"):
-        return torch.empty(size, dtype=torch.uint8)
+        return (torch.zeros if zeroed else torch.empty)(size, dtype=torch.uint8)
     region = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     region.madvise(mmap.MADV_HUGEPAGE)
     return torch.frombuffer(region, dtype=torch.uint8)
@@ -570,7 +571,7 @@ def _read_whole(fd: int, size: int, entry: FileEntry, file: Path) -> torch.Tenso
             f"{file} is {size} bytes, more than this machine's {memory} bytes of memory"
         )
     try:
-        buf = _buffer(size)
+        buf = fresh_buffer(size)
     except (RuntimeError, OSError) as exc:  # the allocator's or mmap's "not enough memory"
         raise CorruptCheckpointError(f"cannot allocate {size} bytes to read {file}") from exc
     view = memoryview(buf.numpy()).cast("B") if size else memoryview(b"")  # type: ignore[arg-type,unused-ignore]
