@@ -216,10 +216,10 @@ def agreed_checkpoints(ranks: Ranks, run_dir: Path) -> Iterator[LoadedCheckpoint
     """The checkpoints every rank can read, newest first, the same sequence on every rank: rank
     0 lists the candidates; each rank reads the candidate's manifest, tensors and state, checks
     the type and size of every file and the bytes of its :func:`verify_share`, and one
-    all-reduce of the verdicts skips it on all ranks when any rank failed. So every byte is
-    checked once, the cost split over the ranks, and a rank reads its share only once: the
-    bytes are kept for :func:`restore`. Each yielded document has this rank's RNG and extras
-    in place of rank 0's."""
+    all-reduce of the verdicts skips it on all ranks when any rank failed. So each rank's files
+    are checked by one rank, the cost split over the ranks, and a rank reads its share only
+    once: the bytes are kept for :func:`restore`. Each yielded document has this rank's RNG
+    and extras in place of rank 0's."""
     steps = distributed.broadcast_ints(
         ranks,
         [i.step for i in reversed(list_checkpoints(run_dir)) if i.valid]
