@@ -18,7 +18,7 @@ non-tensor state in JSON themselves.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -149,7 +149,8 @@ class SpotwiseWriter(StorageWriter):
 class SpotwiseReader(StorageReader):
     """Reads a DCP state out of checkpoint directory ``directory``, whose ``state.json`` held
     ``document`` (the writer's JSON) and whose manifest listed ``files``. ``preread`` holds
-    files already read and checked (while verifying), which are not read again."""
+    files already read and checked (while verifying), which are not read again; each is taken
+    out of it once used, so its memory goes as the load proceeds."""
 
     def __init__(
         self,
@@ -157,12 +158,12 @@ class SpotwiseReader(StorageReader):
         document: Any,
         files: Mapping[str, FileEntry],
         where: str,
-        preread: Mapping[str, torch.Tensor] | None = None,
+        preread: MutableMapping[str, torch.Tensor] | None = None,
     ) -> None:
         super().__init__()
         self.directory = directory
         self.files = dict(files)
-        self.preread = dict(preread or {})
+        self.preread = preread if preread is not None else {}
         self.where = where
         self.metadata, self.locations = _parse_document(document, self.files, where)
 
@@ -188,7 +189,7 @@ class SpotwiseReader(StorageReader):
                 raise CorruptCheckpointError(f"{self.where} asks for a non-tensor value")
             by_file.setdefault(self.locations[item.storage_index][0], []).append(item)
         for file, items in by_file.items():
-            buf = self.preread.get(file)
+            buf = self.preread.pop(file, None)
             if buf is None:
                 buf = read_member(self.directory, file, self.files[file])
             stored = parse_safetensors(buf, str(self.directory / file))
