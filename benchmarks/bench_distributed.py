@@ -9,8 +9,9 @@ measured in the same run:
    ``run.save()`` (DCP plan, spotwise files, CRCs, fsync, manifest, rename) against
    ``torch.distributed.checkpoint.save`` with its ``FileSystemWriter`` (which fsyncs too), and a
    resume (a new Run reading the newest checkpoint, CRCs checked) against ``dcp.load``.
-
-3. **Stall** of a background save of the large FSDP2 state (``run.save(block=False)``: DCP's
+3. **Resharded load** (2 -> 1): one rank (a second torchrun) resumes the checkpoint the two
+   ranks wrote, against ``dcp.load`` of the DCP checkpoint they saved.
+4. **Stall** of a background save of the large FSDP2 state (``run.save(block=False)``: DCP's
    planning collectives and the copy of this rank's shards into reused staging buffers; the
    write, fsync and commit follow in the background, outside the timing) against copying the
    same local shards into reused buffers with one ``torch._foreach_copy_``.
@@ -31,6 +32,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 os.environ["SPOTWISE_PLATFORM"] = "none"  # never probe link-local metadata from a benchmark
 
@@ -92,20 +94,26 @@ def _agreement(rank: int) -> None:
         print(f"ratio-agreement-overhead: {(with_s - step_s) / step_s:.4f}")
 
 
-def _sharded(label: str, tensors: int, numel: int, rank: int, repeats: int, root: Path) -> None:
-    import torch.distributed as dist
-    import torch.distributed.checkpoint as dcp
+def _fsdp_model(tensors: int, numel: int) -> Any:
+    """``tensors`` square layers of about ``numel`` weights each, ``fully_shard`` per layer."""
     from torch import nn
-    from torch.distributed.checkpoint.state_dict import get_model_state_dict
     from torch.distributed.fsdp import fully_shard
-
-    from spotwise import Run
 
     side = int(numel**0.5)
     layers = nn.ModuleList(nn.Linear(side, side, bias=False) for _ in range(tensors))
     for layer in layers:
         fully_shard(layer)
-    model = fully_shard(nn.Sequential(*layers))
+    return fully_shard(nn.Sequential(*layers))
+
+
+def _sharded(label: str, tensors: int, numel: int, rank: int, repeats: int, root: Path) -> None:
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+    from spotwise import Run
+
+    model = _fsdp_model(tensors, numel)
     total = sum(p.numel() * p.element_size() for p in model.parameters())
     run_dir, dcp_dir = root / f"run-{label}", root / f"dcp-{label}"
     run = Run(run_dir, model=model, notices=None, keep_last=2)
@@ -150,18 +158,12 @@ def _slowest_rank_s(fn: Callable[[], object]) -> float:
     return float(took.item())
 
 
-def _stall(rank: int, repeats: int, root: Path, mib: int) -> None:
+def _stall(rank: int, repeats: int, root: Path, tensors: int, numel: int) -> None:
     import torch
-    from torch import nn
-    from torch.distributed.fsdp import fully_shard
 
     from spotwise import Run
 
-    side = int((mib * 2**20 // 4 // 8) ** 0.5)
-    layers = nn.ModuleList(nn.Linear(side, side, bias=False) for _ in range(8))
-    for layer in layers:
-        fully_shard(layer)
-    model = fully_shard(nn.Sequential(*layers))
+    model = _fsdp_model(tensors, numel)
     run = Run(root / "run-stall", model=model, notices=None, keep_last=2)
 
     def stage() -> None:
@@ -182,21 +184,54 @@ def _stall(rank: int, repeats: int, root: Path, mib: int) -> None:
         print(f"ratio-dist-stall-vs-copy: {stall_s / copy_s:.2f}")
 
 
+def _reshard_load(label: str, tensors: int, numel: int, repeats: int, root: Path) -> None:
+    """On one rank: resume the Run of :func:`_sharded` (written by two ranks) and ``dcp.load``
+    the DCP checkpoint they saved, both resharding 2 -> 1, interleaved."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+    from spotwise import Run
+
+    model = _fsdp_model(tensors, numel)
+    run_dir, dcp_dir = root / f"run-{label}", root / f"dcp-{label}"
+    state = get_model_state_dict(model)
+    ours, theirs = [], []
+    for _ in range(repeats):
+        ours.append(_median_s(lambda: Run(run_dir, model=model, notices=None).close(), 1))
+        theirs.append(_median_s(lambda: dcp.load(state, checkpoint_id=str(dcp_dir)), 1))
+    ours_s, theirs_s = statistics.median(ours), statistics.median(theirs)
+    suffix = "" if label == "large" else f"-{label}"
+    ours_line = f"spotwise-reshard-load-{label}-s: {ours_s:.3f}"
+    print(f"{ours_line}  dcp-reshard-load-{label}-s: {theirs_s:.3f}")
+    print(f"ratio-dist-reshard-load-vs-dcp{suffix}: {theirs_s / ours_s:.2f}")
+
+
+def _states(quick: bool) -> list[tuple[str, int, int]]:
+    """``(label, tensors, numel)``: large, 8 square fp32 tensors of 1 GiB (64 MiB quick) in all;
+    many small, 2,000 (500 quick) tensors of 128 (32) KiB."""
+    mib = 64 if quick else 1024
+    small = (500, 32 * 1024 // 4) if quick else (2000, 128 * 1024 // 4)
+    return [("large", 8, mib * 2**20 // 4 // 8), ("small", *small)]
+
+
 def worker(args: argparse.Namespace) -> None:
     import torch
     import torch.distributed as dist
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
+    root = Path(args.dir)
+    if args.reshard:  # the second torchrun, of one rank
+        for label, tensors, numel in _states(args.quick):
+            _reshard_load(label, tensors, numel, args.repeats, root)
+        dist.destroy_process_group()
+        return
     rank = dist.get_rank()
     _agreement(rank)
-    root = Path(args.dir)
-    mib = 64 if args.quick else 1024
-    # large: 8 square fp32 tensors; many small: 2,000 (500 quick) tensors of 128 (32) KiB
-    _sharded("large", 8, mib * 2**20 // 4 // 8, rank, args.repeats, root)
-    _stall(rank, args.repeats, root, mib)
-    small = (500, 32 * 1024 // 4) if args.quick else (2000, 128 * 1024 // 4)
-    _sharded("small", *small, rank, args.repeats, root)
+    for label, tensors, numel in _states(args.quick):
+        _sharded(label, tensors, numel, rank, args.repeats, root)
+        if label == "large":
+            _stall(rank, args.repeats, root, tensors, numel)
     dist.destroy_process_group()
 
 
@@ -206,6 +241,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=None)
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--dir", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--reshard", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.repeats is None:
         args.repeats = 3 if args.quick else 5
@@ -213,11 +249,14 @@ def main() -> None:
         worker(args)
         return
     with tempfile.TemporaryDirectory(prefix="bench-dist-", dir=os.getcwd()) as tmp:
-        command = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
-        command += ["--nproc-per-node=2", __file__, "--worker", "--dir", tmp]
-        command += ["--repeats", str(args.repeats)] + (["--quick"] if args.quick else [])
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
-        sys.exit(subprocess.run(command, env=env, check=False).returncode)
+        for ranks, extra in (("2", []), ("1", ["--reshard"])):  # then 2 -> 1
+            command = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+            command += [f"--nproc-per-node={ranks}", __file__, "--worker", "--dir", tmp, *extra]
+            command += ["--repeats", str(args.repeats)] + (["--quick"] if args.quick else [])
+            code = subprocess.run(command, env=env, check=False).returncode
+            if code:
+                sys.exit(code)
 
 
 if __name__ == "__main__":

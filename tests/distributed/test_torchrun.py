@@ -7,19 +7,23 @@ import hashlib
 import os
 import re
 import signal
+import socket
 import subprocess
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
 import torch
+from prometheus_client.parser import text_string_to_metric_families
 from safetensors.torch import load_file
 from typer.testing import CliRunner
 
 from spotwise.cli.main import app
 from spotwise.runtime.commit import list_checkpoints
+from spotwise.telemetry.events import read_events
 
-from .conftest import finish, launch, wait_for
+from .conftest import finish, launch, signal_job, wait_for, workers
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "examples" / "digits" / "train.py"
@@ -31,10 +35,12 @@ SAVED = re.compile(r"saved step (\d+) in \S+; exiting with code 75")
 pytestmark = pytest.mark.e2e
 
 
-def torchrun(nproc: int, run_dir: Path, steps: int, *args: str) -> subprocess.Popen[str]:
+def torchrun(
+    nproc: int, run_dir: Path, steps: int, *args: str, env: dict[str, str] | None = None
+) -> subprocess.Popen[str]:
     """``torchrun --standalone`` of the digits example, in its own process group."""
     args = ("--run-dir", str(run_dir), "--steps", str(steps), "--save-every", "10", *args)
-    return launch(nproc, SCRIPT, *args)
+    return launch(nproc, SCRIPT, *args, env=env)
 
 
 def completed(nproc: int, run_dir: Path, steps: int, *args: str) -> tuple[str, list[int]]:
@@ -50,8 +56,7 @@ def rank_pid(proc: subprocess.Popen[str], rank: int, timeout: float = 60) -> int
     """The pid of torchrun worker ``rank`` (a child of the agent with RANK=rank)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
-        for child in children:
+        for child in workers(proc):
             try:
                 environ = Path(f"/proc/{child}/environ").read_bytes().split(b"\0")
             except OSError:
@@ -60,6 +65,12 @@ def rank_pid(proc: subprocess.Popen[str], rank: int, timeout: float = 60) -> int
                 return int(child)
         time.sleep(0.05)
     raise AssertionError(f"no worker of rank {rank}")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 def sha256_of(state: dict[str, torch.Tensor]) -> str:
@@ -75,26 +86,44 @@ def steps_in(run_dir: Path) -> list[int]:
 
 
 def test_ddp_survives_kills_and_notices_and_a_corrupt_shard(tmp_path: Path) -> None:
-    reference, _ = completed(2, tmp_path / "reference", 30)
+    reference, _ = completed(2, tmp_path / "reference", 40)
     run_dir = tmp_path / "run"
 
-    # one rank SIGKILLed: the survivor cannot finish a collective, torchrun ends the job
-    proc = torchrun(2, run_dir, 30, "--step-sleep", "0.05")
+    # the machine lost (every process SIGKILLed at once), while one port serves /metrics: the
+    # process of local rank 0 binds it, rank 1 (same machine) does not try
+    port = free_port()
+    metrics_port = {"SPOTWISE_METRICS_PORT": str(port)}
+    proc = torchrun(2, run_dir, 40, "--step-sleep", "0.2", env=metrics_port)
     wait_for(run_dir / "step-00000010", proc)
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+        families = {f.name: f for f in text_string_to_metric_families(response.read().decode())}
+    signal_job(proc, signal.SIGKILL, workers(proc))  # the machine lost: every process at once
+    rc, out = finish(proc, timeout=30)
+    assert rc == -signal.SIGKILL, out[-3000:]  # killed mid-run: 30 steps of 0.2 s were left
+    assert families["spotwise_run_steps"].samples[0].value >= 10
+    assert [e["port"] for e in read_events(run_dir / "events.jsonl", "metrics-endpoint")] == [port]
+    left = list_checkpoints(run_dir, deep=True)  # what the kill left: only whole checkpoints
+    assert [c.step for c in left] == [10] and left[0].valid
+
+    # one rank SIGKILLed, restarted at once: the survivor cannot finish a collective, torchrun
+    # ends the job
+    proc = torchrun(2, run_dir, 40, "--step-sleep", "0.05")
+    wait_for(run_dir / "step-00000020", proc)
     os.kill(rank_pid(proc, 1), signal.SIGKILL)
     killed = time.monotonic()
     rc, out = finish(proc, timeout=90)
     assert rc != 0 and time.monotonic() - killed < 60, out[-3000:]
-    left = list_checkpoints(run_dir, deep=True)  # what the kill left: only whole checkpoints
-    assert left and all(c.valid for c in left) and left[0].step == 10
+    assert RESUMED.findall(out) == ["10", "10"], out[-3000:]
+    left = list_checkpoints(run_dir, deep=True)
+    assert [c.step for c in left] == [10, 20] and all(c.valid for c in left)
 
     # SIGTERM to rank 1 only: both ranks save the same step and exit 75
-    proc = torchrun(2, run_dir, 30, "--step-sleep", "0.05")
-    wait_for(run_dir / "step-00000020", proc)
+    proc = torchrun(2, run_dir, 40, "--step-sleep", "0.05")
+    wait_for(run_dir / "step-00000030", proc)
     os.kill(rank_pid(proc, 1), signal.SIGTERM)
     rc, out = finish(proc)
     saved = [int(s) for s in SAVED.findall(out)]
-    assert len(saved) == 2 and saved[0] == saved[1] >= 20, out[-3000:]
+    assert len(saved) == 2 and saved[0] == saved[1] >= 30, out[-3000:]
     assert re.findall(r"^\s*exitcode\s+:\s*(-?\d+)", out, re.M) == ["75", "75"], out[-3000:]
     newest = steps_in(run_dir)[-1]
     assert newest == saved[0]
@@ -105,7 +134,7 @@ def test_ddp_survives_kills_and_notices_and_a_corrupt_shard(tmp_path: Path) -> N
     data[-3] ^= 0xFF
     shard.write_bytes(bytes(data))
     older = [s for s in steps_in(run_dir) if s < newest][-1]
-    final, resumed = completed(2, run_dir, 30)
+    final, resumed = completed(2, run_dir, 40)
     assert resumed == [older, older]
     assert final == reference
 

@@ -30,7 +30,7 @@ import stat
 import time
 import uuid
 import warnings
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from enum import IntEnum
@@ -432,6 +432,8 @@ class LoadedCheckpoint:
     doc: Any  # the state with its tensor references resolved (``state.decode``)
     manifest: Manifest
     manifest_raw: bytes = b""
+    # further members read whole and checked, by name (what a ``share`` named; see load_checkpoint)
+    members: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
 def _kind(mode: int) -> str:
@@ -546,14 +548,15 @@ def _tensor_header(fd: int, size: int, file: Path) -> Header:
     return Header(length, raw, parse_header(raw, size - 8 - length, str(file)))
 
 
-def _buffer(size: int) -> torch.Tensor:
-    """An uninitialized uint8 tensor of ``size`` bytes to read a file into. A large one is an
-    anonymous mapping advised to use transparent huge pages: first-touch page faults, one per
-    4 KiB page otherwise, cost as much as the disk read itself on a virtual machine (256 MiB
-    faulted in at about 1.3 GB/s here), and one fault per 2 MiB page makes them negligible.
-    The tensor keeps the mapping alive; it is unmapped when the last view of it goes."""
+def fresh_buffer(size: int, *, zeroed: bool = False) -> torch.Tensor:
+    """An uninitialized (or ``zeroed``) uint8 tensor of ``size`` bytes to read a file or a
+    state into. A large one is an anonymous mapping (zero-filled by the kernel) advised to use
+    transparent huge pages: first-touch page faults, one per 4 KiB page otherwise, cost as much
+    as the disk read itself on a virtual machine (256 MiB faulted in at about 1.3 GB/s here),
+    and one fault per 2 MiB page makes them negligible. The tensor keeps the mapping alive; it
+    is unmapped when the last view of it goes."""
     if size < _READ_CHUNK or not hasattr(mmap, "MADV_HUGEPAGE"):
-        return torch.empty(size, dtype=torch.uint8)
+        return (torch.zeros if zeroed else torch.empty)(size, dtype=torch.uint8)
     region = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     region.madvise(mmap.MADV_HUGEPAGE)
     return torch.frombuffer(region, dtype=torch.uint8)
@@ -568,7 +571,7 @@ def _read_whole(fd: int, size: int, entry: FileEntry, file: Path) -> torch.Tenso
             f"{file} is {size} bytes, more than this machine's {memory} bytes of memory"
         )
     try:
-        buf = _buffer(size)
+        buf = fresh_buffer(size)
     except (RuntimeError, OSError) as exc:  # the allocator's or mmap's "not enough memory"
         raise CorruptCheckpointError(f"cannot allocate {size} bytes to read {file}") from exc
     view = memoryview(buf.numpy()).cast("B") if size else memoryview(b"")  # type: ignore[arg-type,unused-ignore]
@@ -583,13 +586,19 @@ class _Read:
     tensors: dict[str, torch.Tensor] = field(default_factory=dict)
     state: Any = None
     doc: Any = None
+    members: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
-def _inspect(path: Path, step: int | None, depth: Depth) -> _Read:
+Share = Callable[[Manifest], Collection[str]]  # the further members one reader checks
+
+
+def _inspect(path: Path, step: int | None, depth: Depth, share: Share | None = None) -> _Read:
     """The one verdict: raises CorruptCheckpointError naming the first problem found.
 
     ``step`` is the step the directory must hold; None takes it from the directory's name (a
-    staging directory of a download passes it explicitly)."""
+    staging directory of a download passes it explicitly). ``share`` (at ``Depth.LOAD``)
+    narrows the byte checks of the members beyond the tensors and state to those it names,
+    which are read whole and kept; the others get the checks of listing only."""
     if step is None:
         step = step_of_dir(path.name)
         if step is None:
@@ -627,6 +636,7 @@ def _inspect(path: Path, step: int | None, depth: Depth) -> _Read:
             name: _tensor_header(*opened[name], path / name) for name in manifest.tensor_files
         }
         read = _Read(manifest, raw)
+        mine = None if share is None or depth != Depth.LOAD else frozenset(share(manifest))
         for name, entry in manifest.files.items():
             fd, size = opened[name]
             file = path / name
@@ -640,6 +650,9 @@ def _inspect(path: Path, step: int | None, depth: Depth) -> _Read:
                 if twice is not None:
                     raise CorruptCheckpointError(f"{path}: tensor {twice!r} is in two files")
                 read.tensors.update(part)
+            elif mine is not None:
+                if name in mine:
+                    read.members[name] = _read_whole(fd, size, entry, file)
             elif depth >= Depth.CHECKSUMS:
                 _check_crc(_stream_crc(fd, size, file), entry, file)
         if depth == Depth.LOAD:
@@ -666,13 +679,20 @@ def _info(path: Path, read: _Read) -> CheckpointInfo:
     return CheckpointInfo(m.step, path, m.wall_time, total, True, None, dict(m.metrics))
 
 
-def load_checkpoint(path: str | os.PathLike[str], *, step: int | None = None) -> LoadedCheckpoint:
-    """Read and verify one checkpoint; CorruptCheckpointError names what is wrong."""
+def load_checkpoint(
+    path: str | os.PathLike[str], *, step: int | None = None, share: Share | None = None
+) -> LoadedCheckpoint:
+    """Read and verify one checkpoint; CorruptCheckpointError names what is wrong.
+
+    With ``share``, the bytes of the members beyond the tensors and state are checked only for
+    the names ``share(manifest)`` returns, and those are kept read in ``members``: one rank of a
+    distributed job checks its share of the files, which it is about to read anyway, and the
+    ranks agree on the verdict (:func:`spotwise.runtime.sharded.agreed_checkpoints`)."""
     path = Path(path)
-    read = _inspect(path, step, Depth.LOAD)
+    read = _inspect(path, step, Depth.LOAD, share)
     info = _info(path, read)
     return LoadedCheckpoint(
-        info, read.tensors, read.state, read.doc, read.manifest, read.manifest_raw
+        info, read.tensors, read.state, read.doc, read.manifest, read.manifest_raw, read.members
     )
 
 

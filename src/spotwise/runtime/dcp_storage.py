@@ -21,7 +21,7 @@ non-tensor state in JSON themselves.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -150,14 +150,22 @@ class SpotwiseWriter(StorageWriter):
 
 class SpotwiseReader(StorageReader):
     """Reads a DCP state out of checkpoint directory ``directory``, whose ``state.json`` held
-    ``document`` (the writer's JSON) and whose manifest listed ``files``."""
+    ``document`` (the writer's JSON) and whose manifest listed ``files``. ``preread`` holds
+    files already read and checked (while verifying), which are not read again; each is taken
+    out of it once used, so its memory goes as the load proceeds."""
 
     def __init__(
-        self, directory: Path, document: Any, files: Mapping[str, FileEntry], where: str
+        self,
+        directory: Path,
+        document: Any,
+        files: Mapping[str, FileEntry],
+        where: str,
+        preread: MutableMapping[str, torch.Tensor] | None = None,
     ) -> None:
         super().__init__()
         self.directory = directory
         self.files = dict(files)
+        self.preread = preread if preread is not None else {}
         self.where = where
         self.metadata, self.locations = _parse_document(document, self.files, where)
 
@@ -183,7 +191,9 @@ class SpotwiseReader(StorageReader):
                 raise CorruptCheckpointError(f"{self.where} asks for a non-tensor value")
             by_file.setdefault(self.locations[item.storage_index][0], []).append(item)
         for file, items in by_file.items():
-            buf = read_member(self.directory, file, self.files[file])
+            buf = self.preread.pop(file, None)
+            if buf is None:
+                buf = read_member(self.directory, file, self.files[file])
             stored = parse_safetensors(buf, str(self.directory / file))
             for item in items:
                 name = self.locations[item.storage_index][1]

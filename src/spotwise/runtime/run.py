@@ -856,7 +856,7 @@ class Run:
             if self._position is not None:
                 self._position.load_state_dict(doc["loader"])
             if self._sharded:  # first: a collective, and the one read that can still fail
-                _sharded().restore(where, doc, loaded.manifest.files, self._sharded)
+                _sharded().restore(loaded, doc, self._sharded)
             for name, obj in self.state.items():
                 if name not in self._sharded:
                     obj.load_state_dict(saved[name])

@@ -24,11 +24,12 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import secrets
 import threading
 import time
 import warnings
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -42,6 +43,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_model_state_dict,
     set_optimizer_state_dict,
 )
+from torch.distributed.tensor import DTensor
 
 from spotwise.errors import ConfigError, CorruptCheckpointError, SaveError, StateMismatchError
 from spotwise.runtime import distributed
@@ -50,9 +52,9 @@ from spotwise.runtime.commit import (
     CheckpointInfo,
     LoadedCheckpoint,
     commit_files,
+    fresh_buffer,
     list_checkpoints,
     load_checkpoint,
-    read_member,
     remove_tree,
     write_durable,
 )
@@ -74,6 +76,7 @@ log = logging.getLogger(__name__)
 
 RANK_TENSORS = "rank-{rank:05d}.safetensors"
 RANK_STATE = "rank-{rank:05d}.json"
+_WRITTEN_BY = re.compile(r"^(?:dcp|rank)-(\d+)\.(?:safetensors|json)$")  # a rank's own file
 _MARK = "__dcp__"  # where a tensor of a DCP state sits in its JSON skeleton
 
 
@@ -382,9 +385,12 @@ class PendingSave:
 
 def agreed_checkpoints(ranks: Ranks, run_dir: Path) -> Iterator[LoadedCheckpoint]:
     """The checkpoints every rank can read, newest first, the same sequence on every rank: rank
-    0 lists the candidates, each rank reads and verifies a candidate, and one all-reduce of the
-    verdicts skips it on all ranks when any rank failed. Each yielded document has this rank's
-    RNG and extras in place of rank 0's."""
+    0 lists the candidates; each rank reads the candidate's manifest, tensors and state, checks
+    the type and size of every file and the bytes of its :func:`verify_share`, and one
+    all-reduce of the verdicts skips it on all ranks when any rank failed. So each rank's files
+    are checked by one rank, the cost split over the ranks, and a rank reads its share only
+    once: the bytes are kept for :func:`restore`. Each yielded document has this rank's RNG
+    and extras in place of rank 0's."""
     steps = distributed.broadcast_ints(
         ranks,
         [i.step for i in reversed(list_checkpoints(run_dir)) if i.valid]
@@ -393,9 +399,9 @@ def agreed_checkpoints(ranks: Ranks, run_dir: Path) -> Iterator[LoadedCheckpoint
     )
     for step in steps:
         path = run_dir / step_dir_name(step)
-        loaded, problem = None, "another rank could not read it"
+        loaded, problem = None, "another rank found a problem in its share of the files"
         try:
-            loaded = _load_for_rank(path, ranks.rank)
+            loaded = _load_for_rank(path, ranks)
         except CorruptCheckpointError as exc:
             problem = exc.message
         if not distributed.all_agree(ranks, loaded is not None):
@@ -407,23 +413,40 @@ def agreed_checkpoints(ranks: Ranks, run_dir: Path) -> Iterator[LoadedCheckpoint
         yield loaded
 
 
-def _load_for_rank(path: Path, rank: int) -> LoadedCheckpoint:
-    loaded = load_checkpoint(path)
+def verify_share(names: Iterable[str], rank: int, world: int) -> set[str]:
+    """The files of a distributed checkpoint, beyond the tensors and state every rank reads,
+    whose bytes rank ``rank`` of ``world`` checks: those rank ``i`` wrote fall to rank
+    ``i % world``, which at the same world size is the rank that reads them (its RNG and
+    extras, and under FSDP2 its shards), and anything else to rank 0, so that together the
+    ranks check every file once."""
+    mine = set()
+    for name in names:
+        written = _WRITTEN_BY.match(name)
+        if (int(written.group(1)) % world if written else 0) == rank:
+            mine.add(name)
+    return mine
+
+
+def _load_for_rank(path: Path, ranks: Ranks) -> LoadedCheckpoint:
+    loaded = load_checkpoint(
+        path, share=lambda manifest: verify_share(manifest.files, ranks.rank, ranks.world)
+    )
     doc = loaded.doc
     meta = doc.get("spotwise") if isinstance(doc, dict) else None
     if not isinstance(meta, dict) or "world" not in meta:
         return loaded  # not distributed: the Run refuses it with the reason
     files = loaded.manifest.files
-    name = RANK_STATE.format(rank=rank)
+    name = RANK_STATE.format(rank=ranks.rank)
     if name not in files:  # more ranks now than wrote it: this rank starts its RNG afresh
-        log.info("%s holds no state of rank %d; its RNGs are left as they are", path, rank)
+        log.info("%s holds no state of rank %d; its RNGs are left as they are", path, ranks.rank)
         doc.update(rng=capture_rng(), extras=None)
         return loaded
-    tensors_name = RANK_TENSORS.format(rank=rank)
+    tensors_name = RANK_TENSORS.format(rank=ranks.rank)
     if tensors_name not in files:
         raise CorruptCheckpointError(f"{path} lists {name} but not {tensors_name}")
-    own = parse_state(read_member(path, name, files[name]).numpy().tobytes(), str(path / name))
-    tensors = parse_safetensors(read_member(path, tensors_name, files[tensors_name]), str(path))
+    # both are this rank's own files, so in its share: read and checked already
+    own = parse_state(loaded.members[name].numpy().tobytes(), str(path / name))
+    tensors = parse_safetensors(loaded.members[tensors_name], str(path))
     try:
         mine = decode(own, tensors)
     except (CorruptCheckpointError, TypeError, ValueError, KeyError, AttributeError) as exc:
@@ -475,17 +498,22 @@ _FIT_HINT = "pass the same model and optimizer as the run that wrote it, or a ne
 
 
 def restore(
-    where: Path,
-    doc: Any,
-    loaded_files: Mapping[str, Any],
-    objects: Mapping[str, tuple[torch.nn.Module, Any]],
+    loaded: LoadedCheckpoint, doc: Any, objects: Mapping[str, tuple[torch.nn.Module, Any]]
 ) -> None:
-    """Load the DCP states of ``objects`` from checkpoint ``where`` (a collective). The tensors
-    are read into copies first, so a failed read leaves the live objects as they were."""
+    """Load the DCP states of ``objects`` from checkpoint ``loaded`` (a collective), whose
+    ``doc`` the Run checked. The files this rank verified are not read again; the tensors are
+    read into blank copies first, so a failed read leaves the live objects as they were."""
+    where = loaded.info.path
     skeletons = check_fits(where, doc, objects)
     live, _ = capture(objects)
-    copies = {key: tensor.detach().clone() for key, tensor in live.items()}
-    reader = SpotwiseReader(where, doc["dcp"]["metadata"], loaded_files, str(where / STATE_FILE))
+    copies = _blank_copies(live)
+    reader = SpotwiseReader(
+        where,
+        doc["dcp"]["metadata"],
+        loaded.manifest.files,
+        str(where / STATE_FILE),
+        loaded.members,
+    )
     try:
         dcp.load(copies, storage_reader=reader)
     except CheckpointException as exc:
@@ -498,12 +526,49 @@ def restore(
             set_optimizer_state_dict(model, optimizer, state)
 
 
+_ALIGN = 64  # bytes: each blank copy starts on a cache line
+
+
+def _blank_copies(live: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Zeroed tensors like ``live`` (a DTensor: its local shard, on the same mesh and
+    placements) for ``dcp.load`` to fill; a part the checkpoint's chunks leave uncovered reads
+    as zeros. The host ones are carved out of one fresh buffer: a copy of the live tensors
+    (``clone``) took half the resume's time, most of it faulting in new pages one by one."""
+    local = {k: t.to_local() if isinstance(t, DTensor) else t for k, t in live.items()}
+    host = [k for k, t in local.items() if t.device.type == "cpu"]
+    offsets, total = {}, 0
+    for key in host:
+        offsets[key] = total
+        total += -(-local[key].numel() * local[key].element_size() // _ALIGN) * _ALIGN
+    block = fresh_buffer(total, zeroed=True)
+    copies = {}
+    for key, tensor in local.items():
+        if key in offsets:
+            size = tensor.numel() * tensor.element_size()
+            start = offsets[key]
+            blank = block[start : start + size].view(tensor.dtype).view(tensor.shape)
+        else:  # on an accelerator
+            blank = torch.zeros_like(tensor)
+        original = live[key]
+        if isinstance(original, DTensor):
+            blank = DTensor.from_local(
+                blank,
+                original.device_mesh,
+                original.placements,
+                run_check=False,
+                shape=original.shape,
+                stride=original.stride(),
+            )
+        copies[key] = blank
+    return copies
+
+
 def consolidated(path: Path, name: str = "model") -> dict[str, torch.Tensor]:
     """The full, unsharded state dict of state entry ``name`` (a model) of checkpoint ``path``,
     read in this one process: from DCP shards of any world size (DCP loads without a process
     group), or from a single-process checkpoint's tensors. Raises CorruptCheckpointError or
     StateMismatchError naming what is missing."""
-    loaded = load_checkpoint(path)
+    loaded = load_checkpoint(path, share=lambda manifest: manifest.files)  # each file read once
     doc = loaded.doc
     meta = doc.get("spotwise") if isinstance(doc, dict) else None
     if not isinstance(meta, dict):
@@ -533,7 +598,9 @@ def consolidated(path: Path, name: str = "model") -> dict[str, torch.Tensor]:
             hint="name the Run's model entry (state= key), e.g. --state model",
         )
     state = {key: torch.empty(size, dtype=dtype) for key, (dtype, size) in shapes.items()}
-    reader = SpotwiseReader(path, section["metadata"], loaded.manifest.files, str(path))
+    reader = SpotwiseReader(
+        path, section["metadata"], loaded.manifest.files, str(path), loaded.members
+    )
     try:
         with warnings.catch_warnings():  # "assuming ... a single process": that is the point
             warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)

@@ -3,9 +3,13 @@
 event shipped to CloudWatch Logs.
 
 Off, it costs the loop nothing: no thread, no server; ``run.log`` then only appends an event at
-most once a second. The Prometheus figures are read from the ``Run`` when scraped (a custom
-collector), so the training loop never updates a metric object per step. GPU samples arrive
-from :mod:`spotwise.telemetry.gpu`'s thread and are also written as ``gpu`` events.
+most once a second. Under ``torch.distributed`` one process per machine serves ``/metrics``: the
+one of node-local rank 0 (``LOCAL_RANK``, as torchrun sets it), so the same port works on every
+machine of the job and one scrape target per machine sees its GPUs once. The ranks run in
+lockstep, so its step and save figures are the job's. The Prometheus figures are read from the
+``Run`` when scraped (a custom collector), so the training loop never updates a metric object
+per step. GPU samples arrive from :mod:`spotwise.telemetry.gpu`'s thread and are also written
+as ``gpu`` events.
 """
 
 from __future__ import annotations
@@ -76,7 +80,7 @@ class RunTelemetry:
         self.sampler: gpu.GpuSampler | None = None
         self.sink: CloudWatchSink | None = None
         try:  # what started is stopped again if a later part cannot start
-            if port is not None:
+            if port is not None and _node_local_rank() == 0:
                 self._serve(int(port))
             self.sampler = gpu.start_sampler(
                 gpu.DEFAULT_INTERVAL_S if interval is None else interval, self._gpu_sample
@@ -135,6 +139,17 @@ class RunTelemetry:
             self._server.shutdown()
             self._server.server_close()
             self._server = None
+
+
+def _node_local_rank() -> int:
+    """This process's rank on its machine: 0 outside ``torch.distributed``; under it torch's
+    own reading of ``LOCAL_RANK``, or the global rank when the launcher set none (then only
+    rank 0 serves, which cannot collide on any machine)."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return 0
+    return int(dist.get_node_local_rank(fallback_rank=dist.get_rank()))
 
 
 def _stream_name(run: RunLike) -> str:
