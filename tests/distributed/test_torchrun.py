@@ -89,11 +89,11 @@ def test_ddp_survives_kills_and_notices_and_a_corrupt_shard(tmp_path: Path) -> N
     reference, _ = completed(2, tmp_path / "reference", 40)
     run_dir = tmp_path / "run"
 
-    # the machine lost (every process SIGKILLed at once), while one port serves /metrics: the
-    # process of local rank 0 binds it, rank 1 (same machine) does not try
+    # the machine lost (every process, DataLoader workers too, SIGKILLed at once), while one port
+    # serves /metrics: the process of local rank 0 binds it, rank 1 (same machine) does not try
     port = free_port()
     metrics_port = {"SPOTWISE_METRICS_PORT": str(port)}
-    proc = torchrun(2, run_dir, 40, "--step-sleep", "0.2", env=metrics_port)
+    proc = torchrun(2, run_dir, 40, "--step-sleep", "0.2", "--workers", "2", env=metrics_port)
     wait_for(run_dir / "step-00000010", proc)
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
         families = {f.name: f for f in text_string_to_metric_families(response.read().decode())}
@@ -105,9 +105,9 @@ def test_ddp_survives_kills_and_notices_and_a_corrupt_shard(tmp_path: Path) -> N
     left = list_checkpoints(run_dir, deep=True)  # what the kill left: only whole checkpoints
     assert [c.step for c in left] == [10] and left[0].valid
 
-    # one rank SIGKILLed, restarted at once: the survivor cannot finish a collective, torchrun
-    # ends the job
-    proc = torchrun(2, run_dir, 40, "--step-sleep", "0.05")
+    # one rank's main process SIGKILLed (the OOM killer: its DataLoader workers are orphaned),
+    # restarted at once: the survivor cannot finish a collective, torchrun ends the job
+    proc = torchrun(2, run_dir, 40, "--step-sleep", "0.05", "--workers", "2")
     wait_for(run_dir / "step-00000020", proc)
     os.kill(rank_pid(proc, 1), signal.SIGKILL)
     killed = time.monotonic()
