@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
 import textwrap
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -71,11 +73,36 @@ def wait_until(pred: Callable[[], object], timeout_s: float = 180.0) -> None:
         time.sleep(0.2)
 
 
+@contextlib.contextmanager
+def controller_thread(spec: JobSpec, join_s: float) -> Iterator[SimpleNamespace]:
+    """Submit ``spec`` and run its controller in a thread (with its own store connection) while
+    the body acts on the job through ``.store``, ``.job`` and ``.text()`` (its log so far). On
+    leaving, wait up to ``join_s`` for the job to end; one still running then is cancelled."""
+    store = Store()
+    job = submit(store, spec)
+    log = store.job(job.id).log_path
+    thread = threading.Thread(target=lambda: Controller(Store(), job.id).run())
+    thread.start()
+    try:
+        yield SimpleNamespace(
+            store=store,
+            job=job,
+            text=lambda: log.read_text(errors="replace") if log.exists() else "",
+        )
+        thread.join(join_s)
+    finally:
+        if thread.is_alive():
+            Store().request_cancel(job.id)
+            thread.join(60)
+
+
 @pytest.fixture()
 def kit() -> SimpleNamespace:
     """``kit.spec(workdir, **fields)``, ``kit.run(spec)``, ``kit.runs(workdir)``,
-    ``kit.wait(pred, timeout_s)``."""
-    return SimpleNamespace(spec=make_spec, run=run_to_end, runs=runs, wait=wait_until)
+    ``kit.wait(pred, timeout_s)``, ``with kit.controller(spec, join_s) as running: ...``."""
+    return SimpleNamespace(
+        spec=make_spec, run=run_to_end, runs=runs, wait=wait_until, controller=controller_thread
+    )
 
 
 @pytest.fixture(scope="module")

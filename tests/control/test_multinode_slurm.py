@@ -9,14 +9,13 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
-import threading
 import time
 from pathlib import Path
 
 import pytest
 
-from spotwise.control.controller import Controller, job_summary, submit
-from spotwise.control.store import JobState, Store
+from spotwise.control.controller import job_summary
+from spotwise.control.store import JobState
 
 TOY = Path(__file__).with_name("ddp_toy.py")
 pytestmark = pytest.mark.slurm
@@ -31,27 +30,14 @@ def test_two_task_job_requeued_once_saves_on_both_ranks_and_finishes(slurm, work
         command="python ddp_toy.py 60 0.1",
         procs_per_node=2,
     )
-    store = Store()
-    job = submit(store, spec)
-    thread = threading.Thread(target=lambda: Controller(Store(), job.id).run())
-    thread.start()
-    try:
-        log = store.job(job.id).log_path
-
-        def text() -> str:
-            return log.read_text(errors="replace") if log.exists() else ""
-
+    with kit.controller(spec, 240) as running:
+        store, job, text = running.store, running.job, running.text
         kit.wait(lambda: "rank 0/2 starts at step 0" in text() and "rank 1/2 starts" in text())
         time.sleep(1.0)
         slurm_id = store.attempts(job.id)[-1].handle["slurm_job_id"]
         batch = (Path(store.job(job.id).dir) / "attempts" / "1" / "batch.sh").read_text()
         subprocess.run(["scontrol", "requeue", slurm_id], check=True, timeout=30)
         kit.wait(lambda: len(store.attempts(job.id)) == 2)
-        thread.join(240)
-    finally:
-        if thread.is_alive():
-            Store().request_cancel(job.id)
-            thread.join(60)
     summary = job_summary(store, store.job(job.id))
     out = text()
     assert summary["state"] == JobState.SUCCEEDED.value, out

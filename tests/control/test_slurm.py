@@ -37,16 +37,8 @@ def test_requeued_twice_finishes_with_the_uninterrupted_hash(slurm, tmp_path: Pa
         stdout=subprocess.PIPE,
         text=True,
     )
-    store = Store()
-    job = submit(store, spec)
-    thread = threading.Thread(target=lambda: Controller(Store(), job.id).run())
-    thread.start()
-    try:
-        log = store.job(job.id).log_path
-
-        def text() -> str:
-            return log.read_text(errors="replace") if log.exists() else ""
-
+    with kit.controller(spec, 300) as running:
+        store, job, text = running.store, running.job, running.text
         for restarts in (0, 1):  # requeue once in the first run and once after a resume
             kit.wait(
                 lambda r=restarts: (
@@ -57,11 +49,6 @@ def test_requeued_twice_finishes_with_the_uninterrupted_hash(slurm, tmp_path: Pa
             slurm_id = store.attempts(job.id)[-1].handle["slurm_job_id"]
             subprocess.run(["scontrol", "requeue", slurm_id], check=True, timeout=30)
             kit.wait(lambda r=restarts: len(store.attempts(job.id)) == r + 2)
-        thread.join(300)
-    finally:
-        if thread.is_alive():
-            Store().request_cancel(job.id)
-            thread.join(60)
     summary = job_summary(store, store.job(job.id))
     assert summary["state"] == JobState.SUCCEEDED.value, summary
     assert [a["reason"] for a in summary["attempts"]] == ["preempted", "preempted", "succeeded"]
