@@ -1,4 +1,5 @@
-"""What the e2e tests share: the same training run, never interrupted, to compare against."""
+"""What the e2e tests share: the CLI as a user runs it, and the same training run, never
+interrupted, to compare against."""
 
 from __future__ import annotations
 
@@ -14,6 +15,16 @@ import pytest
 from spotwise.control.spec import JobSpec
 
 HASH = re.compile(r"final-weights-sha256: ([0-9a-f]{64})")
+SPOTWISE = [sys.executable, "-c", "from spotwise.cli.main import main; main()"]
+
+
+def cli(
+    *args: str, env: dict[str, str] | None = None, timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
+    """``spotwise ARGS`` in a fresh interpreter, as a user runs it, its output captured."""
+    return subprocess.run(
+        [*SPOTWISE, *args], capture_output=True, text=True, timeout=timeout, env=env
+    )
 
 
 @pytest.fixture()

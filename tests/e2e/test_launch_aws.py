@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -16,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
+from .conftest import HASH, SPOTWISE, cli
+
 ROOT = Path(__file__).resolve().parents[2]
 JOB = ROOT / "examples" / "digits" / "job-aws.yaml"
-HASH = re.compile(r"final-weights-sha256: ([0-9a-f]{64})")
-SPOTWISE = [sys.executable, "-c", "from spotwise.cli.main import main; main()"]
 
 pytestmark = pytest.mark.e2e
 
@@ -113,12 +112,6 @@ def _volumes(env: dict[str, str], job_id: str) -> list[dict]:
     )["Volumes"]
 
 
-def _cli(env: dict[str, str], *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [*SPOTWISE, *args], capture_output=True, text=True, timeout=timeout, env=env
-    )
-
-
 def test_digits_on_ec2_spot_survives_an_interruption_with_identical_weights(
     ec2: dict[str, str], tmp_path: Path
 ):
@@ -136,11 +129,11 @@ def test_digits_on_ec2_spot_survives_an_interruption_with_identical_weights(
         text=True,
     )
     env = {**ec2, "SPOTWISE_HOME": str(tmp_path / "home")}
-    launched = _cli(env, "launch", str(JOB), timeout=600)
+    launched = cli("launch", str(JOB), timeout=600, env=env)
     assert launched.returncode == 0, launched.stdout + launched.stderr
 
-    [job] = json.loads(_cli(env, "jobs", "--json").stdout)
-    status = json.loads(_cli(env, "status", job["id"], "--json").stdout)
+    [job] = json.loads(cli("jobs", "--json", env=env).stdout)
+    status = json.loads(cli("status", job["id"], "--json", env=env).stdout)
     reasons = [a["reason"] for a in status["attempts"]]
     assert status["state"] == "SUCCEEDED", status
     assert status["preemptions"] >= 1 and reasons[-1] == "succeeded", reasons
@@ -154,7 +147,7 @@ def test_digits_on_ec2_spot_survives_an_interruption_with_identical_weights(
     ]
     assert len(refused) == 1 and "InsufficientInstanceCapacity" in refused[0]  # next placement
 
-    logs = _cli(env, "logs", job["id"]).stdout
+    logs = cli("logs", job["id"], env=env).stdout
     assert "resumed from step" in logs
     got = HASH.findall(logs)
     out, _ = baseline.communicate(timeout=300)
@@ -191,16 +184,16 @@ def test_controller_killed_mid_launch_then_resumed_leaves_no_orphan_or_duplicate
     job_id = ""
     while not job_id or not _instances(env, job_id, live_only=True):
         assert time.time() < deadline and first.poll() is None, "no instance was launched"
-        jobs = json.loads(_cli(env, "jobs", "--json").stdout or "[]")
+        jobs = json.loads(cli("jobs", "--json", env=env).stdout or "[]")
         job_id = jobs[0]["id"] if jobs else ""
         time.sleep(0.1)
     first.send_signal(signal.SIGKILL)  # right after RunInstances: the instance is running
     first.wait()
     [machine] = _instances(env, job_id, live_only=True)
 
-    resumed = _cli(env, "resume", job_id, "--quiet", timeout=600)
+    resumed = cli("resume", job_id, "--quiet", timeout=600, env=env)
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
-    status = json.loads(_cli(env, "status", job_id, "--json").stdout)
+    status = json.loads(cli("status", job_id, "--json", env=env).stdout)
     assert status["state"] == "SUCCEEDED"
     # the killed controller's instance was adopted as attempt 1, not launched again; each
     # attempt (a spot interruption may add one) has exactly one instance

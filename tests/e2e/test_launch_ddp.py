@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -16,14 +15,10 @@ import pytest
 
 from spotwise.control.spec import load_spec
 
+from .conftest import HASH, cli
+
 ROOT = Path(__file__).resolve().parents[2]
 JOB = ROOT / "examples" / "digits" / "job-ddp.yaml"
-HASH = re.compile(r"final-weights-sha256: ([0-9a-f]{64})")
-SPOTWISE = [sys.executable, "-c", "from spotwise.cli.main import main; main()"]
-
-
-def _cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*SPOTWISE, *args], capture_output=True, text=True, timeout=timeout)
 
 
 @pytest.mark.e2e
@@ -46,12 +41,12 @@ def test_ddp_job_on_two_sim_nodes_is_preempted_and_ends_with_identical_weights(t
         timeout=300,
     )
     assert baseline.returncode == 0, baseline.stderr[-2000:]
-    launched = _cli("launch", str(JOB), timeout=600)
+    launched = cli("launch", str(JOB), timeout=600)
     assert launched.returncode == 0, launched.stdout + launched.stderr
 
-    [job] = json.loads(_cli("jobs", "--json").stdout)
-    status = json.loads(_cli("status", job["id"], "--json").stdout)
-    log = _cli("logs", job["id"]).stdout
+    [job] = json.loads(cli("jobs", "--json").stdout)
+    status = json.loads(cli("status", job["id"], "--json").stdout)
+    log = cli("logs", job["id"]).stdout
     assert status["state"] == "SUCCEEDED", log
     reasons = [a["reason"] for a in status["attempts"]]
     assert "preempted" in reasons and reasons[-1] == "succeeded", (reasons, log)

@@ -7,7 +7,6 @@ from __future__ import annotations
 import itertools
 import json
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -16,14 +15,10 @@ import pytest
 
 from spotwise.control.spec import load_spec
 
+from .conftest import HASH, cli
+
 ROOT = Path(__file__).resolve().parents[2]
 JOB = ROOT / "examples" / "digits" / "job.yaml"
-HASH = re.compile(r"final-weights-sha256: ([0-9a-f]{64})")
-SPOTWISE = [sys.executable, "-c", "from spotwise.cli.main import main; main()"]
-
-
-def _cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*SPOTWISE, *args], capture_output=True, text=True, timeout=timeout)
 
 
 @pytest.mark.e2e
@@ -37,12 +32,12 @@ def test_readme_main_job_survives_preemptions_with_identical_weights(tmp_path: P
         [sys.executable, *argv], cwd=spec.workdir, env=env, stdout=subprocess.PIPE, text=True
     )
 
-    launched = _cli("launch", str(JOB), timeout=600)
+    launched = cli("launch", str(JOB), timeout=600)
     assert launched.returncode == 0, launched.stdout + launched.stderr
     assert "on-demand" in launched.stdout and "saved $" in launched.stdout
 
-    [job] = json.loads(_cli("jobs", "--json").stdout)
-    status = json.loads(_cli("status", job["id"], "--json").stdout)
+    [job] = json.loads(cli("jobs", "--json").stdout)
+    status = json.loads(cli("status", job["id"], "--json").stdout)
     assert status["state"] == "SUCCEEDED"
     reasons = [a["reason"] for a in status["attempts"]]
     assert reasons[-1] == "succeeded"
@@ -57,7 +52,7 @@ def test_readme_main_job_survives_preemptions_with_identical_weights(tmp_path: P
     assert 0 < status["cost_usd"] < status["ondemand_cost_usd"]
     assert status["cost_usd"] == pytest.approx(sum(a["cost_usd"] for a in status["attempts"]))
 
-    logs = _cli("logs", job["id"]).stdout
+    logs = cli("logs", job["id"]).stdout
     assert "resumed from step" in logs
     got = HASH.findall(logs)
     assert len(got) == 1

@@ -7,10 +7,8 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -22,16 +20,10 @@ from spotwise.control.spec import load_spec
 from spotwise.emulators.kubelet import NodeSpec
 from spotwise.emulators.kubernetes import KubernetesEmulator, pool_nodes
 
+from .conftest import HASH, SPOTWISE, cli
+
 ROOT = Path(__file__).resolve().parents[2]
 JOB = ROOT / "examples" / "digits" / "job-k8s.yaml"
-HASH = re.compile(r"final-weights-sha256: ([0-9a-f]{64})")
-SPOTWISE = [sys.executable, "-c", "from spotwise.cli.main import main; main()"]
-
-
-def _cli(env: dict[str, str], *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [*SPOTWISE, *args], capture_output=True, text=True, timeout=timeout, env=env
-    )
 
 
 @pytest.mark.e2e
@@ -57,8 +49,8 @@ def test_k8s_job_survives_an_eviction_with_identical_weights(tmp_path: Path, uni
         emu.cluster.evict("default", pod["metadata"]["name"])
         out, _ = launch.communicate(timeout=600)
         assert launch.returncode == 0, out
-        [job] = json.loads(_cli(env, "jobs", "--json").stdout)
-        status = json.loads(_cli(env, "status", job["id"], "--json").stdout)
+        [job] = json.loads(cli("jobs", "--json", env=env).stdout)
+        status = json.loads(cli("status", job["id"], "--json", env=env).stdout)
         leftovers = emu.leftovers()
     assert status["state"] == "SUCCEEDED"
     reasons = [a["reason"] for a in status["attempts"]]
@@ -68,7 +60,7 @@ def test_k8s_job_survives_an_eviction_with_identical_weights(tmp_path: Path, uni
     assert 0 < status["cost_usd"] < status["ondemand_cost_usd"]
     assert leftovers == {"jobs": [], "pods": [], "processes": []}
 
-    logs = _cli(env, "logs", job["id"]).stdout
+    logs = cli("logs", job["id"], env=env).stdout
     assert "resumed from step" in logs
     got = HASH.findall(logs)
     assert len(got) == 1
@@ -96,12 +88,12 @@ def test_a_cluster_without_gpus_or_spot_nodes_is_refused_before_launch(
     nodes = pool_nodes(flavour, gpus_per_node=gpus)
     with KubernetesEmulator(tmp_path / "cluster", nodes=nodes) as emu:
         env = {**os.environ, "KUBECONFIG": str(emu.kubeconfig)}
-        done = _cli(env, "launch", str(JOB))
+        done = cli("launch", str(JOB), env=env)
         assert done.returncode == 2, done.stdout + done.stderr
         assert words in done.stderr
         assert emu.leftovers()["jobs"] == [] and emu.api.requests  # it asked, created nothing
         assert not any(method == "POST" for method, _, _ in emu.api.requests)
-        assert json.loads(_cli(env, "jobs", "--json").stdout) == []
+        assert json.loads(cli("jobs", "--json", env=env).stdout) == []
 
 
 @pytest.mark.e2e
@@ -143,7 +135,7 @@ def test_controller_killed_while_launching_resumes_without_orphan_or_duplicate(t
             },
         }
         batch.create_namespaced_job("default", blocker)  # holds the only GPU
-        detached = _cli(env, "launch", str(job_file), "--detach")
+        detached = cli("launch", str(job_file), "--detach", env=env)
         assert detached.returncode == 0, detached.stderr
         job_id = detached.stdout.strip()
 
@@ -162,9 +154,9 @@ def test_controller_killed_while_launching_resumes_without_orphan_or_duplicate(t
         emu.cluster.evict("default", pod.metadata.name)  # the node goes while nobody watches
         _wait_for(lambda: our_pods()[0].status.phase == "Failed")
 
-        resumed = _cli(env, "resume", job_id, "--quiet", timeout=300)
+        resumed = cli("resume", job_id, "--quiet", timeout=300, env=env)
         assert resumed.returncode == 0, resumed.stdout + resumed.stderr
-        status = json.loads(_cli(env, "status", job_id, "--json").stdout)
+        status = json.loads(cli("status", job_id, "--json", env=env).stdout)
         created = [
             path
             for method, path, code in emu.api.requests
@@ -174,7 +166,7 @@ def test_controller_killed_while_launching_resumes_without_orphan_or_duplicate(t
     assert [a["reason"] for a in status["attempts"]] == ["preempted", "succeeded"]
     assert len(created) == 1 + 2  # the blocker, then one Job per attempt: no duplicate
     assert leftovers == {"jobs": [], "pods": [], "processes": []}
-    assert "resumed from step" in _cli(env, "logs", job_id).stdout
+    assert "resumed from step" in cli("logs", job_id, env=env).stdout
 
 
 def _wait_for(check, timeout_s: float = 300.0) -> None:
