@@ -222,7 +222,9 @@ def live(starts: int) -> None:
 
     from spotwise.control.controller import Controller, job_summary
     from spotwise.control.decisions import live_problem
+    from spotwise.control.pricing import zone_interruption_rates
     from spotwise.control.store import Store
+    from spotwise.market.interruption import load_interruption_model
 
     os.environ["SPOTWISE_HOME"] = tempfile.mkdtemp(prefix="spotwise-bench-")
     store = Store()
@@ -257,9 +259,9 @@ def live(starts: int) -> None:
                 ).run()
                 got = job_summary(store, store.job(job.id), now=sim.clock())["cost_usd"]
                 problem, g = live_problem(work_s, deadline_s, d_s, 1.0, gap, 0.918, 3.06)
-                want = simulate_run(
-                    make_policy(policy), problem, Markets(g, sim.available, ("z",)), start
-                ).cost_usd
+                prior = zone_interruption_rates(load_interruption_model(), None, ("z",))
+                markets = Markets(g, sim.available, ("z",), prior_rates_per_h=prior)
+                want = simulate_run(make_policy(policy), problem, markets, start).cost_usd
                 live_usd.append(got)
                 sim_usd.append(want)
                 agree += abs(got - want) <= 1e-6 * want

@@ -79,6 +79,11 @@ def test_the_policy_starts_in_the_advisors_best_zone_and_moves_to_the_next_ranke
     assert event["data"]["zones"] == RANKED
     costs = [r["expected_cost_usd"] for r in event["data"]["ranked"]]
     assert costs == sorted(costs)
+    # the policy's prior is the advisor's rate of each ranked zone
+    assert doc["prior_rates_per_h"] == [
+        r["interruption_rate_per_h"] for r in event["data"]["ranked"]
+    ]
+    assert doc["prior_rates_per_h"][:2] == [0.05, 0.05]
     assert job_summary(store, store.job(job.id), now=sim.clock())["policy"]["zones"] == RANKED
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -30,6 +31,12 @@ def register(app: typer.Typer) -> None:
         spot_price: float = typer.Option(0.918, help="Spot usd per hour per node."),
         ondemand_price: float = typer.Option(3.06, help="On-demand usd per hour per node."),
         nodes: int = typer.Option(1, help="Nodes needed: spot is available when n_t >= nodes."),
+        instance_type: str = typer.Option(
+            "p3.2xlarge",
+            help="Machine of the traces: the market advisor's interruption rate of this type "
+            "in each trace's zone is the policy's prior, as in `spotwise launch` (the shipped "
+            "traces are V100 p3.2xlarge).",
+        ),
         start_h: float = typer.Option(0.0, help="Offset into the trace of the (first) start."),
         starts: int = typer.Option(
             1, help="K start offsets evenly spaced over the part of the trace that fits R."
@@ -57,7 +64,16 @@ def register(app: typer.Typer) -> None:
             ondemand_price_usd_per_hour=ondemand_price,
             nodes=nodes,
         )
+        from spotwise.control.pricing import zone_interruption_rates
+        from spotwise.market.interruption import load_interruption_model
+
         markets = sim.Markets.from_traces([_load(t) for t in (trace or [DEFAULT_TRACE])], nodes)
+        markets = dataclasses.replace(
+            markets,
+            prior_rates_per_h=zone_interruption_rates(
+                load_interruption_model(), instance_type, markets.zone_names
+            ),
+        )
         first = round(start_h * 3600.0 / markets.gap_s)
         ticks = sim.run_ticks(problem, markets.gap_s)
         offsets = sim.start_ticks(markets.n_ticks, ticks, starts, first) if starts > 1 else [first]

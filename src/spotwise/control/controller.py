@@ -38,7 +38,7 @@ from spotwise.control.decisions import (
     stop_for_budget,
     zone_offers,
 )
-from spotwise.control.pricing import interruption_rate_per_h
+from spotwise.control.pricing import zone_interruption_rates
 from spotwise.control.progress import (
     Committed,
     compute_s,
@@ -67,6 +67,7 @@ from spotwise.errors import (
     ProviderError,
     TransientProviderError,
 )
+from spotwise.market.advisor import RankedZone
 from spotwise.market.interruption import InterruptionModel, load_interruption_model
 from spotwise.market.policies import Market, Problem, make_policy
 from spotwise.market.policies.driver import PolicyDriver
@@ -115,12 +116,24 @@ def job_terms(
 
 
 def build_driver(
-    spec: JobSpec, provider: Provider, compute_wall_s: float, zones: tuple[str, ...]
+    spec: JobSpec,
+    provider: Provider,
+    compute_wall_s: float,
+    zones: tuple[str, ...],
+    prior_rates_per_h: tuple[float, ...] | None = None,
 ) -> PolicyDriver:
     """The job's policy object over ``zones`` (index 0 the best: its on-demand zone, and the
-    single-zone policies' zone), reset for the job's terms priced there."""
+    single-zone policies' zone), reset for the job's terms priced there, starting from the
+    advisor's interruption rates of the zones (``prior_rates_per_h``, one per zone)."""
     problem, gap_s = job_terms(spec, provider, compute_wall_s, zones[0])
-    return PolicyDriver(make_policy(spec.policy), problem, gap_s, zones, name=spec.policy)
+    return PolicyDriver(
+        make_policy(spec.policy),
+        problem,
+        gap_s,
+        zones,
+        name=spec.policy,
+        prior_rates_per_h=prior_rates_per_h,
+    )
 
 
 def submit(store: Store, spec: JobSpec, spec_path: str | None = None) -> Job:
@@ -685,15 +698,22 @@ class Controller:
         done = self.read_progress(self._checkpoint_dir(job))
         total = compute_s(self.spec.steps, self.spec.expected_runtime_s, done.step_rate)
         if total > 0:
-            zones = self._rank_zones(job, total)
-            self._driver = build_driver(self.spec, self.provider, total, zones)
+            ranked = self._rank_zones(job, total)
+            self._driver = build_driver(
+                self.spec,
+                self.provider,
+                total,
+                tuple(r.zone for r in ranked),
+                tuple(r.interruption_rate_per_h for r in ranked),
+            )
         return self._driver
 
-    def _rank_zones(self, job: Job, compute_wall_s: float) -> tuple[str, ...]:
+    def _rank_zones(self, job: Job, compute_wall_s: float) -> list[RankedZone]:
         """The zones the job's policy plans over, for its whole life: the advisor's best
-        ``RANKED_ZONES`` of the provider's, by expected cost for the job's terms, from the
-        provider's spot prices, the interruption model's estimates and the job's own record
-        so far (docs/control.md). Recorded as a ``zones`` event."""
+        ``RANKED_ZONES`` of the provider's (in every region it offers), by expected cost for
+        the job's terms, from the provider's spot prices, the interruption model's estimates
+        and the job's own record so far (docs/control.md); their rates are the policy's prior.
+        Recorded as a ``zones`` event."""
         features, prices = self.provider.features, self.provider.prices
         problem, _ = job_terms(self.spec, self.provider, compute_wall_s, features.zones[0])
         model = self._interruptions or load_interruption_model()
@@ -702,7 +722,7 @@ class Controller:
         offers = zone_offers(
             features.zones,
             [prices.of(Placement("spot", z)).usd_per_hour for z in features.zones],
-            [interruption_rate_per_h(model, itype, z) for z in features.zones],
+            zone_interruption_rates(model, itype, features.zones),
             self.store.attempts(self.job_id),
             self.clock(),
         )
@@ -718,7 +738,7 @@ class Controller:
             ),
             {"zones": [r.zone for r in ranked], "ranked": [r.to_dict() for r in ranked]},
         )
-        return tuple(r.zone for r in ranked)
+        return ranked
 
     def _decide(self, job: Job, attempt: Attempt | None, now: float) -> None:
         """At each tick boundary ask the job's policy, once, with what is known now (the

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import re
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from spotwise.errors import ConfigError, MarketError
@@ -44,3 +45,11 @@ def interruption_rate_per_h(
     advisor ranks placements with: the zone's own row, else its region's, else the cloud's
     default (zones it does not know then rank by price alone)."""
     return model.rate(cloud, region_of(zone), zone, instance_type or "").rate_per_h
+
+
+def zone_interruption_rates(
+    model: InterruptionModel, instance_type: str | None, zones: Sequence[str]
+) -> tuple[float, ...]:
+    """``interruption_rate_per_h`` of each zone: what the advisor ranks a job's zones by and
+    the policy's prior, in ``spotwise launch`` and ``spotwise simulate`` alike."""
+    return tuple(interruption_rate_per_h(model, instance_type, z) for z in zones)

@@ -32,6 +32,9 @@ class Markets:
     available: np.ndarray  # bool, zones x ticks
     zone_names: tuple[str, ...]
     spot_prices: np.ndarray | None = None  # usd_per_hour, zones x ticks; None: Problem's price
+    # the advisor's interruption rate per running hour of each zone, the policy's prior (the
+    # controller hands its policy the same); None: the policy's built-in prior
+    prior_rates_per_h: tuple[float, ...] | None = None
 
     @classmethod
     def from_traces(
@@ -134,7 +137,14 @@ def simulate_run(
         )
     avail = markets.available[:, start : start + ticks]
     prices = markets.prices(problem, start, ticks)
-    driver = PolicyDriver(policy, problem, gap, markets.zone_names, markets.available[:, :start])
+    driver = PolicyDriver(
+        policy,
+        problem,
+        gap,
+        markets.zone_names,
+        markets.available[:, :start],
+        prior_rates_per_h=markets.prior_rates_per_h,
+    )
     plan = getattr(policy, "plan", None)
     if callable(plan):  # the omniscient optimum alone is shown the future
         plan(avail, prices)

@@ -144,7 +144,9 @@ class Policy(Protocol):
     """A decision rule. ``reset`` starts a run; ``decide`` is called once per tick boundary.
 
     Policies may keep state between calls, but only from what they were shown: the observations
-    so far and ``history`` (availability before the run started, zones x ticks). Only
+    so far, ``history`` (availability before the run started, zones x ticks) and
+    ``prior_rates_per_h`` (the market advisor's interruption rate per running hour of each
+    zone, where one is known: what a job without history starts from). Only
     :class:`~spotwise.market.policies.optimal.OptimalPolicy` is shown the future, through
     ``plan``.
     """
@@ -152,7 +154,12 @@ class Policy(Protocol):
     name: str
 
     def reset(
-        self, problem: Problem, gap_s: float, zones: int, history: np.ndarray | None
+        self,
+        problem: Problem,
+        gap_s: float,
+        zones: int,
+        history: np.ndarray | None,
+        prior_rates_per_h: tuple[float, ...] | None = None,
     ) -> None: ...
 
     def decide(self, obs: Observation) -> Decision: ...
@@ -175,7 +182,14 @@ class BasePolicy:
     def __init__(self) -> None:
         self.committed = False  # on-demand until the end (Safety Net fired)
 
-    def reset(self, problem: Problem, gap_s: float, zones: int, history: np.ndarray | None) -> None:
+    def reset(
+        self,
+        problem: Problem,
+        gap_s: float,
+        zones: int,
+        history: np.ndarray | None,
+        prior_rates_per_h: tuple[float, ...] | None = None,
+    ) -> None:
         self.problem = problem
         self.gap_s = gap_s
         self.zones = zones

@@ -22,8 +22,10 @@ from spotwise.market.policies.base import Decision, Market, Observation, Policy,
 
 class PolicyDriver:
     """``policy`` reset for ``problem`` on ``zones`` (names; the policy's zone indices point
-    into them) with ``gap_s``-long ticks. The names are stored with the state, so a driver
-    restored by a later controller means the same zone by the same index."""
+    into them) with ``gap_s``-long ticks and, where known, the advisor's interruption rate of
+    each zone (``prior_rates_per_h``, the policy's prior). Names and rates are stored with the
+    state, so a driver restored by a later controller means the same zone by the same index
+    and starts from the same prior even if the advisor's estimates have moved since."""
 
     def __init__(
         self,
@@ -34,15 +36,28 @@ class PolicyDriver:
         history: np.ndarray | None = None,
         *,
         name: str | None = None,
+        prior_rates_per_h: Sequence[float] | None = None,
     ) -> None:
         self.policy = policy
         self.name = name or policy.name
         self.problem = problem
         self.gap_s = gap_s
         self.zones = tuple(zones)
+        self.prior_rates_per_h = (
+            None if prior_rates_per_h is None else tuple(float(r) for r in prior_rates_per_h)
+        )
+        if self.prior_rates_per_h is not None and (
+            len(self.prior_rates_per_h) != len(self.zones)
+            or any(not r >= 0 for r in self.prior_rates_per_h)
+        ):
+            raise ConfigError(
+                f"prior interruption rates {list(self.prior_rates_per_h)} do not fit zones "
+                f"{list(self.zones)}",
+                hint="give one rate per zone (per running hour, >= 0)",
+            )
         self.tick = -1  # last boundary decided
         self.decision: Decision | None = None
-        policy.reset(problem, gap_s, len(self.zones), history)
+        policy.reset(problem, gap_s, len(self.zones), history, self.prior_rates_per_h)
 
     def decide(
         self,
@@ -87,6 +102,9 @@ class PolicyDriver:
             "problem": dataclasses.asdict(self.problem),
             "gap_s": self.gap_s,
             "zones": list(self.zones),
+            "prior_rates_per_h": None
+            if self.prior_rates_per_h is None
+            else list(self.prior_rates_per_h),
             "tick": self.tick,
             "decision": None if d is None else {"market": d.market.value, "zone": d.zone},
             "state": self.policy.state(),
@@ -104,6 +122,7 @@ class PolicyDriver:
                 float(doc["gap_s"]),
                 tuple(str(z) for z in doc["zones"]),
                 name=doc["policy"],
+                prior_rates_per_h=doc.get("prior_rates_per_h"),
             )
             driver.policy.load_state(doc["state"])
             driver.tick = int(doc["tick"])

@@ -45,11 +45,14 @@ def bucket_widths(ages: int) -> tuple[int, ...]:
     return tuple(2**b if b < ages - 1 else 1 for b in range(ages))
 
 
+PRIOR_UP_H = 2.0  # mean spot up-run (hours) assumed where nothing else is known
+
+
 def hazard_estimate(
     seq: np.ndarray,
     gap_s: float,
     ages: int = 2,
-    prior_up_h: float = 2.0,
+    prior_up_h: float = PRIOR_UP_H,
     prior_down_h: float = 2.0,
     prior_weight_h: float = 12.0,
 ) -> tuple[tuple[float, ...], tuple[float, ...]]:
@@ -203,8 +206,24 @@ class SpotwisePolicy(BasePolicy):
         self.window_h = window_h
         self.max_cells = max_cells
 
-    def reset(self, problem: Problem, gap_s: float, zones: int, history: np.ndarray | None) -> None:
-        super().reset(problem, gap_s, zones, history)
+    def reset(
+        self,
+        problem: Problem,
+        gap_s: float,
+        zones: int,
+        history: np.ndarray | None,
+        prior_rates_per_h: tuple[float, ...] | None = None,
+    ) -> None:
+        super().reset(problem, gap_s, zones, history, prior_rates_per_h)
+        # Each zone's prior mean up-run: the advisor's 1 / interruption rate where given (a live
+        # job starts with no history, so these are what its first plans rank zones by), else
+        # the built-in PRIOR_UP_H; it weighs as much as hazard_estimate's prior_weight_h of
+        # observation, so history and the run's own ticks soon outweigh it.
+        self._prior_up_h = (
+            [PRIOR_UP_H] * zones
+            if prior_rates_per_h is None
+            else [1.0 / max(r, 1e-6) for r in prior_rates_per_h]
+        )
         # Plan on ticks of at least plan_tick_s (k trace ticks each): with 34 s ticks and
         # d = 720 s the exact plan has 22 changeover phases and 6,353 ticks; planning on 68 s
         # ticks took a twelfth of the time and a seventh of the memory (docs/policies.md), and
@@ -225,8 +244,8 @@ class SpotwisePolicy(BasePolicy):
         # the buckets of a plan over max_zones zones (or all there are), also for the ranking
         ages = self._plan_ages(min(self.max_zones, self.zones))
         estimates = [
-            hazard_estimate(np.array(seq)[::-1][::k][::-1], self._plan_gap, ages)
-            for seq in self._past
+            hazard_estimate(np.array(seq)[::-1][::k][::-1], self._plan_gap, ages, prior_up_h=up_h)
+            for seq, up_h in zip(self._past, self._prior_up_h, strict=True)
         ]
         # rank zones by long-run availability under the old-age rates
         stationary = [d[-1] / (u[-1] + d[-1]) for d, u in estimates]
