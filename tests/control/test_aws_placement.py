@@ -151,3 +151,30 @@ def test_a_request_no_aws_offer_meets_names_the_setting(given: dict[str, Any], w
     text = str(info.value)
     for word in words:
         assert word in text, text
+
+
+def test_regions_let_the_advisor_rank_zones_across_them():
+    # us-west-2 is cheaper per hour but stormy: its zone ranks after us-east-1's two, and the
+    # job keeps all three (one region alone would drop it); pinned as regions, not region
+    got = choose_placement(
+        **{**OPEN, "gpu": "T4", "regions": ("us-west-2", "us-east-1")},
+        market="spot",
+        catalog=CATALOG,
+        model=MODEL,
+    )
+    assert got.instance_type == "g4dn.xlarge"
+    assert got.zones == ("us-east-1c", "us-east-1a", "us-west-2a")
+    assert got.regions == ("us-east-1", "us-west-2") and got.region == "us-east-1"
+    costs = [p.expected_cost_usd for p in got.ranked]
+    assert costs == sorted(costs) and {p.region for p in got.ranked} == set(got.regions)
+    assert got.pins() == {
+        "instance_type": "g4dn.xlarge",
+        "region": None,
+        "regions": ["us-east-1", "us-west-2"],
+        "zones": ["us-east-1c", "us-east-1a", "us-west-2a"],
+    }
+    # what it pinned is what a later controller gets back, without ranking again
+    again = choose_placement(
+        **{**OPEN, **got.pins(), "region": None}, market="spot", catalog=CATALOG, model=MODEL
+    )
+    assert (again.zones, again.regions, again.advised) == (got.zones, got.regions, False)

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from pydantic import Field, model_validator
 
-from spotwise.control.pricing import catalog_usd_per_hour
+from spotwise.control.pricing import catalog_usd_per_hour, region_of
 from spotwise.control.providers.aws_placement import AwsPlacement, choose_placement, settle_zones
 from spotwise.control.providers.base import (
     MARKETS,
@@ -82,13 +82,14 @@ _SECRET_ENV = re.compile(r"^AWS_(ACCESS_KEY_ID|SECRET_ACCESS_KEY|SESSION_TOKEN|S
 
 class AwsOptions(Options):
     region: str | None = None  # default: the advisor's choice for the job's resources
+    regions: list[str] = Field(default_factory=list)  # several: the job spans them (not region)
     s3: str = Field(pattern=r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/.*)?$")
     zones: list[str] = Field(default_factory=list)  # default: the keys of subnets, or <region>a
     subnets: dict[str, str] = Field(default_factory=dict)  # zone -> subnet id
     instance_type: str | None = None  # default: resources.instance_type, else advised
-    image_id: str | None = None
+    image_id: str | dict[str, str] | None = None  # one AMI, or region -> AMI
     launch_template: dict[str, str] | None = None  # {"id" | "name": ..., "version": ...}
-    security_group_ids: list[str] = Field(default_factory=list)
+    security_group_ids: list[str] | dict[str, list[str]] = Field(default_factory=list)
     instance_profile: str | None = None  # name, or an ARN
     key_name: str | None = None
     root_device: str | None = None  # default: the AMI's RootDeviceName
@@ -145,11 +146,33 @@ def advise_placement(
         cpus=resources.cpus if resources else 1,
         instance_type=opts.instance_type or instance_type,
         region=opts.region,
+        regions=tuple(opts.regions),
         zones=tuple(opts.zones or opts.subnets),
         market="spot",
         catalog=load_catalog(),
         model=load_interruption_model(),
     )
+
+
+def _check_regions(opts: AwsOptions, session: Any) -> None:
+    """Every region the job file names is one of botocore's own region table (no call
+    needed), or the error names the key, the closest names and the regions there are."""
+    known = sorted(
+        {
+            r
+            for part in ("aws", "aws-cn", "aws-us-gov")
+            for r in session.get_available_regions("ec2", part)
+        }
+    )
+    key = "provider.aws.regions" if opts.regions else "provider.aws.region"
+    for region in opts.regions or ([opts.region] if opts.region else []):
+        if region not in known:
+            close = difflib.get_close_matches(region, known, n=3)
+            raise ConfigError(
+                f"{key}: unknown region {region!r}",
+                hint=(f"did you mean {', '.join(close)}? " if close else "")
+                + f"regions: {', '.join(known)}",
+            )
 
 
 class AwsProvider:
@@ -167,8 +190,14 @@ class AwsProvider:
         sleep: Callable[[float], None] = time.sleep,
     ):
         self.opts = parse_options(AwsOptions, self.name, options)
+        boto3 = require("boto3", "aws", "the aws provider")
+        config = require("botocore.config", "aws", "the aws provider").Config(
+            retries={"total_max_attempts": 1}, connect_timeout=10, read_timeout=60
+        )
+        _check_regions(self.opts, boto3.session.Session())
         self.placement = advise_placement(self.opts, instance_type, resources)
         self.instance_type, self.region = self.placement.instance_type, self.placement.region
+        self.regions = self.placement.regions  # the zones' regions; self.region is the first
         zones = self.placement.zones
         stray = sorted(set(self.opts.subnets) - set(zones))
         if stray:
@@ -186,26 +215,15 @@ class AwsProvider:
         self.bucket, self.prefix = parse_s3_uri(self.opts.s3)
         self.retry = RetryPolicy.from_env()
         self._sleep, self._rand = sleep, random.Random()
-        boto3 = require("boto3", "aws", "the aws provider")
-        config = require("botocore.config", "aws", "the aws provider").Config(
-            retries={"total_max_attempts": 1}, connect_timeout=10, read_timeout=60
-        )
-        session = boto3.session.Session(region_name=self.region)
-        known = {
-            r
-            for part in ("aws", "aws-cn", "aws-us-gov")
-            for r in session.get_available_regions("ec2", part)
+        # one EC2 client per region (an instance is launched, watched and found in its zone's
+        # region); the job's bucket is reached from the first region
+        self._ec2 = {
+            r: boto3.session.Session(region_name=r).client("ec2", config=config)
+            for r in self.regions
         }
-        if self.region not in known:  # botocore's own region table: no call needed
-            close = difflib.get_close_matches(self.region, sorted(known), n=3)
-            raise ConfigError(
-                f"provider.aws.region: unknown region {self.region!r}",
-                hint=f"did you mean {', '.join(close)}?"
-                if close
-                else "e.g. us-east-1, us-west-2, eu-central-1",
-            )
-        self.ec2 = session.client("ec2", config=config)
-        self.s3 = session.client("s3", config=config)
+        self.s3 = boto3.session.Session(region_name=self.region).client("s3", config=config)
+        self._images = self._per_region("image_id", self.opts.image_id)
+        self._groups = self._per_region("security_group_ids", self.opts.security_group_ids)
         if preflight:
             self._preflight()
             self._record_spot_prices()
@@ -236,7 +254,7 @@ class AwsProvider:
 
         assert self.instance_type is not None
         source = AwsSpotPriceSource(
-            regions=[self.region],
+            regions=list(self.regions),
             instance_types=[self.instance_type],
             start=datetime.now(timezone.utc) - timedelta(days=1),
         )
@@ -254,7 +272,7 @@ class AwsProvider:
         return {
             r.zone: r.usd_per_hour
             for r in rows
-            if r.region == self.region and r.market == "spot" and r.zone and r.ts >= fresh
+            if r.region in self.regions and r.market == "spot" and r.zone and r.ts >= fresh
         }
 
     # --- calls -----------------------------------------------------------------------------
@@ -295,54 +313,27 @@ class AwsProvider:
 
     def _preflight(self) -> None:
         """Check credentials, zones, subnets, instance type, bucket and quota before any
-        launch (the region was checked at construction)."""
+        launch, in every region of the job (the names were checked at construction)."""
         o = self.opts
-        zones = {
-            z["ZoneName"]
-            for z in self._call("DescribeAvailabilityZones", self.ec2.describe_availability_zones)[
-                "AvailabilityZones"
-            ]
-        }
         pinned = bool(o.zones or o.subnets)
-        bad = [z for z in self.features.zones if z not in zones]
-        if bad and pinned:
-            raise ConfigError(
-                f"provider.aws.zones: {bad} are not zones of {self.region}",
-                hint=f"zones of {self.region}: {', '.join(sorted(zones))}",
-            )
-        if o.subnets:
-            found = self._call(
-                "DescribeSubnets",
-                lambda: self.ec2.describe_subnets(SubnetIds=list(o.subnets.values())),
-            )["Subnets"]
-            where = {s["SubnetId"]: s["AvailabilityZone"] for s in found}
-            for zone, subnet in o.subnets.items():
-                if where.get(subnet) != zone:
-                    raise ConfigError(
-                        f"provider.aws.subnets.{zone}: subnet {subnet} is in "
-                        f"{where.get(subnet, 'no zone of ' + self.region)}, not {zone}",
-                        hint="map each zone to a subnet in that zone",
-                    )
-        offered = {
-            x["Location"]
-            for x in self._call(
-                "DescribeInstanceTypeOfferings",
-                lambda: self.ec2.describe_instance_type_offerings(
-                    LocationType="availability-zone",
-                    Filters=[{"Name": "instance-type", "Values": [self.instance_type]}],
-                ),
-            )["InstanceTypeOfferings"]
-        }
+        zones: set[str] = set()
+        offered: set[str] = set()
+        for region in self.regions:
+            have, has_type = self._region_zones(region, pinned)
+            zones |= have
+            offered |= has_type
         if not pinned:  # zones left open: the ones here that have the type, advised first
             kept = settle_zones(self.features.zones, offered & zones)
             if not kept:
                 raise ConfigError(
-                    f"instance type {self.instance_type!r} is offered in no zone of {self.region}",
+                    f"instance type {self.instance_type!r} is offered in no zone of "
+                    f"{', '.join(self.regions)}",
                     hint="pin provider.aws.region (or provider.aws.instance_type) to a place "
                     "that has it (aws ec2 describe-instance-type-offerings)",
                 )
             self.features = replace(self.features, zones=kept)
             self.placement = replace(self.placement, zones=kept)
+            self.regions = self.placement.regions
         missing = [z for z in self.features.zones if z not in offered]
         if missing:
             raise ConfigError(
@@ -357,13 +348,62 @@ class AwsProvider:
                 f"provider.aws.s3: bucket {self.bucket!r} is not usable: {exc.message}",
                 hint="create it or fix provider.aws.s3",
             ) from None
-        args = self._run_args(
-            f"spotwise-preflight-{time.time_ns()}", "on-demand", self.features.zones[0], "", {}
-        )
+        for region in self.regions:  # quotas, images and groups are per region
+            first = next(z for z in self.features.zones if region_of(z) == region)
+            self._dry_run(first)
 
-        def dry_run() -> None:  # AWS checks permissions and limits without starting anything
+    def _region_zones(self, region: str, pinned: bool) -> tuple[set[str], set[str]]:
+        """The zones ``region`` has and those of them that offer the instance type, after
+        checking the job's pinned zones and subnets there."""
+        o, ec2 = self.opts, self._ec2[region]
+        zones = {
+            z["ZoneName"]
+            for z in self._call("DescribeAvailabilityZones", ec2.describe_availability_zones)[
+                "AvailabilityZones"
+            ]
+        }
+        mine = [z for z in self.features.zones if region_of(z) == region]
+        bad = [z for z in mine if z not in zones]
+        if bad and pinned:
+            raise ConfigError(
+                f"provider.aws.zones: {bad} are not zones of {region}",
+                hint=f"zones of {region}: {', '.join(sorted(zones))}",
+            )
+        subnets = {z: sub for z, sub in o.subnets.items() if region_of(z) == region}
+        if subnets:
+            found = self._call(
+                "DescribeSubnets",
+                lambda: ec2.describe_subnets(SubnetIds=list(subnets.values())),
+            )["Subnets"]
+            where = {s["SubnetId"]: s["AvailabilityZone"] for s in found}
+            for zone, subnet in subnets.items():
+                if where.get(subnet) != zone:
+                    raise ConfigError(
+                        f"provider.aws.subnets.{zone}: subnet {subnet} is in "
+                        f"{where.get(subnet, 'no zone of ' + region)}, not {zone}",
+                        hint="map each zone to a subnet in that zone",
+                    )
+        offered = {
+            x["Location"]
+            for x in self._call(
+                "DescribeInstanceTypeOfferings",
+                lambda: ec2.describe_instance_type_offerings(
+                    LocationType="availability-zone",
+                    Filters=[{"Name": "instance-type", "Values": [self.instance_type]}],
+                ),
+            )["InstanceTypeOfferings"]
+        }
+        return zones, offered
+
+    def _dry_run(self, zone: str) -> None:
+        """RunInstances with DryRun in ``zone``: AWS checks permissions, the image and the
+        quota without starting anything."""
+        args = self._run_args(f"spotwise-preflight-{time.time_ns()}", "on-demand", zone, "", {})
+        ec2 = self._ec2[region_of(zone)]
+
+        def dry_run() -> None:
             try:
-                self.ec2.run_instances(DryRun=True, **args)
+                ec2.run_instances(DryRun=True, **args)
             except Exception as exc:
                 if _code(exc) != "DryRunOperation":
                     raise
@@ -376,7 +416,7 @@ class AwsProvider:
             quota = [c for c in QUOTA_CODES if c in exc.message]
             if quota:
                 raise ConfigError(
-                    f"the EC2 quota stops {self.instance_type}: {exc.message}",
+                    f"the EC2 quota stops {self.instance_type} in {region_of(zone)}: {exc.message}",
                     hint="request a limit increase (Service Quotas) or pick a "
                     "smaller resources.instance_type",
                 ) from None
@@ -395,29 +435,38 @@ class AwsProvider:
         tags = {JOB_TAG: req.job_id, ATTEMPT_TAG: str(req.n), "Name": req.key}
         token = f"{req.key}-{req.placement.market}-{zone}"[-64:]  # RunInstances idempotency
         args = self._run_args(token, req.placement.market, zone, self.user_data(req), tags)
-        out = self._call("RunInstances", lambda: self.ec2.run_instances(**args))
+        ec2 = self._ec2[region_of(zone)]
+        out = self._call("RunInstances", lambda: ec2.run_instances(**args))
         instance = out["Instances"][0]
         return {
             "n": req.n,
             "id": instance["InstanceId"],
             "job": req.job_id,
             "zone": zone,
+            "region": region_of(zone),
             "market": req.placement.market,
             "log": str(req.log_path),
         }
 
+    def _client(self, handle: Handle) -> Any:
+        """The EC2 client of the region a handle's instance or volume is in (handles stored
+        before jobs spanned regions name only their zone, or nothing: the first region)."""
+        zone = handle.get("zone")
+        return self._ec2[handle.get("region") or (region_of(zone) if zone else self.region)]
+
     def status(self, handle: Handle) -> AttemptStatus:
+        ec2 = self._client(handle)
         if "volume_id" in handle:  # a stray volume found by the sweep: "running" while it exists
             vols = self._call(
                 "DescribeVolumes",
-                lambda: self.ec2.describe_volumes(
+                lambda: ec2.describe_volumes(
                     Filters=[{"Name": "volume-id", "Values": [handle["volume_id"]]}]
                 ),
             )["Volumes"]
             return AttemptStatus(Phase.STARTING if vols else Phase.LOST, detail="volume")
         try:
             found = self._call(
-                "DescribeInstances", lambda: self.ec2.describe_instances(InstanceIds=[handle["id"]])
+                "DescribeInstances", lambda: ec2.describe_instances(InstanceIds=[handle["id"]])
             )
         except ProviderError as exc:
             if "InvalidInstanceID" in exc.message:
@@ -461,16 +510,15 @@ class AwsProvider:
     def terminate(self, handle: Handle) -> None:
         """TerminateInstances (EC2 shuts it down: SIGTERM, then the grace, then off);
         idempotent. A stray volume handle is deleted."""
+        ec2 = self._client(handle)
         try:
             if "volume_id" in handle:
-                self._call(
-                    "DeleteVolume", lambda: self.ec2.delete_volume(VolumeId=handle["volume_id"])
-                )
+                self._call("DeleteVolume", lambda: ec2.delete_volume(VolumeId=handle["volume_id"]))
             elif self._state(handle) not in ("shutting-down", "terminated"):
                 # (asking again would restart the record of when the shutdown began)
                 self._call(
                     "TerminateInstances",
-                    lambda: self.ec2.terminate_instances(InstanceIds=[handle["id"]]),
+                    lambda: ec2.terminate_instances(InstanceIds=[handle["id"]]),
                 )
         except ProviderError as exc:
             if "NotFound" not in exc.message:
@@ -479,18 +527,26 @@ class AwsProvider:
     def _state(self, handle: Handle) -> str:
         found = self._call(
             "DescribeInstances",
-            lambda: self.ec2.describe_instances(InstanceIds=[handle["id"]]),
+            lambda: self._client(handle).describe_instances(InstanceIds=[handle["id"]]),
         )
         return str(found["Reservations"][0]["Instances"][0]["State"]["Name"])
 
     def find(self, job_id: str, attempts_dir: Path) -> list[Handle]:
-        """The job's instances not yet terminated, and its volumes left unattached."""
+        """The job's instances not yet terminated, and its volumes left unattached, in every
+        region of the job."""
+        found: list[Handle] = []
+        for region in self.regions:
+            found += self._find_in(region, job_id, attempts_dir)
+        return found
+
+    def _find_in(self, region: str, job_id: str, attempts_dir: Path) -> list[Handle]:
+        ec2 = self._ec2[region]
         job = [{"Name": f"tag:{JOB_TAG}", "Values": [job_id]}]
         found: list[Handle] = []
         pages = self._call(
             "DescribeInstances",
             lambda: (
-                self.ec2.get_paginator("describe_instances")
+                ec2.get_paginator("describe_instances")
                 .paginate(Filters=[*job, {"Name": "instance-state-name", "Values": LIVE_STATES}])
                 .build_full_result()
             ),
@@ -504,12 +560,13 @@ class AwsProvider:
                         "id": inst["InstanceId"],
                         "job": job_id,
                         "zone": inst["Placement"]["AvailabilityZone"],
+                        "region": region,
                         "log": str(attempts_dir.with_name("job.log")),  # as launch's handle
                     }
                 )
         volumes = self._call(
             "DescribeVolumes",
-            lambda: self.ec2.describe_volumes(
+            lambda: ec2.describe_volumes(
                 Filters=[*job, {"Name": "status", "Values": ["available"]}]
             ),
         )["Volumes"]
@@ -521,6 +578,7 @@ class AwsProvider:
                     "id": vol["VolumeId"],
                     "job": job_id,
                     "volume_id": vol["VolumeId"],
+                    "region": region,
                 }
             )
         return found
@@ -529,7 +587,7 @@ class AwsProvider:
     def _run_args(
         self, token: str, market: str, zone: str, user_data: str, tags: dict[str, str]
     ) -> dict[str, Any]:
-        o = self.opts
+        o, region = self.opts, region_of(zone)
         args: dict[str, Any] = {
             "MinCount": 1,
             "MaxCount": 1,
@@ -550,8 +608,9 @@ class AwsProvider:
                 {"ResourceType": "instance", "Tags": spec},
                 {"ResourceType": "volume", "Tags": spec},
             ]
-        if o.image_id:
-            args["ImageId"] = o.image_id
+        image = self._images.get(region)
+        if image:
+            args["ImageId"] = image
         else:
             assert o.launch_template is not None
             args["LaunchTemplate"] = {
@@ -564,7 +623,7 @@ class AwsProvider:
                 ): v
                 for k, v in o.launch_template.items()
             }
-        device = o.root_device or (self._root_device() if o.image_id else None)
+        device = o.root_device or (self._root_device(region, image) if image else None)
         if device:
             ebs: dict[str, Any] = {
                 "VolumeSize": o.root_volume_gb,
@@ -579,8 +638,8 @@ class AwsProvider:
             args["SubnetId"] = o.subnets[zone]
         else:
             args["Placement"] = {"AvailabilityZone": zone}
-        if o.security_group_ids:
-            args["SecurityGroupIds"] = o.security_group_ids
+        if self._groups.get(region):
+            args["SecurityGroupIds"] = self._groups[region]
         if o.instance_profile:
             key = "Arn" if o.instance_profile.startswith("arn:") else "Name"
             args["IamInstanceProfile"] = {key: o.instance_profile}
@@ -596,16 +655,39 @@ class AwsProvider:
             args["InstanceMarketOptions"] = {"MarketType": "spot", "SpotOptions": spot}
         return args
 
-    def _root_device(self) -> str:
+    def _root_device(self, region: str, image: str) -> str:
         images = self._call(
-            "DescribeImages", lambda: self.ec2.describe_images(ImageIds=[self.opts.image_id])
+            "DescribeImages", lambda: self._ec2[region].describe_images(ImageIds=[image])
         )["Images"]
         if not images:
             raise ConfigError(
-                f"provider.aws.image_id: no AMI {self.opts.image_id!r} in {self.region}",
-                hint="AMI ids differ per region",
+                f"provider.aws.image_id: no AMI {image!r} in {region}",
+                hint="AMI ids differ per region: give image_id as a mapping of region to AMI "
+                f"for {', '.join(self.regions)}",
             )
         return str(images[0].get("RootDeviceName") or "/dev/xvda")
+
+    def _per_region(self, option: str, value: Any) -> dict[str, Any]:
+        """An option given once (the same in every region) or as ``{region: value}``, per
+        region of the job; a mapping must name exactly the job's regions."""
+        if not isinstance(value, dict):
+            return {r: value for r in self.regions}
+        missing = [r for r in self.regions if r not in value]
+        extra = sorted(set(value) - set(self.regions))
+        if missing or extra:
+            raise ConfigError(
+                f"provider.aws.{option}: "
+                + "; ".join(
+                    p
+                    for p in (
+                        f"no entry for {missing}" if missing else "",
+                        f"{extra} are not regions of the job" if extra else "",
+                    )
+                    if p
+                ),
+                hint=f"give one entry per region of the job: {', '.join(self.regions)}",
+            )
+        return dict(value)
 
     def job_uri(self, job_id: str) -> str:
         return f"s3://{self.bucket}/{self.prefix + '/' if self.prefix else ''}{job_id}"

@@ -19,6 +19,7 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
+from spotwise.control.pricing import region_of
 from spotwise.errors import ConfigError, NoPlacementError, UnknownGPUError
 from spotwise.market.advisor import JobRequest, Placement, advise, matching_offers
 from spotwise.market.catalog import Catalog, Offer
@@ -30,7 +31,8 @@ _ZONE_LETTER = re.compile(r"^[a-z]$")
 
 @dataclass(frozen=True)
 class AwsPlacement:
-    """The provider's answer: one instance type in one region, and the zones to try in order."""
+    """The provider's answer: one instance type, and the zones to try in order, in one region
+    or (with ``provider.aws.regions``) several; ``region`` is the first zone's."""
 
     instance_type: str
     region: str
@@ -38,12 +40,18 @@ class AwsPlacement:
     advised: bool  # False: the job file pinned all three, no ranking was done
     ranked: tuple[Placement, ...] = ()  # the advisor's placements of the chosen type, best first
 
+    @property
+    def regions(self) -> tuple[str, ...]:
+        """The regions of the zones, in the zones' order (a zone name carries its region)."""
+        return tuple(dict.fromkeys(region_of(z) for z in self.zones))
+
     def to_event(self) -> dict[str, object]:
         """What the job's events record, so ``status --json`` shows why it runs there."""
         best = self.ranked[0] if self.ranked else None
         return {
             "instance_type": self.instance_type,
             "region": self.region,
+            "regions": list(self.regions),
             "zones": list(self.zones),
             "advised": self.advised,
             "market": best.market if best else None,
@@ -54,10 +62,13 @@ class AwsPlacement:
 
     def pins(self) -> dict[str, object]:
         """Provider options that pin this answer: the job stores them at submit, so every
-        later controller of the job runs it in the same place."""
+        later controller of the job runs it in the same place (one region as ``region``,
+        several as ``regions``; the other key cleared, so the two never disagree)."""
+        several = len(self.regions) > 1
         return {
             "instance_type": self.instance_type,
-            "region": self.region,
+            "region": None if several else self.region,
+            "regions": list(self.regions) if several else [],
             "zones": list(self.zones),
         }
 
@@ -132,19 +143,37 @@ def choose_placement(
     model: InterruptionModel,
     compute_hours: float = DEFAULT_COMPUTE_HOURS,
     deadline_hours: float | None = None,
+    regions: Sequence[str] = (),
 ) -> AwsPlacement:
-    """The instance type, region and ordered zones for one aws job.
+    """The instance type, region(s) and ordered zones for one aws job.
 
-    ``market``: "spot" or "on-demand", the market the ranking prices. Raises ``ConfigError``
-    naming the setting when no AWS offer satisfies the request.
+    ``region`` keeps the job in one region; ``regions`` lets it span several: the advisor then
+    ranks the zones of all of them and keeps every one of the best type's, best first (with
+    neither, the best region alone). ``market``: "spot" or "on-demand", the market the ranking
+    prices. Raises ``ConfigError`` naming the setting when no AWS offer satisfies the request.
     """
-    if zones and region is None:
+    if region is not None and regions:
+        raise ConfigError(
+            "provider.aws: both region and regions are given",
+            hint="keep region for one region, or list them all under regions",
+        )
+    allowed = (region,) if region is not None else tuple(dict.fromkeys(regions))
+    key = "provider.aws.regions" if regions else "provider.aws.region"
+    if zones and not allowed:
         raise ConfigError(
             "provider.aws.zones: zones are given but no region",
-            hint="set provider.aws.region to the zones' region (e.g. us-east-1)",
+            hint="set provider.aws.region to the zones' region (e.g. us-east-1), or "
+            "provider.aws.regions to theirs",
         )
-    if instance_type and region:
-        return AwsPlacement(instance_type, region, tuple(zones) or (f"{region}a",), advised=False)
+    stray = [z for z in zones if region_of(z) not in allowed]
+    if stray:
+        raise ConfigError(
+            f"provider.aws.zones: {stray} are in no region of {key} ({', '.join(allowed)})",
+            hint=f"zones of those regions are named <region><letter>, e.g. {allowed[0]}a",
+        )
+    if instance_type and allowed:
+        first = tuple(zones) or tuple(f"{r}a" for r in allowed)
+        return AwsPlacement(instance_type, region_of(first[0]), first, advised=False)
     if gpu is None and instance_type is None:
         raise ConfigError(
             "provider.aws: no instance type, and resources.gpu is not set to choose one",
@@ -157,7 +186,7 @@ def choose_placement(
         if o.cloud == "aws"
         and o.vcpus >= cpus
         and (instance_type is None or o.instance_type == instance_type)
-        and (region is None or o.region == region)
+        and (not allowed or o.region in allowed)
     ]
     if gpu is not None:
         request = JobRequest(compute_hours, gpu=gpu, gpus=max(gpu_count, 1), clouds=("aws",))
@@ -165,12 +194,12 @@ def choose_placement(
             aws = matching_offers(request, aws, catalog)
         except UnknownGPUError as exc:
             raise ConfigError(f"resources.gpu: {exc.message}", hint=exc.hint) from None
-    regions = {o.region for o in aws}
+    offered = {o.region for o in aws}
     model_zones = model.zones("aws")
     if zones:
-        places = {r: list(zones) for r in regions}
+        places = {r: [z for z in zones if region_of(z) == r] for r in offered}
     else:
-        places = {r: _known_zones(r, aws, model_zones.get(r, [])) or [f"{r}a"] for r in regions}
+        places = {r: _known_zones(r, aws, model_zones.get(r, [])) or [f"{r}a"] for r in offered}
     pool = _per_zone(aws, places)
     gpus = max(gpu_count, 1) if gpu is not None else (pool[0].gpus if pool else 1)
     job = JobRequest(
@@ -192,7 +221,7 @@ def choose_placement(
             for p in (
                 f"{max(gpu_count, 1)} x {gpu}" if gpu else f"instance type {instance_type}",
                 f"with >= {cpus} CPUs" if cpus > 1 else "",
-                f"in {region}" if region else "",
+                f"in {', '.join(allowed)}" if allowed else "",
                 f"({market})",
             )
             if p
@@ -200,21 +229,20 @@ def choose_placement(
         raise ConfigError(
             f"resources: no AWS offer has {want}",
             hint="change resources.gpu, resources.gpu_count or resources.cpus"
-            + (", or provider.aws.region" if region else "")
+            + (f", or {key}" if allowed else "")
             + " (spotwise gpus --cloud aws lists what exists)",
         )
     best = ranked[0]
+    several = len(allowed) > 1  # the job spans its regions; else the best region alone
     mine = tuple(
-        p for p in ranked if (p.region, p.instance_type) == (best.region, best.instance_type)
+        p
+        for p in ranked
+        if p.instance_type == best.instance_type and (several or p.region == best.region)
     )
     order = tuple(dict.fromkeys(p.zone for p in mine))
-    return AwsPlacement(
-        best.instance_type,
-        best.region,
-        tuple(zones) if zones else order,
-        advised=True,
-        ranked=mine,
-    )
+    if zones:  # pinned: in the order written (across regions, those the chosen type has)
+        order = tuple(z for z in zones if z in order or not several)
+    return AwsPlacement(best.instance_type, region_of(order[0]), order, advised=True, ranked=mine)
 
 
 def settle_zones(advised: Sequence[str], usable: Iterable[str]) -> tuple[str, ...]:
