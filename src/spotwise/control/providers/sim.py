@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 from pydantic import Field
 
-from spotwise.control.pricing import catalog_usd_per_hour
+from spotwise.control.pricing import catalog_usd_per_hour, region_of
 from spotwise.control.providers.base import (
     MARKETS,
     Features,
@@ -45,6 +45,7 @@ NOTICES = {"sigterm": NoticeKind.SIGNAL, "aws": NoticeKind.AWS_IMDS}
 class SimOptions(Options):
     trace: str = "aws-02-15-2023-first30d"
     zones: list[str] | None = None
+    regions: list[str] | None = None  # the trace's zones in these regions (default: all)
     time_compression: float = Field(default=600.0, gt=0)
     start_hour: float = 0.0
     notice_s: float = Field(default=5.0, ge=0)
@@ -93,7 +94,9 @@ class SimMarket:
         return None if gone.size == 0 else self.wall_of_tick(t + int(gone[0]))
 
 
-def _load_zones(trace: str, zones: list[str] | None) -> tuple[tuple[str, ...], np.ndarray, float]:
+def _load_zones(
+    trace: str, zones: list[str] | None, regions: list[str] | None
+) -> tuple[tuple[str, ...], np.ndarray, float]:
     from spotwise.market.traces import load_trace, shipped_trace_path, shipped_traces
 
     names = [n for n in shipped_traces() if n.startswith(trace + "/")]
@@ -109,7 +112,20 @@ def _load_zones(trace: str, zones: list[str] | None) -> tuple[tuple[str, ...], n
         )
     traces = [load_trace(p) for p in paths]
     by_zone = {t.zone: t for t in traces}
-    chosen = zones or sorted(by_zone)
+    known = sorted({region_of(z) for z in by_zone})
+    unknown = sorted(set(regions or ()) - set(known))
+    if unknown:
+        raise ConfigError(
+            f"provider.sim.regions: unknown region(s) {unknown}",
+            hint=f"regions in {trace}: {', '.join(known)}",
+        )
+    chosen = zones or [z for z in sorted(by_zone) if regions is None or region_of(z) in regions]
+    stray = [z for z in chosen if regions is not None and region_of(z) not in regions]
+    if stray:
+        raise ConfigError(
+            f"provider.sim.zones: {stray} are in no region of provider.sim.regions",
+            hint=f"regions: {', '.join(regions or ())}; or leave zones out to use all of theirs",
+        )
     missing = [z for z in chosen if z not in by_zone]
     if missing:
         raise ConfigError(
@@ -139,7 +155,7 @@ class SimProvider(ProcessBacked):
     ):
         opts = parse_options(SimOptions, self.name, options)
         self.notice_s, self.boot_s, self.notice = opts.notice_s, opts.boot_s, opts.notice
-        zones, counts, gap_s = _load_zones(opts.trace, opts.zones)
+        zones, counts, gap_s = _load_zones(opts.trace, opts.zones, opts.regions)
         self.market = SimMarket(
             zones,
             counts * opts.machines_per_count,
