@@ -332,8 +332,8 @@ class AwsProvider:
                     "that has it (aws ec2 describe-instance-type-offerings)",
                 )
             self.features = replace(self.features, zones=kept)
-            self.placement = replace(self.placement, zones=kept)
-            self.regions = self.placement.regions
+            self.placement = replace(self.placement, zones=kept, region=region_of(kept[0]))
+            self.regions = self.placement.regions  # (the bucket stays reached from the first)
         missing = [z for z in self.features.zones if z not in offered]
         if missing:
             raise ConfigError(
@@ -674,17 +674,11 @@ class AwsProvider:
             return {r: value for r in self.regions}
         missing = [r for r in self.regions if r not in value]
         extra = sorted(set(value) - set(self.regions))
-        if missing or extra:
+        problems = [f"no entry for {missing}"] * bool(missing)
+        problems += [f"{extra} are not regions of the job"] * bool(extra)
+        if problems:
             raise ConfigError(
-                f"provider.aws.{option}: "
-                + "; ".join(
-                    p
-                    for p in (
-                        f"no entry for {missing}" if missing else "",
-                        f"{extra} are not regions of the job" if extra else "",
-                    )
-                    if p
-                ),
+                f"provider.aws.{option}: {'; '.join(problems)}",
                 hint=f"give one entry per region of the job: {', '.join(self.regions)}",
             )
         return dict(value)
