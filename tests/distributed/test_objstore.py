@@ -17,15 +17,20 @@ from pathlib import Path
 
 import boto3
 import pytest
+import torch
 
-from spotwise.runtime.tiered import scan_remote
+from spotwise import Run
+from spotwise.errors import ConfigError
+from spotwise.runtime.tiered import TieredMirror, scan_remote
+from spotwise.storage.base import Storage
+from spotwise.storage.memory import MemoryStorage
 from spotwise.storage.s3 import S3Storage
 
 from .conftest import finish, launch, signal_job, workers
+from .test_async_save import one_rank as one_rank  # a fixture
 from .test_torchrun import HASH, RESUMED, SAVED, SCRIPT, completed, rank_pid
 
-pytestmark = pytest.mark.e2e
-STEPS = 40
+STEPS = 60  # the kill may land after step 30 committed: the notice phase still has steps
 
 
 def remote_run(uri: str, nodes: Path, *args: str) -> subprocess.Popen[str]:
@@ -35,7 +40,7 @@ def remote_run(uri: str, nodes: Path, *args: str) -> subprocess.Popen[str]:
     return launch(2, SCRIPT, *argv, *args)
 
 
-def committed(store: S3Storage) -> list[int]:
+def committed(store: Storage) -> list[int]:
     """The steps the remote holds as whole checkpoints (a manifest and every file it names)."""
     return [c.step for c in scan_remote(store) if c.valid]
 
@@ -54,6 +59,7 @@ def wipe(nodes: Path) -> None:
     nodes.mkdir()
 
 
+@pytest.mark.e2e
 def test_ranks_without_a_shared_directory_checkpoint_through_the_object_store(
     aws_env: str, tmp_path: Path
 ) -> None:
@@ -73,8 +79,11 @@ def test_ranks_without_a_shared_directory_checkpoint_through_the_object_store(
     signal_job(proc, signal.SIGKILL, workers(proc))
     rc, out = finish(proc, timeout=30)
     assert rc == -signal.SIGKILL, out[-3000:]
-    assert committed(store)[-1] >= 10  # an upload cut short is no checkpoint
+    found = scan_remote(store)
     kept = committed(store)[-1]
+    # an upload cut short (files of some ranks, no manifest) is no checkpoint
+    cut = [c for c in found if not c.valid]
+    assert all(c.step > kept and "no manifest" in str(c.problem) for c in cut), cut
 
     # fresh machines; SIGTERM to rank 1: both ranks save the same step, upload it, exit 75
     wipe(nodes)
@@ -104,3 +113,55 @@ def test_ranks_without_a_shared_directory_checkpoint_through_the_object_store(
     assert HASH.findall(out) == [reference]
     assert committed(store)[-1] == STEPS
     assert len(committed(store)) <= 3  # remote retention: keep_last=3
+
+
+def train(uri: str, local: Path, steps: int) -> Run:
+    """A one-rank distributed Run on ``uri`` staging in ``local``: a model, its optimizer and
+    random inputs drawn from the RNG the checkpoint carries."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 4)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    run = Run(uri, model=model, optimizer=optimizer, steps=steps, every=4, notices=None,
+              local_dir=local)  # fmt: skip
+    for _ in run:
+        optimizer.zero_grad()
+        model(torch.randn(16, 8)).pow(2).mean().backward()
+        optimizer.step()
+    run.extras["weights"] = [t.detach().clone() for t in model.state_dict().values()]
+    return run
+
+
+def test_one_rank_commits_remotely_and_resumes_from_the_store(
+    tmp_path: Path, one_rank: None
+) -> None:
+    uri = f"memory://objstore-{uuid.uuid4().hex}"
+    store = MemoryStorage.from_uri(uri)
+    reference = train(f"memory://objstore-{uuid.uuid4().hex}", tmp_path / "ref", 20)
+    train(uri, tmp_path / "vm1", 14)
+    assert committed(store) == [8, 12, 14]  # remote retention: keep_last=3
+    names = {o.key.split("/", 1)[1] for o in store.list("step-00000014/")}
+    assert {"manifest.json", "dcp-00000.safetensors", "rank-00000.json", "state.json"} <= names
+    assert os.listdir(tmp_path / "vm1") == ["rank-00000"]  # the rank's own staging dir ...
+    left = os.listdir(tmp_path / "vm1" / "rank-00000")
+    assert not [n for n in left if n.startswith((".tmp-", "step-"))]  # ... keeps no copy
+
+    # a half-uploaded step 16 and a corrupt newest committed file: resumed from step 12
+    store.put_bytes("step-00000016/dcp-00000.safetensors", b"partial")
+    key = "step-00000014/dcp-00000.safetensors"
+    data = bytearray(store.get_bytes(key))
+    data[-1] ^= 0xFF
+    store.put_bytes(key, bytes(data))
+    with pytest.warns(RuntimeWarning, match="skipping checkpoint step-00000014: .*CRC32C"):
+        resumed = train(uri, tmp_path / "vm2", 20)
+    assert resumed.resumed_from is not None and resumed.resumed_from.step == 12
+    assert all(
+        torch.equal(a, b)
+        for a, b in zip(resumed.extras["weights"], reference.extras["weights"], strict=True)
+    )
+    assert committed(store) == [14, 16, 20]  # the partial 16 was replaced
+
+
+def test_mirror_is_refused_under_torch_distributed(tmp_path: Path, one_rank: None) -> None:
+    with pytest.raises(ConfigError, match=r"mirror= is not supported under torch\.distributed"):
+        Run(tmp_path, model=torch.nn.Linear(1, 1), mirror=TieredMirror(MemoryStorage()),
+            notices=None)  # fmt: skip

@@ -58,6 +58,7 @@ from spotwise.errors import (
     IntegrityError,
     SaveError,
     StateMismatchError,
+    StorageError,
     StorageNotFoundError,
 )
 from spotwise.runtime import distributed
@@ -436,10 +437,17 @@ def agreed_checkpoints(
     With ``remote`` (no shared file system) the candidates are the valid checkpoints of the
     object store, and each rank first pulls the candidate into its own ``run_dir``, every byte
     checked (:func:`~spotwise.runtime.tiered.pull_alone`): a corrupt remote file fails every
-    rank's pull, so all of them fall back together."""
+    rank's pull, so all of them fall back together. The store failing on any rank (after its
+    retries) raises on every rank, rather than falling back past a good checkpoint."""
     found: dict[int, RemoteCheckpoint] = {}
     if remote is not None:
-        found = {c.step: c for c in scan_remote(remote) if c.valid}
+        failure = None
+        try:
+            found = {c.step: c for c in scan_remote(remote) if c.valid}
+        except StorageError as exc:
+            failure = exc
+        if not distributed.all_agree(ranks, failure is None):
+            raise failure or _failed_elsewhere(remote)
         candidates = sorted(found, reverse=True)
     else:
         candidates = [i.step for i in reversed(list_checkpoints(run_dir)) if i.valid]
@@ -447,19 +455,37 @@ def agreed_checkpoints(
     for step in steps:
         path = run_dir / step_dir_name(step)
         loaded, problem = None, "another rank found a problem in its share of the files"
+        failure = None
         try:
             if remote is not None:
                 pull_alone(remote, found.get(step), run_dir)
             loaded = _load_for_rank(path, ranks)
         except (CorruptCheckpointError, IntegrityError, StorageNotFoundError) as exc:
             problem = exc.message
-        if not distributed.all_agree(ranks, loaded is not None):
+        except StorageError as exc:  # the store, not the checkpoint: no reason to fall back
+            failure = exc
+        verdict = _FAILED if failure is not None else _BAD if loaded is None else _OK
+        agreed = distributed.all_max(ranks, [verdict])[0]
+        if agreed == _FAILED:
+            assert remote is not None
+            raise failure or _failed_elsewhere(remote)
+        if agreed == _BAD:
             message = f"skipping checkpoint {path.name}: {problem}; falling back to an older one"
             log.warning(message)
             warnings.warn(message, RuntimeWarning, stacklevel=3)
             continue
         assert loaded is not None
         yield loaded
+
+
+_OK, _BAD, _FAILED = 0, 1, 2  # a rank's verdict on a candidate, the most severe one wins
+
+
+def _failed_elsewhere(remote: Storage) -> StorageError:
+    return StorageError(
+        f"another rank could not read the checkpoints at {remote.uri}",
+        hint="see that rank's error (credentials, network); the remote checkpoints are untouched",
+    )
 
 
 def verify_share(names: Iterable[str], rank: int, world: int) -> set[str]:
