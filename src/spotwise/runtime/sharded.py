@@ -200,6 +200,7 @@ class Staged:
     chunks: dict[str, tuple[memoryview | bytes, ...]]
     documents: dict[str, Any]
     remote: Storage | None = None
+    problem: str | None = None  # this rank could not create ``tmp``
 
     def owns_tmp(self, ranks: Ranks) -> bool:
         """Whether this rank removes ``tmp``: its own, or the shared one on rank 0."""
@@ -221,23 +222,18 @@ def stage(
     its own ``run_dir`` by every rank), DCP plans the save (its collectives run here, on the
     calling thread) and ``pack`` takes this rank's share of the tensors. ``common`` is rank 0's
     replicated state (the others' is ignored), ``own`` this rank's RNG and extras. Raises
-    SaveError on every rank when a directory or DCP's plan failed."""
-    token = distributed.broadcast_ints(ranks, [secrets.randbits(31)])[0]
-    tmp = run_dir / f"{TMP_PREFIX}{step:08d}-{token:08x}"
+    SaveError on every rank when the shared directory or DCP's plan failed (a rank's own
+    directory failing fails the save at :func:`conclude_writes`)."""
+    if remote is None:
+        tmp = _shared_tmp(ranks, run_dir, step)
+    else:  # this rank's own
+        tmp = run_dir / f"{TMP_PREFIX}{step:08d}-{secrets.token_hex(4)}"
     staged = Staged(step, tmp, {}, {}, remote)
-    error = ""
-    if staged.owns_tmp(ranks):
+    if remote is not None:  # no collective: a failure is reported with the writes
         try:
             tmp.mkdir()
         except OSError as exc:
-            error = f"cannot create a directory in {run_dir}: {exc.strerror}"
-    if not distributed.all_agree(ranks, not error):
-        if staged.owns_tmp(ranks) and not error:
-            remove_tree(tmp)
-        raise SaveError(
-            f"could not save step {step}: {error or 'another rank could not create its directory'}",
-            hint="earlier checkpoints are intact",
-        )
+            staged.problem = f"cannot create a directory in {run_dir}: {exc.strerror}"
     tensors, skeletons = capture(objects)
     dcp_file = DCP_FILE.format(rank=ranks.rank)
     writer = SpotwiseWriter(tmp, ranks.rank, lambda live: pack(dcp_file, live))
@@ -266,11 +262,32 @@ def stage(
     return staged
 
 
+def _shared_tmp(ranks: Ranks, run_dir: Path, step: int) -> Path:
+    """Rank 0 creates the temporary directory of step ``step`` in the shared ``run_dir`` and
+    broadcasts its name; SaveError on every rank when it could not."""
+    token = secrets.randbits(31)
+    error = "rank 0 could not create the temporary directory"
+    if ranks.is_coordinator:
+        try:
+            (run_dir / f"{TMP_PREFIX}{step:08d}-{token:08x}").mkdir()
+            error = ""
+        except OSError as exc:
+            error = f"cannot create a directory in {run_dir}: {exc.strerror}"
+    token, created = distributed.broadcast_ints(ranks, [token, int(not error)])
+    if not created:
+        raise SaveError(
+            f"could not save step {step}: {error}", hint="earlier checkpoints are intact"
+        )
+    return run_dir / f"{TMP_PREFIX}{step:08d}-{token:08x}"
+
+
 def share_report(staged: Staged) -> dict[str, Any]:
     """Write and fsync this rank's files of ``staged`` (and, with ``staged.remote``, then
     upload them), as the JSON report :func:`conclude_writes` gathers: their manifest entries,
     or what failed. No collective, so it may run on a background thread, and it never raises:
     the other ranks wait for the report, whatever went wrong."""
+    if staged.problem is not None:
+        return {"files": {}, "problem": staged.problem}
     try:
         entries = {name: write_durable(staged.tmp / name, c) for name, c in staged.chunks.items()}
         for name, doc in staged.documents.items():
