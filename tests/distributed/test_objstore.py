@@ -30,7 +30,7 @@ from .conftest import finish, launch, signal_job, workers
 from .test_async_save import one_rank as one_rank  # a fixture
 from .test_torchrun import HASH, RESUMED, SAVED, SCRIPT, completed, rank_pid
 
-STEPS = 60  # the kill may land after step 30 committed: the notice phase still has steps
+STEPS = 100  # however late a phase acts, the job still has steps to go: no race with its end
 
 
 def remote_run(uri: str, nodes: Path, *args: str) -> subprocess.Popen[str]:
@@ -46,11 +46,13 @@ def committed(store: Storage) -> list[int]:
 
 
 def wait_remote(store: S3Storage, step: int, proc: subprocess.Popen[str]) -> None:
+    """Until the manifest of ``step`` is up (one cheap listing per poll; the server shares
+    the test's CPU with the job)."""
     deadline = time.monotonic() + 90
-    while step not in committed(store):
+    while not store.list(f"step-{step:08d}/manifest.json"):
         assert proc.poll() is None, proc.communicate()[0][-3000:]
         assert time.monotonic() < deadline, f"step {step} never committed remotely"
-        time.sleep(0.05)
+        time.sleep(0.1)
 
 
 def wipe(nodes: Path) -> None:
