@@ -17,6 +17,11 @@ the remote still holds the previous committed checkpoint, never a partial one.
 
 Remote retention follows the local policy, but only after a newer checkpoint has committed
 remotely; a deletion removes the manifest first, so a half-deleted checkpoint is never trusted.
+
+Distributed runs without a shared file system use the same protocol with several writers and no
+mirror: each rank uploads its own files (:func:`push_files`), rank 0 the manifest last
+(:func:`commit_remote`), and a resume pulls the agreed checkpoint into every rank's own
+directory (:func:`pull_alone`); see :mod:`spotwise.runtime.sharded`.
 """
 
 from __future__ import annotations
