@@ -915,9 +915,11 @@ class Run:
             except (CheckpointError, ConfigError) as exc:
                 error = exc
         if not distributed.all_agree(self._ranks, error is None):
+            if fd is not None:  # another rank's own directory was taken
+                dirlock.release(fd)
             raise error or CheckpointError(
-                f"rank 0 could not lock {self.run_dir}",
-                hint="another process (or another Run) is using it; see rank 0's error",
+                "another rank could not lock its run directory",
+                hint="another process (or another Run) is using it; see that rank's error",
             )
         return fd
 
