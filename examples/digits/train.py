@@ -21,6 +21,12 @@ Under torchrun it trains on the CPU with DistributedDataParallel over gloo, or w
 (``fully_shard``) given --fsdp; rank 0 prints the hash of the full, unsharded weights:
 
     torchrun --standalone --nproc-per-node 2 examples/digits/train.py --run-dir runs/ddp
+
+Without a shared file system (each node its own disk), give an object store as the run dir:
+each rank stages in its own --local-dir and uploads its own files.
+
+    torchrun --standalone --nproc-per-node 2 examples/digits/train.py \
+        --run-dir s3://bucket/ddp --local-dir /tmp/spotwise-node{rank}
 """
 
 from __future__ import annotations
@@ -54,6 +60,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--trace", default=None, help="append per-step JSON lines to this file")
     parser.add_argument("--fsdp", action="store_true", help="under torchrun: FSDP2, not DDP")
     parser.add_argument("--hidden", type=int, default=128, help="width of the hidden layer")
+    parser.add_argument(
+        "--local-dir",
+        default=None,
+        help="local staging directory of an s3:// run dir; {rank} becomes the torchrun rank",
+    )
     return parser.parse_args(argv)
 
 
@@ -133,6 +144,9 @@ def main(argv: list[str] | None = None) -> int:
         loader=loader,
         steps=args.steps,
         every=every,
+        local_dir=None
+        if args.local_dir is None
+        else args.local_dir.format(rank=os.environ.get("RANK", "0")),
     )
     if run.resumed_from is not None:
         print(f"resumed from step {run.step}", flush=True)

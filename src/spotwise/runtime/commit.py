@@ -280,7 +280,7 @@ def write_checkpoint(
         delay = float(os.environ.get(_WRITE_DELAY_ENV, "0") or 0)
         if delay > 0:
             time.sleep(delay)
-        raw = _manifest_bytes(step, wall, metrics, files)
+        raw = manifest_bytes(step, wall, metrics, files)
         _write_file(tmp / MANIFEST, (raw,), opened)
         _publish(tmp, final, opened)
     except BaseException as exc:
@@ -294,9 +294,11 @@ def write_checkpoint(
     return CheckpointInfo(step, final, wall, total, True, None, dict(metrics or {}))
 
 
-def _manifest_bytes(
+def manifest_bytes(
     step: int, wall: float, metrics: Mapping[str, float] | None, files: Mapping[str, Any]
 ) -> bytes:
+    """The manifest of step ``step`` listing ``files`` (name -> size and CRC32C): the one
+    writer of manifests, local or remote."""
     manifest = {
         "format": FORMAT,
         "version": FORMAT_VERSION,
@@ -341,7 +343,7 @@ def commit_files(
     try:
         files = {name: _write_file(tmp / name, chunks, opened) for name, chunks in own.items()}
         files.update({name: dict(entry) for name, entry in others.items()})
-        raw = _manifest_bytes(step, wall, metrics, files)
+        raw = manifest_bytes(step, wall, metrics, files)
         _write_file(tmp / MANIFEST, (raw,), opened)
         _publish(tmp, final, opened)
     except BaseException as exc:

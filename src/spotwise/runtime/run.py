@@ -80,8 +80,16 @@ from spotwise.runtime.state import (
     check_module_state,
     restore_rng,
 )
-from spotwise.runtime.tiered import TieredMirror, is_remote, staging_dir
+from spotwise.runtime.tiered import (
+    RemoteCheckpoint,
+    TieredMirror,
+    is_remote,
+    open_remote,
+    retain_remote,
+    staging_dir,
+)
 from spotwise.runtime.workers import LoaderWorkers
+from spotwise.storage.base import Storage
 from spotwise.telemetry.events import EVENTS_FILE, EventLog
 from spotwise.telemetry.runmetrics import RunTelemetry
 
@@ -146,12 +154,20 @@ class Run:
         gpu_sample_s: float | None = None,  # or SPOTWISE_GPU_SAMPLE_S; default 5, 0 is off
     ) -> None:
         remote_uri = os.fspath(run_dir) if is_remote(run_dir) else None
-        self.run_dir = _local_run_dir(staging_dir(remote_uri, local_dir) if remote_uri else run_dir)
+        # under torch.distributed (torchrun): models and optimizers are saved through DCP
+        self._ranks = distributed.current()
+        if self._ranks is not None and mirror is not None:
+            raise ConfigError(
+                "mirror= is not supported under torch.distributed",
+                hint="pass an s3://bucket/prefix run_dir: each rank uploads its own files",
+            )
+        local = staging_dir(remote_uri, local_dir) if remote_uri else run_dir
+        if remote_uri is not None and self._ranks is not None:  # no rank shares another's
+            local = Path(local) / f"rank-{self._ranks.rank:05d}"
+        self.run_dir = _local_run_dir(local)
         self.state = _stateful(
             state, model=model, optimizer=optimizer, scheduler=scheduler, scaler=scaler
         )
-        # under torch.distributed (torchrun): models and optimizers are saved through DCP
-        self._ranks = distributed.current()
         self._agreement = None if self._ranks is None else distributed.Agreement(self._ranks)
         self._sharded = {} if self._ranks is None else _sharded().sharded_objects(self.state)
         if steps is not None and (isinstance(steps, bool) or steps < 0):
@@ -176,12 +192,12 @@ class Run:
                 "notice_margin_s": notice_margin_s,
             },
         ).with_environment(os.environ)
-        if self._ranks is not None and (remote_uri is not None or mirror is not None):
-            raise ConfigError(
-                "an object-store run_dir or mirror= is not supported under torch.distributed yet",
-                hint="use a local (shared) run directory for a multi-rank run",
-            )
-        if remote_uri is not None:  # two tiers: commit locally, upload in the background
+        # distributed without a shared file system: the object store is where ranks commit
+        self._remote: Storage | None = None
+        self._remote_scans: dict[str, RemoteCheckpoint] = {}  # retention's cache of manifests
+        if self._ranks is not None and remote_uri is not None:
+            self._remote = open_remote(remote_uri)
+        elif remote_uri is not None:  # two tiers: commit locally, upload in the background
             if mirror is not None:
                 raise ConfigError("pass either a remote run_dir or mirror=, not both")
             mirror = TieredMirror.from_uri(remote_uri, retention=self.config.retention)
@@ -246,7 +262,7 @@ class Run:
         try:
             if mirror is not None:
                 mirror.restore(self.run_dir)
-            if coordinator:  # the others wait for its list of checkpoints in _resume
+            if coordinator or self._remote is not None:  # each cleans its own directory
                 clean_temporaries(self.run_dir)
             self._resume()
             restore_s = time.monotonic() - restore_started
@@ -638,6 +654,7 @@ class Run:
             self._state(per_rank=False),
             self._rank_state(),
             pack,
+            self._remote,
         )
         stall = time.perf_counter() - started
         self.save_cost_s = _smooth(self.save_cost_s, stall)
@@ -701,8 +718,13 @@ class Run:
     def _retain_after(
         self, info: CheckpointInfo, reason: str, stall_s: float, write_s: float
     ) -> list[CheckpointInfo]:
-        """Retention after a commit, and the commit's event, on the thread that committed."""
-        deleted = retain(self.run_dir, self.config.retention)
+        """Retention after a commit, and the commit's event, on the thread that committed (of
+        the object store where the distributed commit went there)."""
+        if self._remote is not None:
+            policy = self.config.retention
+            deleted = retain_remote(self._remote, policy, info.step, self._remote_scans)
+        else:
+            deleted = retain(self.run_dir, self.config.retention)
         self.events.emit(
             "checkpoint",
             step=info.step,
@@ -764,7 +786,7 @@ class Run:
         candidates = (
             loadable_checkpoints(self.run_dir)
             if self._ranks is None
-            else _sharded().agreed_checkpoints(self._ranks, self.run_dir)
+            else _sharded().agreed_checkpoints(self._ranks, self.run_dir, self._remote)
         )
         for loaded in candidates:
             try:
@@ -882,19 +904,22 @@ class Run:
     def _acquire_lock(self) -> int | None:
         """The run directory's lock. Under torch.distributed only rank 0 holds it: it alone
         commits, prunes and cleans; the other ranks write only inside a temporary directory
-        rank 0 created for the save at hand. All ranks fail together when it is taken."""
+        rank 0 created for the save at hand. Without a shared file system each rank locks its
+        own. All ranks fail together when one is taken."""
         if self._ranks is None:
             return dirlock.acquire(self.run_dir)
         fd, error = None, None
-        if self._ranks.is_coordinator:
+        if self._ranks.is_coordinator or self._remote is not None:
             try:
                 fd = dirlock.acquire(self.run_dir)
             except (CheckpointError, ConfigError) as exc:
                 error = exc
         if not distributed.all_agree(self._ranks, error is None):
+            if fd is not None:  # another rank's own directory was taken
+                dirlock.release(fd)
             raise error or CheckpointError(
-                f"rank 0 could not lock {self.run_dir}",
-                hint="another process (or another Run) is using it; see rank 0's error",
+                "another rank could not lock its run directory",
+                hint="another process (or another Run) is using it; see that rank's error",
             )
         return fd
 

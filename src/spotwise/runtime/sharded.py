@@ -18,6 +18,13 @@ once); their sizes and CRCs reach rank 0 (an all-gather, which is also the barri
 every rank's writes are done, rank 0 writes the manifest and renames the directory into place
 (:func:`spotwise.runtime.commit.commit_files`), then every rank learns the outcome, so all of
 them raise together when any part failed.
+
+Without a shared file system (an ``s3://`` run directory: each rank stages in a local directory
+of its own) the object store carries the checkpoint instead: every rank writes and fsyncs its
+files in its own temporary directory and uploads them, the same all-gather tells rank 0 that
+every upload finished, and rank 0 uploads the manifest last
+(:func:`spotwise.runtime.tiered.commit_remote`); the local copies are then removed. A resume
+pulls the agreed remote checkpoint into each rank's directory (:func:`agreed_checkpoints`).
 """
 
 from __future__ import annotations
@@ -45,7 +52,15 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.tensor import DTensor
 
-from spotwise.errors import ConfigError, CorruptCheckpointError, SaveError, StateMismatchError
+from spotwise.errors import (
+    ConfigError,
+    CorruptCheckpointError,
+    IntegrityError,
+    SaveError,
+    StateMismatchError,
+    StorageError,
+    StorageNotFoundError,
+)
 from spotwise.runtime import distributed
 from spotwise.runtime.commit import (
     TMP_PREFIX,
@@ -71,6 +86,14 @@ from spotwise.runtime.format import (
 )
 from spotwise.runtime.snapshot import SnapshotBuffer
 from spotwise.runtime.state import StateEncoder, capture_rng, decode
+from spotwise.runtime.tiered import (
+    RemoteCheckpoint,
+    commit_remote,
+    pull_alone,
+    push_files,
+    scan_remote,
+)
+from spotwise.storage.base import Storage
 
 log = logging.getLogger(__name__)
 
@@ -168,12 +191,20 @@ class StagingBuffers:
 @dataclass
 class Staged:
     """A distributed save after its collectives: the files this rank writes into ``tmp`` (tensor
-    files as packed chunks, JSON files as documents, serialized by the writer)."""
+    files as packed chunks, JSON files as documents, serialized by the writer). With ``remote``
+    (no shared file system) ``tmp`` is this rank's own, and the object store is where the
+    checkpoint is committed."""
 
     step: int
     tmp: Path
     chunks: dict[str, tuple[memoryview | bytes, ...]]
     documents: dict[str, Any]
+    remote: Storage | None = None
+    problem: str | None = None  # this rank could not create ``tmp``
+
+    def owns_tmp(self, ranks: Ranks) -> bool:
+        """Whether this rank removes ``tmp``: its own, or the shared one on rank 0."""
+        return self.remote is not None or ranks.is_coordinator
 
 
 def stage(
@@ -184,38 +215,36 @@ def stage(
     common: tuple[Mapping[str, torch.Tensor], dict[str, Any]],
     own: tuple[Mapping[str, torch.Tensor], dict[str, Any]],
     pack: Pack = pack_live,
+    remote: Storage | None = None,
 ) -> Staged:
-    """The collective part of saving step ``step``, together with every other rank: rank 0
-    creates the temporary directory, DCP plans the save (its collectives run here, on the calling
-    thread) and ``pack`` takes this rank's share of the tensors. ``common`` is rank 0's
+    """The collective part of saving step ``step``, together with every other rank: the
+    temporary directory is created (in the shared ``run_dir`` by rank 0; with ``remote``, in
+    its own ``run_dir`` by every rank), DCP plans the save (its collectives run here, on the
+    calling thread) and ``pack`` takes this rank's share of the tensors. ``common`` is rank 0's
     replicated state (the others' is ignored), ``own`` this rank's RNG and extras. Raises
-    SaveError on every rank when the directory or DCP's plan failed."""
-    token = secrets.randbits(31)
-    error = "rank 0 could not create the temporary directory"
-    if ranks.is_coordinator:
+    SaveError on every rank when the shared directory or DCP's plan failed (a rank's own
+    directory failing fails the save at :func:`conclude_writes`)."""
+    if remote is None:
+        tmp = _shared_tmp(ranks, run_dir, step)
+    else:  # this rank's own
+        tmp = run_dir / f"{TMP_PREFIX}{step:08d}-{secrets.token_hex(4)}"
+    staged = Staged(step, tmp, {}, {}, remote)
+    if remote is not None:  # no collective: a failure is reported with the writes
         try:
-            (run_dir / f"{TMP_PREFIX}{step:08d}-{token:08x}").mkdir()
-            error = ""
+            tmp.mkdir()
         except OSError as exc:
-            error = f"cannot create a directory in {run_dir}: {exc.strerror}"
-    token, created = distributed.broadcast_ints(ranks, [token, int(not error)])
-    tmp = run_dir / f"{TMP_PREFIX}{step:08d}-{token:08x}"
-    if not created:
-        raise SaveError(
-            f"could not save step {step}: {error}", hint="earlier checkpoints are intact"
-        )
+            staged.problem = f"cannot create a directory in {run_dir}: {exc.strerror}"
     tensors, skeletons = capture(objects)
     dcp_file = DCP_FILE.format(rank=ranks.rank)
     writer = SpotwiseWriter(tmp, ranks.rank, lambda live: pack(dcp_file, live))
     try:  # DCP raises on every rank when any rank failed
         dcp.save(tensors, storage_writer=writer, process_group=ranks.group)
     except CheckpointException as exc:
-        if ranks.is_coordinator:
+        if staged.owns_tmp(ranks):
             remove_tree(tmp)
         raise SaveError(
             f"could not save step {step}: {exc}", hint="earlier checkpoints are intact"
         ) from exc
-    staged = Staged(step, tmp, {}, {})
     if writer.blob is not None:
         staged.chunks[dcp_file] = (writer.blob.layout.header, *writer.blob.chunks)
     own_tensors, own_doc = own
@@ -233,15 +262,38 @@ def stage(
     return staged
 
 
+def _shared_tmp(ranks: Ranks, run_dir: Path, step: int) -> Path:
+    """Rank 0 creates the temporary directory of step ``step`` in the shared ``run_dir`` and
+    broadcasts its name; SaveError on every rank when it could not."""
+    token = secrets.randbits(31)
+    error = "rank 0 could not create the temporary directory"
+    if ranks.is_coordinator:
+        try:
+            (run_dir / f"{TMP_PREFIX}{step:08d}-{token:08x}").mkdir()
+            error = ""
+        except OSError as exc:
+            error = f"cannot create a directory in {run_dir}: {exc.strerror}"
+    token, created = distributed.broadcast_ints(ranks, [token, int(not error)])
+    if not created:
+        raise SaveError(
+            f"could not save step {step}: {error}", hint="earlier checkpoints are intact"
+        )
+    return run_dir / f"{TMP_PREFIX}{step:08d}-{token:08x}"
+
+
 def share_report(staged: Staged) -> dict[str, Any]:
-    """Write and fsync this rank's files of ``staged``, as the JSON report
-    :func:`conclude_writes` gathers: their manifest entries, or what failed. No collective, so
-    it may run on a background thread, and it never raises: the other ranks wait for the
-    report, whatever went wrong."""
+    """Write and fsync this rank's files of ``staged`` (and, with ``staged.remote``, then
+    upload them), as the JSON report :func:`conclude_writes` gathers: their manifest entries,
+    or what failed. No collective, so it may run on a background thread, and it never raises:
+    the other ranks wait for the report, whatever went wrong."""
+    if staged.problem is not None:
+        return {"files": {}, "problem": staged.problem}
     try:
         entries = {name: write_durable(staged.tmp / name, c) for name, c in staged.chunks.items()}
         for name, doc in staged.documents.items():
             entries[name] = write_durable(staged.tmp / name, (json.dumps(doc).encode(),))
+        if staged.remote is not None:
+            push_files(staged.remote, staged.step, staged.tmp, entries)
     except Exception as exc:  # reported to every rank by conclude_writes
         problem = exc.message if isinstance(exc, SaveError) else f"{type(exc).__name__}: {exc}"
         return {"files": {}, "problem": problem}
@@ -255,7 +307,7 @@ def conclude_writes(ranks: Ranks, staged: Staged, report: Mapping[str, Any]) -> 
     reports = distributed.gather_json(ranks, dict(report))
     problems = [f"rank {r}: {rep['problem']}" for r, rep in enumerate(reports) if rep["problem"]]
     if problems:
-        if ranks.is_coordinator:
+        if staged.owns_tmp(ranks):
             remove_tree(staged.tmp)
         raise SaveError(
             f"could not save step {staged.step}: {'; '.join(problems)}",
@@ -363,16 +415,21 @@ class PendingSave:
             self._commit()
 
     def _commit(self) -> None:
+        staged = self.staged
         try:
-            info = commit_files(
-                self.staged.tmp, self.step, {}, self._entries, metrics=self._metrics
-            )
+            if staged.remote is None:
+                info = commit_files(staged.tmp, self.step, {}, self._entries, metrics=self._metrics)
+            else:
+                info = commit_remote(staged.remote, self.step, self._entries, metrics=self._metrics)
             self._committed(info)
         except BaseException as exc:  # reported to every rank by _end_commit
             self._error = exc
 
     def _end_commit(self) -> None:
-        if distributed.all_agree(self.ranks, self._error is None):
+        agreed = distributed.all_agree(self.ranks, self._error is None)
+        if self.staged.remote is not None:  # uploaded: this rank's local copy is done with
+            remove_tree(self.staged.tmp)
+        if agreed:
             return
         error = self._error
         problem = "rank 0 could not commit" if error is None else f"rank 0: {error}"
@@ -383,34 +440,69 @@ class PendingSave:
         ) from error
 
 
-def agreed_checkpoints(ranks: Ranks, run_dir: Path) -> Iterator[LoadedCheckpoint]:
+def agreed_checkpoints(
+    ranks: Ranks, run_dir: Path, remote: Storage | None = None
+) -> Iterator[LoadedCheckpoint]:
     """The checkpoints every rank can read, newest first, the same sequence on every rank: rank
     0 lists the candidates; each rank reads the candidate's manifest, tensors and state, checks
     the type and size of every file and the bytes of its :func:`verify_share`, and one
     all-reduce of the verdicts skips it on all ranks when any rank failed. So each rank's files
     are checked by one rank, the cost split over the ranks, and a rank reads its share only
     once: the bytes are kept for :func:`restore`. Each yielded document has this rank's RNG
-    and extras in place of rank 0's."""
-    steps = distributed.broadcast_ints(
-        ranks,
-        [i.step for i in reversed(list_checkpoints(run_dir)) if i.valid]
-        if ranks.is_coordinator
-        else None,
-    )
+    and extras in place of rank 0's.
+
+    With ``remote`` (no shared file system) the candidates are the valid checkpoints of the
+    object store, and each rank first pulls the candidate into its own ``run_dir``, every byte
+    checked (:func:`~spotwise.runtime.tiered.pull_alone`): a corrupt remote file fails every
+    rank's pull, so all of them fall back together. The store failing on any rank (after its
+    retries) raises on every rank, rather than falling back past a good checkpoint."""
+    found: dict[int, RemoteCheckpoint] = {}
+    if remote is not None:
+        failure = None
+        try:
+            found = {c.step: c for c in scan_remote(remote) if c.valid}
+        except StorageError as exc:
+            failure = exc
+        if not distributed.all_agree(ranks, failure is None):
+            raise failure or _failed_elsewhere(remote)
+        candidates = sorted(found, reverse=True)
+    else:
+        candidates = [i.step for i in reversed(list_checkpoints(run_dir)) if i.valid]
+    steps = distributed.broadcast_ints(ranks, candidates if ranks.is_coordinator else None)
     for step in steps:
         path = run_dir / step_dir_name(step)
         loaded, problem = None, "another rank found a problem in its share of the files"
+        failure = None
         try:
+            if remote is not None:
+                pull_alone(remote, found.get(step), run_dir)
             loaded = _load_for_rank(path, ranks)
-        except CorruptCheckpointError as exc:
+        except (CorruptCheckpointError, IntegrityError, StorageNotFoundError) as exc:
             problem = exc.message
-        if not distributed.all_agree(ranks, loaded is not None):
+        except StorageError as exc:  # the store, not the checkpoint: no reason to fall back
+            failure = exc
+        verdict = _FAILED if failure is not None else _BAD if loaded is None else _OK
+        agreed = distributed.all_max(ranks, [verdict])[0]
+        if agreed == _FAILED:
+            assert remote is not None
+            raise failure or _failed_elsewhere(remote)
+        if agreed == _BAD:
             message = f"skipping checkpoint {path.name}: {problem}; falling back to an older one"
             log.warning(message)
             warnings.warn(message, RuntimeWarning, stacklevel=3)
             continue
         assert loaded is not None
         yield loaded
+
+
+_OK, _BAD, _FAILED = 0, 1, 2  # a rank's verdict on a candidate, the most severe one wins
+
+
+def _failed_elsewhere(remote: Storage) -> StorageError:
+    return StorageError(
+        f"another rank could not read the checkpoints at {remote.uri}",
+        hint="see that rank's error (credentials, network); the remote checkpoints are untouched",
+    )
 
 
 def verify_share(names: Iterable[str], rank: int, world: int) -> set[str]:

@@ -17,6 +17,11 @@ the remote still holds the previous committed checkpoint, never a partial one.
 
 Remote retention follows the local policy, but only after a newer checkpoint has committed
 remotely; a deletion removes the manifest first, so a half-deleted checkpoint is never trusted.
+
+Distributed runs without a shared file system use the same protocol with several writers and no
+mirror: each rank uploads its own files (:func:`push_files`), rank 0 the manifest last
+(:func:`commit_remote`), and a resume pulls the agreed checkpoint into every rank's own
+directory (:func:`pull_alone`); see :mod:`spotwise.runtime.sharded`.
 """
 
 from __future__ import annotations
@@ -28,9 +33,10 @@ import re
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from spotwise.errors import (
     CorruptCheckpointError,
@@ -44,7 +50,9 @@ from spotwise.runtime.commit import (
     CheckpointInfo,
     check_bytes,
     commit_staged,
+    delete_checkpoint,
     list_checkpoints,
+    manifest_bytes,
     remove_tree,
     temporary_dir,
     verify_checkpoint,
@@ -186,13 +194,38 @@ def _looks_encrypted(raw: bytes | None) -> bool:
 
 
 # --- moving checkpoints between tiers ----------------------------------------------------------
+def push_files(storage: Storage, step: int, directory: Path, names: Iterable[str]) -> None:
+    """Upload the data files ``names`` of ``directory`` as files of remote step ``step``. Until
+    its manifest goes up (last), they are no checkpoint."""
+    for fname in names:
+        storage.put_file(f"{step_dir_name(step)}/{fname}", directory / fname)
+
+
 def push(storage: Storage, ckpt_dir: Path) -> None:
     """Upload one committed local checkpoint: data files first, the manifest last, after every
     byte was checked against the manifest (never upload bytes that differ from the commit)."""
     manifest, raw = check_bytes(ckpt_dir)
-    for fname in manifest.files:
-        storage.put_file(f"{ckpt_dir.name}/{fname}", ckpt_dir / fname)
+    push_files(storage, manifest.step, ckpt_dir, manifest.files)
     storage.put_bytes(f"{ckpt_dir.name}/{MANIFEST}", raw)
+
+
+def commit_remote(
+    storage: Storage,
+    step: int,
+    files: Mapping[str, Mapping[str, Any]],
+    *,
+    metrics: Mapping[str, float] | None = None,
+) -> CheckpointInfo:
+    """The object-store half of a distributed commit, once every rank has uploaded its
+    ``files`` (names with their sizes and CRCs): the manifest listing them goes up last, and
+    from then on remote step ``step`` exists. A file a rank never uploaded is missing from the
+    listing, so a checkpoint lacking it stays invalid (:func:`scan_remote`)."""
+    wall = time.time()
+    raw = manifest_bytes(step, wall, metrics, files)
+    name = step_dir_name(step)
+    storage.put_bytes(f"{name}/{MANIFEST}", raw)
+    total = sum(int(f["size"]) for f in files.values()) + len(raw)
+    return CheckpointInfo(step, Path(name), wall, total, True, None, dict(metrics or {}))
 
 
 def _download(storage: Storage, ckpt: RemoteCheckpoint, into: Path) -> None:
@@ -231,6 +264,38 @@ def pull(storage: Storage, ckpt: RemoteCheckpoint, run_dir: Path) -> Path:
         remove_tree(tmp)
         raise
     return final
+
+
+def pull_alone(storage: Storage, ckpt: RemoteCheckpoint | None, run_dir: Path) -> Path:
+    """Make remote ``ckpt`` the one checkpoint of ``run_dir``, a rank's local cache of a
+    distributed run without a shared file system: the local ``step-*`` directories go (each
+    is only a copy of a remote commit), then :func:`pull`. ``ckpt`` None (another rank listed
+    a checkpoint this one does not see) raises CorruptCheckpointError."""
+    if ckpt is None:
+        raise CorruptCheckpointError("it is not listed (or not valid) at the remote for this rank")
+    for info in list_checkpoints(run_dir):
+        delete_checkpoint(info.path)
+    return pull(storage, ckpt, run_dir)
+
+
+def retain_remote(
+    storage: Storage,
+    policy: RetentionPolicy,
+    newest_step: int,
+    cache: dict[str, RemoteCheckpoint] | None = None,
+) -> list[CheckpointInfo]:
+    """Apply ``policy`` to the remote listing after step ``newest_step`` committed there;
+    returns what was deleted (never ``newest_step`` or a newer one)."""
+    remote = scan_remote(storage, cache)
+    doomed = {c.step for c in choose_deletions([c.info() for c in remote], policy)}
+    deleted = []
+    for ckpt in remote:
+        if ckpt.step in doomed and ckpt.step < newest_step:
+            delete_remote(storage, ckpt)
+            if cache is not None:
+                cache.pop(ckpt.name, None)
+            deleted.append(ckpt.info())
+    return deleted
 
 
 def delete_remote(storage: Storage, ckpt: RemoteCheckpoint) -> None:
@@ -404,12 +469,4 @@ class TieredMirror:
         push(self.remote, job.path)
         log.info("uploaded step %d to %s in %.1fs", job.step, self.remote.uri,
                  time.perf_counter() - started)  # fmt: skip
-        self._apply_retention(job.step)
-
-    def _apply_retention(self, newest_step: int) -> None:
-        remote = scan_remote(self.remote, self._manifests)
-        doomed = {c.step for c in choose_deletions([c.info() for c in remote], self.retention)}
-        for ckpt in remote:
-            if ckpt.step in doomed and ckpt.step < newest_step:
-                delete_remote(self.remote, ckpt)
-                self._manifests.pop(ckpt.name, None)
+        retain_remote(self.remote, self.retention, job.step, self._manifests)
