@@ -86,7 +86,7 @@ from spotwise.telemetry.events import EVENTS_FILE, EventLog
 from spotwise.telemetry.runmetrics import RunTelemetry
 
 if TYPE_CHECKING:
-    from spotwise.runtime.sharded import PendingSave, StagingBuffers
+    from spotwise.runtime.sharded import PendingSave, SavePlans, StagingBuffers
 
 log = logging.getLogger(__name__)
 
@@ -226,6 +226,7 @@ class Run:
         self._writer: threading.Thread | None = None
         self._pending: PendingSave | None = None  # a distributed background save
         self._staging: StagingBuffers | None = None  # its reused buffers
+        self._plans: SavePlans | None = None if self._ranks is None else _sharded().SavePlans()
         self._writer_error: BaseException | None = None
         self._committed_step: int | None = None
         self._last_save_step = 0
@@ -622,7 +623,7 @@ class Run:
         background save's files are then written in a thread per rank and committed at a
         later step boundary once every rank's are (:class:`~spotwise.runtime.sharded.
         PendingSave`); a blocking one is written and committed here."""
-        assert self._ranks is not None
+        assert self._ranks is not None and self._plans is not None
         sharded = _sharded()
         started = time.perf_counter()
         step = self.step
@@ -637,6 +638,7 @@ class Run:
             self._sharded,
             self._state(per_rank=False),
             self._rank_state(),
+            self._plans,
             pack,
         )
         stall = time.perf_counter() - started
@@ -856,7 +858,7 @@ class Run:
             if self._position is not None:
                 self._position.load_state_dict(doc["loader"])
             if self._sharded:  # first: a collective, and the one read that can still fail
-                _sharded().restore(loaded, doc, self._sharded)
+                _sharded().restore(self._ranks, loaded, doc, self._sharded)
             for name, obj in self.state.items():
                 if name not in self._sharded:
                     obj.load_state_dict(saved[name])

@@ -25,7 +25,6 @@ from __future__ import annotations
 import json
 import logging
 import re
-import secrets
 import threading
 import time
 import warnings
@@ -37,6 +36,9 @@ from typing import Any
 import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
+from torch.distributed.checkpoint.metadata import MetadataIndex
+from torch.distributed.checkpoint.planner import SavePlan
 from torch.distributed.checkpoint.state_dict import (
     get_model_state_dict,
     get_optimizer_state_dict,
@@ -176,6 +178,29 @@ class Staged:
     documents: dict[str, Any]
 
 
+class SavePlans:
+    """What a Run's saves reuse: DCP's plan of the last save and its metadata, while the layout
+    of the state (names, dtypes, shapes, placements, on every rank) stays the same, so that a
+    save runs DCP's planning collectives (gathering and scattering pickled plans: most of a
+    background save's stall) only when it changes; and a count of the saves, which names
+    their temporary directories alike on every rank without a broadcast."""
+
+    def __init__(self) -> None:
+        self.layout: tuple[Any, ...] | None = None
+        self.plan: SavePlan | None = None  # this rank's final plan
+        self.document: dict[str, Any] | None = None  # the metadata JSON, on rank 0
+        self.saves = 0
+
+
+def _layout(tensors: Mapping[str, torch.Tensor]) -> tuple[Any, ...]:
+    """Everything DCP's plan depends on: the same tuple on every rank means the same plan."""
+    return tuple(
+        (key, t.dtype, t.shape, t.device.type)
+        + ((t.placements, t.device_mesh) if isinstance(t, DTensor) else ())
+        for key, t in tensors.items()
+    )
+
+
 def stage(
     ranks: Ranks,
     run_dir: Path,
@@ -183,38 +208,51 @@ def stage(
     objects: Mapping[str, tuple[torch.nn.Module, Any]],
     common: tuple[Mapping[str, torch.Tensor], dict[str, Any]],
     own: tuple[Mapping[str, torch.Tensor], dict[str, Any]],
+    plans: SavePlans,
     pack: Pack = pack_live,
 ) -> Staged:
     """The collective part of saving step ``step``, together with every other rank: rank 0
-    creates the temporary directory, DCP plans the save (its collectives run here, on the calling
-    thread) and ``pack`` takes this rank's share of the tensors. ``common`` is rank 0's
-    replicated state (the others' is ignored), ``own`` this rank's RNG and extras. Raises
-    SaveError on every rank when the directory or DCP's plan failed."""
-    token = secrets.randbits(31)
-    error = "rank 0 could not create the temporary directory"
+    creates the temporary directory, one all-reduce tells every rank that it exists and whether
+    any rank's layout changed since the last save; only then DCP plans the save anew (its
+    collectives run here, on the calling thread). ``pack`` takes this rank's share of the
+    tensors. ``common`` is rank 0's replicated state (the others' is ignored), ``own`` this
+    rank's RNG and extras. Raises SaveError on every rank when the directory or DCP's plan
+    failed."""
+    plans.saves += 1
+    tmp = run_dir / f"{TMP_PREFIX}{step:08d}-{plans.saves:08x}"  # rank 0 alone writes here
+    error = ""
     if ranks.is_coordinator:
         try:
-            (run_dir / f"{TMP_PREFIX}{step:08d}-{token:08x}").mkdir()
-            error = ""
+            tmp.mkdir()
         except OSError as exc:
             error = f"cannot create a directory in {run_dir}: {exc.strerror}"
-    token, created = distributed.broadcast_ints(ranks, [token, int(not error)])
-    tmp = run_dir / f"{TMP_PREFIX}{step:08d}-{token:08x}"
-    if not created:
-        raise SaveError(
-            f"could not save step {step}: {error}", hint="earlier checkpoints are intact"
-        )
     tensors, skeletons = capture(objects)
+    layout = _layout(tensors)
+    failed, changed = distributed.all_max(ranks, [int(bool(error)), int(layout != plans.layout)])
+    if failed:
+        problem = error or "rank 0 could not create the temporary directory"
+        raise SaveError(
+            f"could not save step {step}: {problem}", hint="earlier checkpoints are intact"
+        )
     dcp_file = DCP_FILE.format(rank=ranks.rank)
     writer = SpotwiseWriter(tmp, ranks.rank, lambda live: pack(dcp_file, live))
-    try:  # DCP raises on every rank when any rank failed
-        dcp.save(tensors, storage_writer=writer, process_group=ranks.group)
-    except CheckpointException as exc:
-        if ranks.is_coordinator:
-            remove_tree(tmp)
-        raise SaveError(
-            f"could not save step {step}: {exc}", hint="earlier checkpoints are intact"
-        ) from exc
+    if changed:
+        plans.layout = None  # until this plan succeeds
+        try:  # DCP raises on every rank when any rank failed
+            dcp.save(tensors, storage_writer=writer, process_group=ranks.group)
+        except CheckpointException as exc:
+            if ranks.is_coordinator:
+                remove_tree(tmp)
+            raise SaveError(
+                f"could not save step {step}: {exc}", hint="earlier checkpoints are intact"
+            ) from exc
+        plans.layout, plans.plan, plans.document = layout, writer.plan, writer.document
+    else:
+        assert plans.plan is not None
+        planner = DefaultSavePlanner()
+        planner.set_up_planner(tensors, None, ranks.is_coordinator)
+        writer.write_data(plans.plan, planner)
+        writer.document = plans.document
     staged = Staged(step, tmp, {}, {})
     if writer.blob is not None:
         staged.chunks[dcp_file] = (writer.blob.layout.header, *writer.blob.chunks)
@@ -498,15 +536,22 @@ _FIT_HINT = "pass the same model and optimizer as the run that wrote it, or a ne
 
 
 def restore(
-    loaded: LoadedCheckpoint, doc: Any, objects: Mapping[str, tuple[torch.nn.Module, Any]]
+    ranks: Ranks,
+    loaded: LoadedCheckpoint,
+    doc: Any,
+    objects: Mapping[str, tuple[torch.nn.Module, Any]],
 ) -> None:
     """Load the DCP states of ``objects`` from checkpoint ``loaded`` (a collective), whose
-    ``doc`` the Run checked. The files this rank verified are not read again; the tensors are
-    read into blank copies first, so a failed read leaves the live objects as they were."""
+    ``doc`` the Run checked. The tensors are read into copies first, and one all-reduce of
+    the ranks' verdicts comes before any live object changes, so a failed read on any rank
+    leaves every rank's objects as they were (raising StateMismatchError on all of them).
+    Each rank plans its reads alone (DCP's load plan depends only on its own shards and the
+    metadata; its gathering collectives would decide nothing), and the files this rank
+    verified are not read again: a local shard stored whole in one of them (a resume at the
+    same world size) is used where it lies, not copied."""
     where = loaded.info.path
     skeletons = check_fits(where, doc, objects)
     live, _ = capture(objects)
-    copies = _blank_copies(live)
     reader = SpotwiseReader(
         where,
         doc["dcp"]["metadata"],
@@ -514,10 +559,16 @@ def restore(
         str(where / STATE_FILE),
         loaded.members,
     )
+    copies = _blank_copies(live, _stored_shards(reader, live))
+    problem = None
     try:
-        dcp.load(copies, storage_reader=reader)
+        with warnings.catch_warnings():  # "assuming ... a single process": each rank plans alone
+            warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
+            dcp.load(copies, storage_reader=reader, no_dist=True)
     except CheckpointException as exc:
-        raise StateMismatchError(f"{where}: reading the distributed state failed: {exc}") from exc
+        problem = f"{where}: reading the distributed state failed: {exc}"
+    if not distributed.all_agree(ranks, problem is None):
+        raise StateMismatchError(problem or f"{where}: another rank could not read its shards")
     for name, (model, optimizer) in objects.items():
         state = _join(skeletons[name], copies)
         if optimizer is None:
@@ -526,16 +577,47 @@ def restore(
             set_optimizer_state_dict(model, optimizer, state)
 
 
+def _stored_shards(
+    reader: SpotwiseReader, live: Mapping[str, torch.Tensor]
+) -> dict[str, torch.Tensor]:
+    """The live tensors (by DCP key) whose local shard lies whole, with the same shape and
+    dtype, in a file this rank has read and verified: those tensors, as views of its bytes."""
+    parsed: dict[str, dict[str, torch.Tensor]] = {}
+    out = {}
+    for key, tensor in live.items():
+        local = tensor.to_local() if isinstance(tensor, DTensor) else tensor
+        if isinstance(tensor, DTensor):
+            chunks = tensor.__create_chunk_list__()
+            if len(chunks) != 1:
+                continue
+            offsets = torch.Size(chunks[0].offsets)
+        else:
+            offsets = torch.Size([0] * tensor.dim())
+        location = reader.locations.get(MetadataIndex(key, offsets))
+        if location is None or location[0] not in reader.preread or local.device.type != "cpu":
+            continue
+        file, name = location
+        if file not in parsed:
+            parsed[file] = parse_safetensors(reader.preread[file], str(reader.directory / file))
+        stored = parsed[file].get(name)
+        if stored is not None and stored.shape == local.shape and stored.dtype == local.dtype:
+            out[key] = stored
+    return out
+
+
 _ALIGN = 64  # bytes: each blank copy starts on a cache line
 
 
-def _blank_copies(live: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Zeroed tensors like ``live`` (a DTensor: its local shard, on the same mesh and
-    placements) for ``dcp.load`` to fill; a part the checkpoint's chunks leave uncovered reads
-    as zeros. The host ones are carved out of one fresh buffer: a copy of the live tensors
-    (``clone``) took half the resume's time, most of it faulting in new pages one by one."""
+def _blank_copies(
+    live: Mapping[str, torch.Tensor], stored: Mapping[str, torch.Tensor]
+) -> dict[str, torch.Tensor]:
+    """Tensors like ``live`` (a DTensor: its local shard, on the same mesh and placements) for
+    ``dcp.load`` to fill: the ``stored`` shard itself where there is one, else zeroed (a part
+    the checkpoint's chunks leave uncovered reads as zeros). The zeroed host ones are carved
+    out of one fresh buffer: a copy of the live tensors (``clone``) took half the resume's
+    time, most of it faulting in new pages one by one."""
     local = {k: t.to_local() if isinstance(t, DTensor) else t for k, t in live.items()}
-    host = [k for k, t in local.items() if t.device.type == "cpu"]
+    host = [k for k, t in local.items() if t.device.type == "cpu" and k not in stored]
     offsets, total = {}, 0
     for key in host:
         offsets[key] = total
@@ -543,7 +625,9 @@ def _blank_copies(live: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     block = fresh_buffer(total, zeroed=True)
     copies = {}
     for key, tensor in local.items():
-        if key in offsets:
+        if key in stored:
+            blank = stored[key]
+        elif key in offsets:
             size = tensor.numel() * tensor.element_size()
             start = offsets[key]
             blank = block[start : start + size].view(tensor.dtype).view(tensor.shape)
