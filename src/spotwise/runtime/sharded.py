@@ -25,10 +25,10 @@ from __future__ import annotations
 import json
 import logging
 import re
-import threading
 import time
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -310,7 +310,9 @@ class PendingSave:
     the training thread in the same order on every rank.
 
     Phase one: every rank writes and fsyncs its files (:func:`share_report`), in the
-    background after :meth:`start`. Phase two: rank 0 writes the manifest listing every rank's
+    background after :meth:`start`, on the one thread of ``pool``, which the Run keeps (a
+    thread started per save stalled the training thread for a GIL switch interval, 5 ms or
+    more, before it could go on). Phase two: rank 0 writes the manifest listing every rank's
     files and renames the directory (:func:`~spotwise.runtime.commit.commit_files`), then calls
     ``committed`` (retention, events). A phase ends only when every rank's part of it is done,
     and with a collective, so its threads never issue one: at a step boundary each rank
@@ -325,13 +327,14 @@ class PendingSave:
         staged: Staged,
         metrics: Mapping[str, float],
         committed: Callable[[CheckpointInfo], None],
+        pool: ThreadPoolExecutor,
     ) -> None:
-        self.ranks, self.staged = ranks, staged
+        self.ranks, self.staged, self._pool = ranks, staged, pool
         self.step = staged.step
         self.staged_at = time.perf_counter()  # the end of the stall
         self._metrics, self._committed = dict(metrics), committed
         self._phase = _WRITE
-        self._thread: threading.Thread | None = None
+        self._task: Future[None] | None = None  # this rank's part running in the pool
         self._report: dict[str, Any] | None = None
         self._error: BaseException | None = None  # rank 0's commit
         self._entries: dict[str, Any] = {}
@@ -340,13 +343,12 @@ class PendingSave:
 
     def start(self) -> None:
         """Write this rank's files in the background."""
-        self._thread = threading.Thread(target=self._write, name="spotwise-save", daemon=False)
-        self._thread.start()
+        self._task = self._pool.submit(self._write)
 
     def busy(self) -> int:
         """This boundary's proposal: 1 while this rank's part of the current phase runs."""
         self._agreed_on, self._proposed = self._proposed, self._phase
-        return int(self._thread is not None and self._thread.is_alive())
+        return int(self._task is not None and not self._task.done())
 
     def agreed(self, busy: int) -> bool:
         """Act on the agreed (maximum) of the proposals of one boundary ago: end the phase when
@@ -364,7 +366,7 @@ class PendingSave:
     def finish(self) -> None:
         """Complete the save now, on every rank together (blocking): returns once committed,
         raises SaveError on every rank when any part failed."""
-        if self._thread is None and self._report is None:
+        if self._task is None and self._report is None:
             self._write()  # a blocking save: written on the calling thread
         self._join()
         if self._phase == _WRITE:
@@ -381,9 +383,9 @@ class PendingSave:
             log.error("background save of step %d failed: %s", self.step, problem)
 
     def _join(self) -> None:
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
+        if self._task is not None:
+            self._task.result()  # its function never raises: it keeps what failed
+            self._task = None
 
     def _write(self) -> None:
         self._report = share_report(self.staged)
@@ -395,8 +397,7 @@ class PendingSave:
         if not self.ranks.is_coordinator:
             return
         if background:
-            self._thread = threading.Thread(target=self._commit, name="spotwise-commit")
-            self._thread.start()
+            self._task = self._pool.submit(self._commit)
         else:
             self._commit()
 
