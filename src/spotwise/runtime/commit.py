@@ -30,8 +30,9 @@ import stat
 import time
 import uuid
 import warnings
+from collections import deque
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from enum import IntEnum
 from pathlib import Path
@@ -85,6 +86,18 @@ _PART_BYTES = 128 << 20
 # manifest, so that a test can SIGKILL the process while a save is half done.
 _WRITE_DELAY_ENV = "SPOTWISE_TEST_WRITE_DELAY_S"
 _NOFOLLOW = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
+_helpers: tuple[int, ThreadPoolExecutor] | None = None  # see _helper_pool
+
+
+def _helper_pool() -> ThreadPoolExecutor:
+    """The threads that checksum written batches and read a file's chunks, started once per
+    process (a pool started per file stalled the calling thread about 5 ms, more under load,
+    while its threads came up: several times per save or load). They are given only work that
+    waits on nothing else, so concurrent users only queue. A forked child starts its own."""
+    global _helpers
+    if _helpers is None or _helpers[0] != os.getpid():
+        _helpers = (os.getpid(), ThreadPoolExecutor(_WRITERS + _STREAMS, "spotwise-io"))
+    return _helpers[1]
 
 
 @dataclass
@@ -209,13 +222,14 @@ def _write_all(fd: int, chunks: Sequence[memoryview | bytes]) -> int:
     """Write every chunk and return the CRC32C of all bytes. The checksum of each batch runs on
     a helper thread (crc32c releases the GIL) while the batch is written, so it costs no time."""
     crc = 0
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        pending: Future[int] | None = None
+    pending: Future[int] | None = None
+    try:
         for batch in _batches(chunks):
             if pending is not None:
                 crc = pending.result()
-            pending = pool.submit(_crc_of, batch, crc)
+            pending = _helper_pool().submit(_crc_of, batch, crc)
             _writev_all(fd, batch)
+    finally:  # never leave a checksum running over buffers the caller may reuse
         if pending is not None:
             crc = pending.result()
     return crc
@@ -512,13 +526,26 @@ def _read_with_crc(fd: int, view: memoryview, file: Path) -> int:
         return crc32c.crc32c(view)
     starts = range(0, len(view), _READ_CHUNK)
     crc = 0
-    with ThreadPoolExecutor(max_workers=_STREAMS) as pool:
-        pending = [
-            pool.submit(_readinto_all, fd, view[s : s + _READ_CHUNK], file, s) for s in starts
-        ]
-        for start, done in zip(starts, pending, strict=True):
-            done.result()
+    pool, queued = _helper_pool(), iter(starts)
+    pending: deque[Future[None]] = deque()
+
+    def read_next() -> None:
+        start = next(queued, None)
+        if start is not None:
+            chunk = view[start : start + _READ_CHUNK]
+            pending.append(pool.submit(_readinto_all, fd, chunk, file, start))
+
+    for _ in range(_STREAMS):
+        read_next()
+    try:
+        for start in starts:
+            pending.popleft().result()
+            read_next()
             crc = crc32c.crc32c(view[start : start + _READ_CHUNK], crc)
+    finally:  # a failed read: the others must not go on filling the buffer (or use the fd)
+        for done in pending:
+            done.cancel()
+        wait(pending)
     return crc
 
 

@@ -498,9 +498,10 @@ def _load_for_rank(path: Path, ranks: Ranks) -> LoadedCheckpoint:
 
 def check_fits(
     where: Path, doc: Any, objects: Mapping[str, tuple[torch.nn.Module, Any]]
-) -> dict[str, Any]:
+) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     """Refuse (StateMismatchError naming the tensor) a distributed state whose tensors differ in
-    name, shape or dtype from these objects'; returns the saved skeletons."""
+    name, shape or dtype from these objects'; returns the saved skeletons and the live tensors
+    (by DCP key)."""
     meta = doc.get("spotwise") if isinstance(doc, dict) else None
     section = doc.get("dcp") if isinstance(doc, dict) else None
     if not isinstance(meta, dict) or "world" not in meta:
@@ -530,7 +531,7 @@ def check_fits(
     missing = sorted(set(objects) - set(section["objects"]))
     if missing:
         raise StateMismatchError(f"{where} holds no state of {missing[0]!r}", hint=_FIT_HINT)
-    return dict(section["objects"])
+    return dict(section["objects"]), live
 
 
 _FIT_HINT = "pass the same model and optimizer as the run that wrote it, or a new run directory"
@@ -551,8 +552,7 @@ def restore(
     verified are not read again: a local shard stored whole in one of them (a resume at the
     same world size) is used where it lies, not copied."""
     where = loaded.info.path
-    skeletons = check_fits(where, doc, objects)
-    live, _ = capture(objects)
+    skeletons, live = check_fits(where, doc, objects)
     reader = SpotwiseReader(
         where,
         doc["dcp"]["metadata"],
