@@ -90,10 +90,11 @@ _helpers: tuple[int, ThreadPoolExecutor] | None = None  # see _helper_pool
 
 
 def _helper_pool() -> ThreadPoolExecutor:
-    """The threads that checksum written batches and read a file's chunks, started once per
-    process (a pool started per file stalled the calling thread about 5 ms, more under load,
-    while its threads came up: several times per save or load). They are given only work that
-    waits on nothing else, so concurrent users only queue. A forked child starts its own."""
+    """The threads that checksum written batches, read a file's chunks and fsync a commit's
+    files, started once per process (a pool started per file stalled the calling thread about
+    5 ms, more under load, while its threads came up: several times per save or load). They
+    are given only work that waits on nothing else, so concurrent users only queue. A forked
+    child starts its own."""
     global _helpers
     if _helpers is None or _helpers[0] != os.getpid():
         _helpers = (os.getpid(), ThreadPoolExecutor(_WRITERS + _STREAMS, "spotwise-io"))
@@ -404,8 +405,7 @@ def _publish(tmp: Path, final: Path, opened: list[int]) -> None:
     # (the file system groups them into one journal commit instead of one per file), as long as
     # all of them are durable before the directory becomes visible.
     opened.append(os.open(tmp, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC))
-    with ThreadPoolExecutor(max_workers=len(opened)) as pool:
-        list(pool.map(os.fsync, opened))
+    list(_helper_pool().map(os.fsync, opened))
     _close_all(opened)
     if os.path.lexists(final):
         if verify_checkpoint(final).valid:  # a valid one holds the same step's state: keep it
