@@ -571,11 +571,52 @@ def restore(
     if not distributed.all_agree(ranks, problem is None):
         raise StateMismatchError(problem or f"{where}: another rank could not read its shards")
     for name, (model, optimizer) in objects.items():
+        if optimizer is None and _copy_in_place(model, skeletons[name], live, copies):
+            continue
         state = _join(skeletons[name], copies)
         if optimizer is None:
             set_model_state_dict(model, state)
         else:
             set_optimizer_state_dict(model, optimizer, state)
+
+
+def _copy_in_place(
+    model: torch.nn.Module,
+    skeleton: Any,
+    live: Mapping[str, torch.Tensor],
+    copies: Mapping[str, torch.Tensor],
+) -> bool:
+    """Copy a model's loaded tensors into its live ones (as :func:`capture` returned them),
+    when its state is tensors only (``skeleton``: no extra state), every live one is a view of
+    the model's own parameters and buffers, and no module changes how it loads
+    (``_load_from_state_dict``): what ``set_model_state_dict`` does then, without
+    ``load_state_dict``'s scan of the whole state for each module, which is quadratic (most of
+    the resume of a 2,000-layer model). False, copying nothing, otherwise."""
+    if not isinstance(skeleton, dict) or not all(
+        isinstance(v, dict) and set(v) == {_MARK} and v[_MARK] in live for v in skeleton.values()
+    ):
+        return False
+    if any(type(m)._load_from_state_dict is not _MODULE_LOAD for m in model.modules()):
+        return False
+    keys = [v[_MARK] for v in skeleton.values()]
+    with torch.no_grad():
+        owned = {_storage(t) for t in (*model.parameters(), *model.buffers())}
+        targets = [_local(live[k]) for k in keys]
+        if not all(t.numel() == 0 or _storage(t) in owned for t in targets):
+            return False
+        torch._foreach_copy_(targets, [_local(copies[k]) for k in keys])
+    return True
+
+
+_MODULE_LOAD = torch.nn.Module._load_from_state_dict
+
+
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+
+
+def _storage(tensor: torch.Tensor) -> int:
+    return _local(tensor).untyped_storage().data_ptr()
 
 
 def _stored_shards(
