@@ -221,11 +221,15 @@ class SpotwiseReader(StorageReader):
         return True
 
 
+_INT = {int}  # exactly: a bool is no size
+
+
 def _ints(value: Any, where: str) -> torch.Size:
-    if (
+    if (  # without a generator per list: tens of thousands of lists in a large model's metadata
         type(value) is not list
         or len(value) > MAX_NDIM
-        or not all(type(v) is int and v >= 0 for v in value)
+        or not set(map(type, value)) <= _INT
+        or (value and min(value) < 0)
     ):
         raise CorruptCheckpointError(f"{where}: {value!r} is not a list of sizes")
     return torch.Size(value)
