@@ -324,14 +324,18 @@ def _manifest_bytes(
 
 
 # --- several writers, one commit (torch.distributed ranks) -------------------------------------
-def write_durable(path: Path, chunks: Sequence[memoryview | bytes]) -> dict[str, Any]:
-    """Write one new file of a checkpoint being built and fsync it; returns its manifest entry.
-    Each rank makes its own files durable before rank 0 lists them in the manifest."""
+def write_durable(
+    directory: Path, contents: Mapping[str, Sequence[memoryview | bytes]]
+) -> dict[str, dict[str, Any]]:
+    """Write new files into ``directory`` (a checkpoint being built, say), ``contents`` by name,
+    and fsync them; returns their manifest entries. The fsyncs run together (the file system
+    groups them into one journal commit instead of one per file, as in the commit). Each rank
+    makes its own files durable before rank 0 lists them in the manifest."""
     opened: list[int] = []
     try:
-        entry = _write_file(path, chunks, opened)
-        os.fsync(opened[0])
-        return entry
+        entries = {name: _write_file(directory / name, c, opened) for name, c in contents.items()}
+        list(_helper_pool().map(os.fsync, opened))
+        return entries
     finally:
         _close_all(opened)
 

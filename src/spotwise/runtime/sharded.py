@@ -277,9 +277,10 @@ def share_report(staged: Staged) -> dict[str, Any]:
     it may run on a background thread, and it never raises: the other ranks wait for the
     report, whatever went wrong."""
     try:
-        entries = {name: write_durable(staged.tmp / name, c) for name, c in staged.chunks.items()}
+        contents = dict(staged.chunks)
         for name, doc in staged.documents.items():
-            entries[name] = write_durable(staged.tmp / name, (json.dumps(doc).encode(),))
+            contents[name] = (json.dumps(doc).encode(),)
+        entries = write_durable(staged.tmp, contents)
     except Exception as exc:  # reported to every rank by conclude_writes
         problem = exc.message if isinstance(exc, SaveError) else f"{type(exc).__name__}: {exc}"
         return {"files": {}, "problem": problem}
