@@ -4,16 +4,19 @@ Two gloo ranks on this machine (the script starts itself under torchrun), all fi
 measured in the same run:
 
 1. **Agreement**: the tiny all-reduce, every few steps as the Run does it, that makes every rank
-   act on a notice (and on a time-based save) together, against the digits example's DDP step
-   (same model, batch 32), timed over 400 steps at a time.
+   act on a notice (and on a time-based save) together: its time on the training thread per step
+   (the slowest rank's) against the digits example's DDP step (same model, batch 32), timed
+   over 400 steps at a time; the difference of the step times with and without it is printed
+   too, but it is below this machine's noise.
 2. **FSDP2 state** (``fully_shard`` per layer), large tensors and many small ones: a durable
-   ``run.save()`` (DCP plan, spotwise files, CRCs, fsync, manifest, rename) against
-   ``torch.distributed.checkpoint.save`` with its ``FileSystemWriter`` (which fsyncs too), and a
+   ``run.save()`` (spotwise files, CRCs, fsync, manifest, rename; DCP's plan of the first save
+   reused by the later ones, as in a Run) against ``torch.distributed.checkpoint.save`` with its
+   default planner (which plans every save) and ``FileSystemWriter`` (which fsyncs too), and a
    resume (a new Run reading the newest checkpoint, CRCs checked) against ``dcp.load``.
 3. **Resharded load** (2 -> 1): one rank (a second torchrun) resumes the checkpoint the two
    ranks wrote, against ``dcp.load`` of the DCP checkpoint they saved.
-4. **Stall** of a background save of the large FSDP2 state (``run.save(block=False)``: DCP's
-   planning collectives and the copy of this rank's shards into reused staging buffers; the
+4. **Stall** of a background save of the large FSDP2 state (``run.save(block=False)``: one
+   all-reduce and the copy of this rank's shards into reused staging buffers; the
    write, fsync and commit follow in the background, outside the timing) against copying the
    same local shards into reused buffers with one ``torch._foreach_copy_``.
 
