@@ -51,11 +51,12 @@ def test_a_rank_checks_and_keeps_only_its_share(tmp_path: Path) -> None:
     tmp.mkdir()
     others = {}
     for rank in range(2):
-        others[f"dcp-{rank:05d}.safetensors"] = write_durable(
-            tmp / f"dcp-{rank:05d}.safetensors", _blob(rank + 1.0)
-        )
-        others[f"rank-{rank:05d}.json"] = write_durable(
-            tmp / f"rank-{rank:05d}.json", (json.dumps({"rank": rank}).encode(),)
+        others |= write_durable(
+            tmp,
+            {
+                f"dcp-{rank:05d}.safetensors": _blob(rank + 1.0),
+                f"rank-{rank:05d}.json": (json.dumps({"rank": rank}).encode(),),
+            },
         )
     own = {TENSORS_FILE: _blob(0.0), STATE_FILE: (json.dumps({"state": {}}).encode(),)}
     path = commit_files(tmp, 10, own, others).path

@@ -101,3 +101,28 @@ def test_notice_exit_due(remaining_s, step_s, save_s, margin_s, expected):
 
     assert math.isinf(DEFAULT_NOTICE_MARGIN_S)
     assert notice_exit_due(remaining_s, step_s=step_s, save_s=save_s, margin_s=margin_s) is expected
+
+
+def test_notice_exit_due_counts_the_steps_between_checks():
+    from spotwise.runtime.interval import notice_exit_due
+
+    # two checks 40 steps of 0.1 s apart and two 1 s saves: 30 + 2 * (4 + 1) = 40 s
+    assert notice_exit_due(40.0, step_s=0.1, save_s=1.0, margin_s=30.0, steps_per_check=40)
+    assert not notice_exit_due(40.1, step_s=0.1, save_s=1.0, margin_s=30.0, steps_per_check=40)
+
+
+@pytest.mark.parametrize(
+    ("cost_s", "step_s", "expected"),
+    [
+        (0.0005, 0.0025, 20),  # 0.5 ms against 2.5 ms steps: 1% of 20 steps
+        (0.0005, 0.1, 1),  # a long step hides it
+        (0.001, 0.001, 100),
+        (0.01, 0.001, 500),  # 1% would need 1 s of steps: the 0.5 s gap caps it first
+        (0.05, 1.0, 1),  # steps longer than the gap: every boundary
+        (0.0005, 0.0, 1),  # nothing measured yet
+    ],
+)
+def test_agreement_interval(cost_s, step_s, expected):
+    from spotwise.runtime.interval import agreement_interval
+
+    assert agreement_interval(cost_s, step_s) == expected

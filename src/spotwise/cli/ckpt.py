@@ -160,5 +160,5 @@ def export_command(
     if target.exists():
         raise ConfigError(f"{target} already exists", hint="choose another --out or remove it")
     blob = pack_tensors(consolidated(location, name))
-    write_durable(target, (blob.layout.header, *blob.chunks))
+    write_durable(target.parent, {target.name: (blob.layout.header, *blob.chunks)})
     typer.echo(f"exported {len(blob.layout.specs)} tensors of {location} to {target}")

@@ -30,8 +30,9 @@ import stat
 import time
 import uuid
 import warnings
+from collections import deque
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from enum import IntEnum
 from pathlib import Path
@@ -85,6 +86,19 @@ _PART_BYTES = 128 << 20
 # manifest, so that a test can SIGKILL the process while a save is half done.
 _WRITE_DELAY_ENV = "SPOTWISE_TEST_WRITE_DELAY_S"
 _NOFOLLOW = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
+_helpers: tuple[int, ThreadPoolExecutor] | None = None  # see _helper_pool
+
+
+def _helper_pool() -> ThreadPoolExecutor:
+    """The threads that checksum written batches, read a file's chunks and fsync a commit's
+    files, started once per process (a pool started per file stalled the calling thread about
+    5 ms, more under load, while its threads came up: several times per save or load). They
+    are given only work that waits on nothing else, so concurrent users only queue. A forked
+    child starts its own."""
+    global _helpers
+    if _helpers is None or _helpers[0] != os.getpid():
+        _helpers = (os.getpid(), ThreadPoolExecutor(_WRITERS + _STREAMS, "spotwise-io"))
+    return _helpers[1]
 
 
 @dataclass
@@ -209,13 +223,14 @@ def _write_all(fd: int, chunks: Sequence[memoryview | bytes]) -> int:
     """Write every chunk and return the CRC32C of all bytes. The checksum of each batch runs on
     a helper thread (crc32c releases the GIL) while the batch is written, so it costs no time."""
     crc = 0
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        pending: Future[int] | None = None
+    pending: Future[int] | None = None
+    try:
         for batch in _batches(chunks):
             if pending is not None:
                 crc = pending.result()
-            pending = pool.submit(_crc_of, batch, crc)
+            pending = _helper_pool().submit(_crc_of, batch, crc)
             _writev_all(fd, batch)
+    finally:  # never leave a checksum running over buffers the caller may reuse
         if pending is not None:
             crc = pending.result()
     return crc
@@ -311,14 +326,18 @@ def manifest_bytes(
 
 
 # --- several writers, one commit (torch.distributed ranks) -------------------------------------
-def write_durable(path: Path, chunks: Sequence[memoryview | bytes]) -> dict[str, Any]:
-    """Write one new file of a checkpoint being built and fsync it; returns its manifest entry.
-    Each rank makes its own files durable before rank 0 lists them in the manifest."""
+def write_durable(
+    directory: Path, contents: Mapping[str, Sequence[memoryview | bytes]]
+) -> dict[str, dict[str, Any]]:
+    """Write new files into ``directory`` (a checkpoint being built, say), ``contents`` by name,
+    and fsync them; returns their manifest entries. The fsyncs run together (the file system
+    groups them into one journal commit instead of one per file, as in the commit). Each rank
+    makes its own files durable before rank 0 lists them in the manifest."""
     opened: list[int] = []
     try:
-        entry = _write_file(path, chunks, opened)
-        os.fsync(opened[0])
-        return entry
+        entries = {name: _write_file(directory / name, c, opened) for name, c in contents.items()}
+        list(_helper_pool().map(os.fsync, opened))
+        return entries
     finally:
         _close_all(opened)
 
@@ -392,8 +411,7 @@ def _publish(tmp: Path, final: Path, opened: list[int]) -> None:
     # (the file system groups them into one journal commit instead of one per file), as long as
     # all of them are durable before the directory becomes visible.
     opened.append(os.open(tmp, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC))
-    with ThreadPoolExecutor(max_workers=len(opened)) as pool:
-        list(pool.map(os.fsync, opened))
+    list(_helper_pool().map(os.fsync, opened))
     _close_all(opened)
     if os.path.lexists(final):
         if verify_checkpoint(final).valid:  # a valid one holds the same step's state: keep it
@@ -514,13 +532,26 @@ def _read_with_crc(fd: int, view: memoryview, file: Path) -> int:
         return crc32c.crc32c(view)
     starts = range(0, len(view), _READ_CHUNK)
     crc = 0
-    with ThreadPoolExecutor(max_workers=_STREAMS) as pool:
-        pending = [
-            pool.submit(_readinto_all, fd, view[s : s + _READ_CHUNK], file, s) for s in starts
-        ]
-        for start, done in zip(starts, pending, strict=True):
-            done.result()
+    pool, queued = _helper_pool(), iter(starts)
+    pending: deque[Future[None]] = deque()
+
+    def read_next() -> None:
+        start = next(queued, None)
+        if start is not None:
+            chunk = view[start : start + _READ_CHUNK]
+            pending.append(pool.submit(_readinto_all, fd, chunk, file, start))
+
+    for _ in range(_STREAMS):
+        read_next()
+    try:
+        for start in starts:
+            pending.popleft().result()
+            read_next()
             crc = crc32c.crc32c(view[start : start + _READ_CHUNK], crc)
+    finally:  # a failed read: the others must not go on filling the buffer (or use the fd)
+        for done in pending:
+            done.cancel()
+        wait(pending)
     return crc
 
 

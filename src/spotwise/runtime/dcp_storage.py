@@ -85,6 +85,7 @@ class SpotwiseWriter(StorageWriter):
         self.rank = rank
         self.pack = pack  # pack_tensors (live tensors) or a staging buffer's capture (a copy)
         self.blob: TensorBlob | None = None  # this rank's file, once write_data has run
+        self.plan: SavePlan | None = None  # ... and the final plan it wrote, for reuse
         self.document: dict[str, Any] | None = None  # set by finish() on the coordinator
 
     def reset(self, checkpoint_id: str | os.PathLike[str] | None = None) -> None:
@@ -101,6 +102,7 @@ class SpotwiseWriter(StorageWriter):
         return plans
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
+        self.plan = plan
         tensors: dict[str, torch.Tensor] = {}
         for item in plan.items:
             if item.type == WriteItemType.BYTE_IO:
@@ -207,7 +209,8 @@ class SpotwiseReader(StorageReader):
                         f"{tuple(source.size())}, the checkpoint's metadata says "
                         f"{tuple(target.size())}"
                     )
-                target.copy_(source)
+                if target.data_ptr() != source.data_ptr() or target.stride() != source.stride():
+                    target.copy_(source)  # else it is the stored shard itself (see restore)
                 planner.commit_tensor(item, target)
         future: Future[None] = Future()
         future.set_result(None)
@@ -218,11 +221,15 @@ class SpotwiseReader(StorageReader):
         return True
 
 
+_INT = {int}  # exactly: a bool is no size
+
+
 def _ints(value: Any, where: str) -> torch.Size:
-    if (
+    if (  # without a generator per list: tens of thousands of lists in a large model's metadata
         type(value) is not list
         or len(value) > MAX_NDIM
-        or not all(type(v) is int and v >= 0 for v in value)
+        or not set(map(type, value)) <= _INT
+        or (value and min(value) < 0)
     ):
         raise CorruptCheckpointError(f"{where}: {value!r} is not a list of sizes")
     return torch.Size(value)

@@ -16,12 +16,14 @@ import contextlib
 import json
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.distributed as dist
+
+from spotwise.runtime.interval import agreement_interval
 
 
 @dataclass(frozen=True)
@@ -112,22 +114,61 @@ def gather_json(ranks: Ranks, document: Any) -> list[Any]:
     ]
 
 
+def round_trip_s(ranks: Ranks, repeats: int = 3) -> float:
+    """The fastest of ``repeats`` blocking all-reduces of a few integers (a collective): what
+    one agreement costs at most, since its reduction otherwise runs while a step computes."""
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        all_max(ranks, [0, 0, 0])
+        times.append(time.perf_counter() - started)
+    return min(times)
+
+
+_MICROS = 1e6  # the agreement carries its measurements as integer microseconds
+
+
 class Agreement:
-    """The element-wise maximum over all ranks of what each proposed one step boundary ago.
+    """The element-wise maximum over all ranks of what each proposed one agreement ago.
 
-    Each :meth:`exchange` awaits the all-reduce started at the previous boundary and starts one
-    for this boundary's proposal, so the reduction runs while the next step computes and the
-    step pays only for starting and collecting it. All ranks therefore act on a proposal at the
-    same boundary, one step after it was made (a notice's exit margin allows for two steps)."""
+    Not every step boundary agrees: :meth:`boundary` does every
+    :func:`~spotwise.runtime.interval.agreement_interval` steps, chosen from the agreement's
+    cost (``cost_s``, at least a measured blocking round trip) and the step time measured
+    between agreements, both carried in the reduction itself, so every rank gets the same
+    interval at the same boundary. An agreement awaits the all-reduce started at the previous
+    one and starts one for this boundary's proposal, so the reduction runs while the next
+    steps compute and the step pays only for starting and collecting it. All ranks therefore
+    act on a proposal at the same boundary, one interval after it was made (a notice's exit
+    margin allows for two intervals)."""
 
-    def __init__(self, ranks: Ranks) -> None:
+    def __init__(
+        self, ranks: Ranks, cost_s: float, clock: Callable[[], float] = time.perf_counter
+    ) -> None:
         self.ranks = ranks
+        self.every = 1  # steps between agreements, the same on every rank
+        self._cost_s, self._clock = cost_s, clock
+        self._since = 0  # boundaries since the last agreement
+        self._last: float | None = None  # when the last agreement was
         self._pending: tuple[Any, torch.Tensor] | None = None
 
-    def exchange(self, proposal: list[int]) -> list[int]:
-        """The maximum of the previous proposals (zeros at the first boundary)."""
-        agreed = self.drain() or [0] * len(proposal)
-        tensor = torch.tensor(proposal, dtype=torch.int64)
+    def boundary(self, propose: Callable[[], list[int]]) -> list[int] | None:
+        """Count one step boundary. Between agreements None (``propose`` is not called); at an
+        agreement, the maximum of the previous proposals (zeros at the first)."""
+        self._since += 1
+        if self._since < self.every:
+            return None
+        started = self._clock()
+        step_s = 0.0 if self._last is None else (started - self._last) / self._since
+        self._since, self._last = 0, started
+        proposal = propose()
+        result = self.drain()
+        agreed = [0] * len(proposal) if result is None else result[:-2]
+        if result is not None:  # the same on every rank: decided from the reduced values
+            self.every = agreement_interval(result[-2] / _MICROS, result[-1] / _MICROS)
+        cost_s = max(self._cost_s, self._clock() - started)
+        tensor = torch.tensor(
+            [*proposal, round(cost_s * _MICROS), round(step_s * _MICROS)], dtype=torch.int64
+        )
         work = dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=self.ranks.group, async_op=True)
         self._pending = (work, tensor)
         return agreed

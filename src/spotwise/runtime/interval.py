@@ -120,18 +120,35 @@ def notice_exit_due(
     step_s: float | None,
     save_s: float | None,
     margin_s: float = DEFAULT_NOTICE_MARGIN_S,
+    steps_per_check: int = 1,
 ) -> bool:
     """Whether a terminate notice must be acted on (emergency save, exit 75) at this boundary.
 
     The platforms' notices run from 30 s (GCP, Azure, Kubernetes) to 2 min (AWS) and up to 1 h
     (GCP GPU host maintenance). Acting when ``deadline - now <= save estimate + margin`` (the
     interruption-signals spec) keeps the work of a long notice instead of giving it up at once.
-    The estimate counts two steps and two saves, since the check happens only at step boundaries
-    and a save measured earlier may run slower now; the margin covers an upload to a remote tier
+    The estimate counts two checks and two saves, since the check happens only every
+    ``steps_per_check`` step boundaries (the ranks' agreement, :func:`agreement_interval`) and
+    a save measured earlier may run slower now; the margin covers an upload to a remote tier
     and the process exit. Without a deadline, or without measurements, act at once. The default
     margin is infinite (act at once); ``SPOTWISE_NOTICE_MARGIN_S=60`` or ``Run(notice_margin_s=)``
     opts in to training on.
     """
     if remaining_s is None or step_s is None or save_s is None:
         return True
-    return remaining_s <= margin_s + 2.0 * (step_s + save_s)
+    return remaining_s <= margin_s + 2.0 * (steps_per_check * step_s + save_s)
+
+
+AGREEMENT_SHARE = 0.01  # of the step time, the most the ranks' agreement may cost (issue 11)
+MAX_AGREEMENT_GAP_S = 0.5  # a notice is acted on within two gaps, far inside the shortest (30 s)
+
+
+def agreement_interval(cost_s: float, step_s: float) -> int:
+    """Every how many step boundaries the ranks of a distributed Run agree (on notices, timed
+    saves, background saves' progress): the fewest steps that one agreement, costing
+    ``cost_s``, takes at most ``AGREEMENT_SHARE`` of, but never more steps than last
+    ``MAX_AGREEMENT_GAP_S`` at ``step_s`` each, so that a slow link delays a notice no more."""
+    if step_s <= 0:
+        return 1
+    needed = math.ceil(cost_s / (AGREEMENT_SHARE * step_s))
+    return max(1, min(needed, math.floor(MAX_AGREEMENT_GAP_S / step_s)))

@@ -38,6 +38,7 @@ import threading
 import time
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -94,7 +95,7 @@ from spotwise.telemetry.events import EVENTS_FILE, EventLog
 from spotwise.telemetry.runmetrics import RunTelemetry
 
 if TYPE_CHECKING:
-    from spotwise.runtime.sharded import PendingSave, StagingBuffers
+    from spotwise.runtime.sharded import PendingSave, SavePlans, StagingBuffers
 
 log = logging.getLogger(__name__)
 
@@ -168,7 +169,11 @@ class Run:
         self.state = _stateful(
             state, model=model, optimizer=optimizer, scheduler=scheduler, scaler=scaler
         )
-        self._agreement = None if self._ranks is None else distributed.Agreement(self._ranks)
+        self._agreement = (
+            None
+            if self._ranks is None
+            else distributed.Agreement(self._ranks, distributed.round_trip_s(self._ranks))
+        )
         self._sharded = {} if self._ranks is None else _sharded().sharded_objects(self.state)
         if steps is not None and (isinstance(steps, bool) or steps < 0):
             raise ConfigError(f"steps must be a non-negative number of steps, got {steps!r}")
@@ -242,6 +247,8 @@ class Run:
         self._writer: threading.Thread | None = None
         self._pending: PendingSave | None = None  # a distributed background save
         self._staging: StagingBuffers | None = None  # its reused buffers
+        self._plans: SavePlans | None = None if self._ranks is None else _sharded().SavePlans()
+        self._save_pool = ThreadPoolExecutor(1, thread_name_prefix="spotwise-save")  # one, reused
         self._writer_error: BaseException | None = None
         self._committed_step: int | None = None
         self._last_save_step = 0
@@ -361,6 +368,7 @@ class Run:
             if self.mirror is not None:
                 self.mirror.flush()
         finally:
+            self._save_pool.shutdown()
             if self._workers is not None:
                 self._workers.close()
             if self._notices is not None:
@@ -491,24 +499,35 @@ class Run:
             schedule = self.config.schedule
             timed = schedule.seconds is not None or schedule.auto  # steps are the same everywhere
             pending = self._pending
-            writing = 0 if pending is None else pending.busy()
-            action, timed_due, writing = self._agreement.exchange(
-                [self._notice_action(notice), int(due and timed), writing]
+            agreed = self._agreement.boundary(
+                lambda: [
+                    self._notice_action(notice),
+                    int(due and timed),
+                    0 if pending is None else pending.busy(),
+                ]
             )
-            if pending is not None:  # a failed save is not retried: dropped before it raises
-                self._pending = None
-                if pending.agreed(writing):  # committed, on every rank at this boundary
-                    self._settled(pending)
-                else:
-                    self._pending = pending
-            due = bool(timed_due) if timed else due
-            if action == _EXIT:
-                self._emergency_exit(notice)
-            if action == _EARLY_SAVE:
-                self._early_save(notice)
+            if timed:  # only as agreed: between agreements a timed save waits for the next one
+                due = agreed is not None and bool(agreed[1])
+            if agreed is not None:
+                self._act_on_agreement(agreed, pending, notice)
         # the final save follows right after the last step; a notice may have just saved
         if due and not self.done and self._last_save_step != self.step:
             self._save(block=not self.config.async_save, reason="interval")
+
+    def _act_on_agreement(
+        self, agreed: list[int], pending: PendingSave | None, notice: Notice | None
+    ) -> None:
+        action, _, writing = agreed
+        if pending is not None:  # a failed save is not retried: dropped before it raises
+            self._pending = None
+            if pending.agreed(writing):  # committed, on every rank at this boundary
+                self._settled(pending)
+            else:
+                self._pending = pending
+        if action == _EXIT:
+            self._emergency_exit(notice)
+        if action == _EARLY_SAVE:
+            self._early_save(notice)
 
     def _on_notice(self, notice: Notice) -> None:
         action = self._notice_action(notice)
@@ -549,7 +568,11 @@ class Run:
         )
         save_s = None if self.save_cost_s is None else self.save_cost_s + (self.write_s or 0.0)
         return notice_exit_due(
-            remaining, step_s=self.step_s, save_s=save_s, margin_s=self.config.notice_margin
+            remaining,
+            step_s=self.step_s,
+            save_s=save_s,
+            margin_s=self.config.notice_margin,
+            steps_per_check=1 if self._agreement is None else self._agreement.every,
         )
 
     def _emergency_exit(self, notice: Notice | None) -> None:
@@ -638,7 +661,7 @@ class Run:
         background save's files are then written in a thread per rank and committed at a
         later step boundary once every rank's are (:class:`~spotwise.runtime.sharded.
         PendingSave`); a blocking one is written and committed here."""
-        assert self._ranks is not None
+        assert self._ranks is not None and self._plans is not None
         sharded = _sharded()
         started = time.perf_counter()
         step = self.step
@@ -653,6 +676,7 @@ class Run:
             self._sharded,
             self._state(per_rank=False),
             self._rank_state(),
+            self._plans,
             pack,
             self._remote,
         )
@@ -663,7 +687,9 @@ class Run:
         def committed(info: CheckpointInfo) -> None:  # on rank 0, where it commits
             self._retain_after(info, reason, stall, time.perf_counter() - started - stall)
 
-        self._pending = sharded.PendingSave(self._ranks, staged, self.metrics, committed)
+        self._pending = sharded.PendingSave(
+            self._ranks, staged, self.metrics, committed, self._save_pool
+        )
         if block:
             self._wait_writer()  # written and committed here, on this thread
         else:
@@ -878,7 +904,7 @@ class Run:
             if self._position is not None:
                 self._position.load_state_dict(doc["loader"])
             if self._sharded:  # first: a collective, and the one read that can still fail
-                _sharded().restore(loaded, doc, self._sharded)
+                _sharded().restore(self._ranks, loaded, doc, self._sharded)
             for name, obj in self.state.items():
                 if name not in self._sharded:
                     obj.load_state_dict(saved[name])

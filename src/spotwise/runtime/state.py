@@ -23,6 +23,7 @@ _TORCH_GEN, _NUMPY_GEN = "__torch_generator__", "__numpy_generator__"
 _MARKERS = {_TENSOR, _NDARRAY, _TUPLE, _DICT, _TORCH_GEN, _NUMPY_GEN}
 # the bit generators a checkpoint may name: decoding never looks up an arbitrary attribute
 _BIT_GENERATORS = {"PCG64", "PCG64DXSM", "Philox", "SFC64", "MT19937"}
+_LEAVES = (int, float, str, bool, type(None))  # exactly these types are copied as they are
 
 
 class StateEncoder:
@@ -84,10 +85,12 @@ class StateEncoder:
                     for k, v in value.items()
                 ]
             }
-        if isinstance(value, tuple):
-            return {_TUPLE: [self.encode(v, f"{path}/{i}") for i, v in enumerate(value)]}
-        if isinstance(value, list):
-            return [self.encode(v, f"{path}/{i}") for i, v in enumerate(value)]
+        if isinstance(value, (tuple, list)):
+            if all(type(v) in _LEAVES for v in value):  # e.g. the Mersenne Twister's 625 words
+                items = list(value)
+            else:
+                items = [self.encode(v, f"{path}/{i}") for i, v in enumerate(value)]
+            return {_TUPLE: items} if isinstance(value, tuple) else items
         raise ConfigError(
             f"cannot checkpoint {path!r}: values of type {type(value).__name__} are not "
             "supported (spotwise never pickles)",
