@@ -20,10 +20,14 @@ Prints, measured in this run:
 6. with ``--live``: ``spotwise launch``'s decision loop (the real Controller, an injected clock,
    the process-free sim double of ``tests/control/clocksim.py``) against ``simulate_run`` on the
    shipped traces, same policy, trace, start and terms (``launch-vs-simulate``: mean live cost
-   over mean simulated cost).
+   over mean simulated cost);
+7. with ``--whole-trace``: ``spotwise`` with its availability chain fitted on the whole trace,
+   the run's future included (not a policy: it peeks), on both splits against the optimum
+   (``ratio-whole-trace-chain-vs-optimal-fit`` / ``-heldout``), next to ``spotwise`` on the same
+   starts: how much better estimates of the policy's model could give at most.
 
     .venv/bin/python benchmarks/bench_policies.py [--starts 100] [--multizone] [--reference]
-        [--fine] [--live]
+        [--fine] [--live] [--whole-trace]
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ import numpy as np
 
 from spotwise.market.policies import Problem, make_policy
 from spotwise.market.policies.optimal import optimal_costs
+from spotwise.market.policies.spotwise import SpotwisePolicy
 from spotwise.market.simulate import Markets, run_ticks, simulate, simulate_run, start_ticks
 from spotwise.market.traces import load_trace
 
@@ -274,6 +279,44 @@ def live(starts: int) -> None:
     print()
 
 
+class WholeTraceChain(SpotwisePolicy):
+    """``spotwise`` shown the whole trace, future included, as its history: its chain is then
+    fitted on everything the run will see, the best estimate that model could have."""
+
+    def __init__(self, whole: np.ndarray, gap_s: float) -> None:
+        super().__init__(window_h=whole.shape[1] * gap_s / 3600.0)
+        self.whole = whole
+
+    def reset(self, problem: Problem, gap_s: float, zones: int, history: np.ndarray | None) -> None:
+        super().reset(problem, gap_s, zones, self.whole)
+
+
+def whole_trace(starts: int) -> None:
+    print(f"== spotwise with its chain fitted on the whole trace, {starts} starts per trace ==")
+    by_split: dict[str, list[tuple[float, float]]] = {"fit": [], "heldout": []}
+    for f in v100_single_node():
+        m = Markets.from_traces([load_trace(f)])
+        ticks = run_ticks(PAPER, m.gap_s)
+        offs = start_ticks(m.n_ticks, ticks, starts)
+        opt = float(optimal_costs(PAPER, m.available, 0.918, m.gap_s, offs, ticks).mean())
+        sw = simulate("spotwise", PAPER, m, offs).mean_cost_usd
+        peek = np.mean(
+            [
+                simulate_run(WholeTraceChain(m.available, m.gap_s), PAPER, m, o).cost_usd
+                for o in offs
+            ]
+        )
+        by_split[split_of(f)].append((peek / opt, sw / opt))
+        print(f"{'/'.join(Path(f).parts[-2:]):44s} {peek / opt:7.3f} (spotwise {sw / opt:.3f})")
+    for part, pairs in by_split.items():
+        peek_mean, sw_mean = np.mean(pairs, axis=0)
+        print(
+            f"ratio-whole-trace-chain-vs-optimal-{part}: {peek_mean:.3f}  "
+            f"({len(pairs)} traces; spotwise on the same starts {sw_mean:.3f})"
+        )
+    print()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--starts", type=int, default=100)
@@ -283,6 +326,8 @@ def main() -> None:
     parser.add_argument("--fine", action="store_true")
     parser.add_argument("--live", action="store_true")
     parser.add_argument("--live-starts", type=int, default=3)
+    parser.add_argument("--whole-trace", action="store_true")
+    parser.add_argument("--whole-trace-starts", type=int, default=8)
     parser.add_argument("--only", action="store_true", help="skip the default sections")
     args = parser.parse_args()
     if not args.only:
@@ -292,6 +337,8 @@ def main() -> None:
         fine()
     if args.live:
         live(args.live_starts)
+    if args.whole_trace:
+        whole_trace(args.whole_trace_starts)
     if args.multizone:
         multizone(args.multizone_starts)
     if args.reference:
