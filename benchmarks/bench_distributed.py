@@ -10,15 +10,20 @@ measured in the same run:
    too, but it is below this machine's noise.
 2. **FSDP2 state** (``fully_shard`` per layer), large tensors and many small ones: a durable
    ``run.save()`` (spotwise files, CRCs, fsync, manifest, rename; DCP's plan of the first save
-   reused by the later ones, as in a Run) against ``torch.distributed.checkpoint.save`` with its
-   default planner (which plans every save) and ``FileSystemWriter`` (which fsyncs too), and a
-   resume (a new Run reading the newest checkpoint, CRCs checked) against ``dcp.load``.
+   reused by the later ones, as in a Run) against ``torch.distributed.checkpoint.save`` with
+   ``FileSystemWriter`` (which fsyncs too) and ``DefaultSavePlanner(enable_plan_caching=True)``,
+   which reuses its plan too (the ratio's baseline; its default planner, which plans every save,
+   is timed and printed beside it), and a resume (a new Run reading the newest checkpoint, CRCs
+   checked) against ``dcp.load``.
 3. **Resharded load** (2 -> 1): one rank (a second torchrun) resumes the checkpoint the two
    ranks wrote, against ``dcp.load`` of the DCP checkpoint they saved.
 4. **Stall** of a background save of the large FSDP2 state (``run.save(block=False)``: one
    all-reduce and the copy of this rank's shards into reused staging buffers; the
    write, fsync and commit follow in the background, outside the timing) against copying the
-   same local shards into reused buffers with one ``torch._foreach_copy_``.
+   same local shards into reused buffers with one ``torch._foreach_copy_``, and against the
+   blocking part of ``dcp.async_save`` (its staging copy, into CPU storages that one reused
+   ``DefaultStager`` keeps between saves, and the start of its writer thread; planning, write
+   and fsync follow on that thread, on a process group of its own, outside the timing).
 
     .venv/bin/python benchmarks/bench_distributed.py            # ~1 GiB / 2,000 x 128 KiB
     .venv/bin/python benchmarks/bench_distributed.py --quick    # 64 MiB / 500 x 32 KiB
@@ -128,6 +133,7 @@ def _fsdp_model(tensors: int, numel: int) -> Any:
 def _sharded(label: str, tensors: int, numel: int, rank: int, repeats: int, root: Path) -> None:
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import DefaultSavePlanner
     from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
     from spotwise import Run
@@ -144,13 +150,17 @@ def _sharded(label: str, tensors: int, numel: int, rank: int, repeats: int, root
     ours_save = _median_s(save, repeats)
     run.close()
 
-    def dcp_save() -> None:
-        if rank == 0:
-            shutil.rmtree(dcp_dir, ignore_errors=True)
-        dist.barrier()
-        dcp.save(get_model_state_dict(model), checkpoint_id=str(dcp_dir))
+    def dcp_save(planner: DefaultSavePlanner) -> Callable[[], None]:
+        def save() -> None:
+            if rank == 0:
+                shutil.rmtree(dcp_dir, ignore_errors=True)
+            dist.barrier()
+            dcp.save(get_model_state_dict(model), checkpoint_id=str(dcp_dir), planner=planner)
 
-    theirs_save = _median_s(dcp_save, repeats)
+        return save
+
+    default_save = _median_s(dcp_save(DefaultSavePlanner()), repeats)
+    theirs_save = _median_s(dcp_save(DefaultSavePlanner(enable_plan_caching=True)), repeats)
     ours_load = _median_s(lambda: Run(run_dir, model=model, notices=None).close(), repeats)
     state = get_model_state_dict(model)
     theirs_load = _median_s(lambda: dcp.load(state, checkpoint_id=str(dcp_dir)), repeats)
@@ -158,8 +168,10 @@ def _sharded(label: str, tensors: int, numel: int, rank: int, repeats: int, root
         suffix = "" if label == "large" else f"-{label}"
         print(f"state-{label}-mib: {total / 2**20:.0f} ({tensors} tensors)")
         print(f"spotwise-save-{label}-s: {ours_save:.3f}  dcp-save-{label}-s: {theirs_save:.3f}")
+        print(f"dcp-save-default-planner-{label}-s: {default_save:.3f}")
         print(f"spotwise-load-{label}-s: {ours_load:.3f}  dcp-load-{label}-s: {theirs_load:.3f}")
         print(f"ratio-dist-save-vs-dcp{suffix}: {theirs_save / ours_save:.2f}")
+        print(f"ratio-dist-save-vs-dcp-default-planner{suffix}: {default_save / ours_save:.2f}")
         print(f"ratio-dist-load-vs-dcp{suffix}: {theirs_load / ours_load:.2f}")
 
 
@@ -179,6 +191,11 @@ def _slowest_rank_s(fn: Callable[[], object]) -> float:
 
 def _stall(rank: int, repeats: int, root: Path, tensors: int, numel: int) -> None:
     import torch
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import DefaultSavePlanner
+    from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
     from spotwise import Run
 
@@ -189,18 +206,44 @@ def _stall(rank: int, repeats: int, root: Path, tensors: int, numel: int) -> Non
         run.step += 1  # a save of an already committed step would be skipped
         run.save(block=False)
 
+    # DCP's writer thread runs collectives while the timings below run theirs: not on one group
+    dcp_group, dcp_dir = dist.new_group(backend="gloo"), root / "dcp-async"
+    stager = DefaultStager(StagingOptions(False, False, False, False))  # CPU: no pinning
+    planner = DefaultSavePlanner(enable_plan_caching=True)
+    pending: list[Any] = []
+
+    def dcp_stage() -> None:
+        pending.append(
+            dcp.async_save(
+                get_model_state_dict(model),
+                checkpoint_id=str(dcp_dir),
+                planner=planner,
+                process_group=dcp_group,
+                async_stager=stager,
+            )
+        )
+
     shards = [p.to_local() for p in model.parameters()]  # type: ignore[attr-defined]
     buffers = [torch.empty_like(t) for t in shards]
-    stalls, copies = [], []
-    for _ in range(repeats + 1):  # pairs, so drifting load hits both alike; the first allocates
+    stalls, copies, dcp_stalls = [], [], []
+    for _ in range(repeats + 1):  # rounds, so drifting load hits all alike; the first allocates
         stalls.append(_slowest_rank_s(stage))
         run.save()  # waits for the write and the commit, outside the timing
         copies.append(_slowest_rank_s(lambda: torch._foreach_copy_(buffers, shards)))
+        if rank == 0:
+            shutil.rmtree(dcp_dir, ignore_errors=True)
+        dist.barrier()
+        dcp_stalls.append(_slowest_rank_s(dcp_stage))
+        pending.pop().result()  # the write and the commit, outside the timing
     run.close()
+    stager.close()
     stall_s, copy_s = statistics.median(stalls[1:]), statistics.median(copies[1:])
+    dcp_s = statistics.median(dcp_stalls[1:])
     if rank == 0:
         print(f"dist-stall-s: {stall_s:.4f}  copy-local-shards-s: {copy_s:.4f}")
+        print(f"dcp-async-save-stall-s: {dcp_s:.4f}")
         print(f"ratio-dist-stall-vs-copy: {stall_s / copy_s:.2f}")
+        print(f"ratio-dist-stall-vs-dcp-async: {stall_s / dcp_s:.2f}")
 
 
 def _reshard_load(label: str, tensors: int, numel: int, repeats: int, root: Path) -> None:
