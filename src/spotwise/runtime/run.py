@@ -38,7 +38,7 @@ import threading
 import time
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -244,12 +244,11 @@ class Run:
         self._loader_failures: tuple[tuple[int, int], int] = ((-1, -1), 0)  # position, count
 
         self._snapshot = SnapshotBuffer()
-        self._writer: threading.Thread | None = None
+        self._writer: Future[None] | None = None  # a single-process background save
         self._pending: PendingSave | None = None  # a distributed background save
         self._staging: StagingBuffers | None = None  # its reused buffers
         self._plans: SavePlans | None = None if self._ranks is None else _sharded().SavePlans()
         self._save_pool = ThreadPoolExecutor(1, thread_name_prefix="spotwise-save")  # one, reused
-        self._writer_error: BaseException | None = None
         self._committed_step: int | None = None
         self._last_save_step = 0
         self._last_save_time = time.monotonic()
@@ -710,17 +709,9 @@ class Run:
         if block:
             self._write(*args)
             return
-        self._writer_error = None
-        self._writer = threading.Thread(
-            target=self._background, args=args, name="spotwise-save", daemon=False
-        )
-        self._writer.start()
-
-    def _background(self, *args: Any) -> None:
-        try:
-            self._write(*args)
-        except BaseException as exc:  # handed to the training thread at the next step
-            self._writer_error = exc
+        # on the Run's one saving thread, as a distributed save is; an error is raised on the
+        # training thread at the next step
+        self._writer = self._save_pool.submit(self._write, *args)
 
     def _write(
         self,
@@ -768,11 +759,11 @@ class Run:
         self.write_s = _smooth(self.write_s, time.perf_counter() - pending.staged_at)
 
     def _raise_writer_error(self) -> None:
-        if self._writer is not None and not self._writer.is_alive():
-            self._writer.join()
-            self._writer = None
-        if self._writer is None and self._writer_error is not None:
-            error, self._writer_error = self._writer_error, None
+        if self._writer is None or not self._writer.done():
+            return
+        writer, self._writer = self._writer, None
+        error = writer.exception()
+        if error is not None:
             if isinstance(error, SaveError):
                 message = f"background save failed: {error.message}"
                 raise SaveError(message, hint=error.hint) from error
@@ -792,12 +783,12 @@ class Run:
             pending.finish()
             self._settled(pending)
         if self._writer is not None:
-            self._writer.join()
-        if quiet:
-            if self._writer_error is not None:
-                log.error("background save failed: %s", self._writer_error)
-            self._writer, self._writer_error = None, None
-            return
+            error = self._writer.exception()  # waits for it
+            if quiet:
+                if error is not None:
+                    log.error("background save failed: %s", error)
+                self._writer = None
+                return
         self._raise_writer_error()
 
     # --- restoring ------------------------------------------------------------------------------
