@@ -10,8 +10,10 @@ all, sized like a real model's parameters plus optimizer moments). For each, med
   writer thread each) vs writing the same bytes raw into one file + fsync, vs the
   same bytes raw into 4 files by 4 writer threads + fsync (a disk's multi-stream speed), vs
   ``torch.save`` + fsync and ``safetensors.torch.save_file`` + fsync;
-- async stall: what ``Run`` blocks for (state walk + JSON + copy into its reused snapshot
-  buffer) vs a plain ``copy_`` of every tensor into preallocated buffers;
+- async stall: how long ``run.save(block=False)`` of a real ``Run`` blocks (state walk, copy
+  into its reused snapshot buffer, handing the write to its saving thread; the write and commit
+  are waited for outside the timing) vs a plain ``copy_`` of every tensor into preallocated
+  buffers;
 - load: spotwise ``load_checkpoint`` (reads each file into one buffer, verifies CRC32C, views
   the tensors) vs a raw ``readinto`` of the same file; the page cache of the file is dropped
   (posix_fadvise DONTNEED after fsync) before every read, for both.
@@ -26,7 +28,6 @@ each is the median over repetitions of the ratio of two measurements taken back 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import statistics
@@ -36,13 +37,14 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+os.environ["SPOTWISE_PLATFORM"] = "none"  # never probe link-local metadata from a benchmark
+
 import torch
 from safetensors.torch import save_file
 
+from spotwise import Run
 from spotwise.runtime.commit import load_checkpoint, write_checkpoint
 from spotwise.runtime.format import byte_view
-from spotwise.runtime.snapshot import SnapshotBuffer
-from spotwise.runtime.state import StateEncoder
 
 MiB = 1 << 20
 WRITERS = 4  # streams of the parallel raw baseline
@@ -193,7 +195,20 @@ def bench_saves(state: dict[str, torch.Tensor], root: Path, reps: int) -> Sample
     return times
 
 
-def bench_stall(state: dict[str, torch.Tensor], reps: int) -> Samples:
+class _Tensors:
+    """The benchmark's state as one entry of a Run's ``state``."""
+
+    def __init__(self, tensors: dict[str, torch.Tensor]) -> None:
+        self.tensors = tensors
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return self.tensors
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        self.tensors = state
+
+
+def bench_stall(state: dict[str, torch.Tensor], root: Path, reps: int) -> Samples:
     dests = [torch.empty_like(t) for t in state.values()]
     sources = list(state.values())
 
@@ -201,21 +216,21 @@ def bench_stall(state: dict[str, torch.Tensor], reps: int) -> Samples:
         for d, s in zip(dests, sources, strict=True):
             d.copy_(s)
 
-    snapshot = SnapshotBuffer()
+    run = Run(root / "stall", state={"main": _Tensors(state)}, notices=None, keep_last=1)
 
-    def ours() -> None:  # what Run blocks for: walk the state, JSON, copy into the buffer
-        encoder = StateEncoder()
-        json.dumps(encoder.encode(state, "models/main"))
-        snapshot.capture(encoder.tensors)
+    def ours() -> None:
+        run.step += 1  # a save of an already committed step would be skipped
+        run.save(block=False)
 
-    ours()  # buffers are sized once, on the first save; the baseline's are preallocated too
-    plain_copy()
     times: dict[str, list[float]] = {"copy into reused buffers": [], "spotwise async stall": []}
-    for rep in range(max(2 * reps, 7)):  # cheap: more samples against a noisy machine
+    for rep in range(reps + 1):  # the first sizes the buffers (the baseline's are preallocated)
         pair = [("copy into reused buffers", plain_copy), ("spotwise async stall", ours)]
         for name, fn in pair if rep % 2 == 0 else pair[::-1]:
             times[name].append(timed(fn))
-    return times
+            run.save()  # waits for the write and the commit, outside the timing
+    run.close()
+    shutil.rmtree(root / "stall")
+    return {name: samples[1:] for name, samples in times.items()}
 
 
 def bench_loads(state: dict[str, torch.Tensor], root: Path, reps: int) -> Samples:
@@ -261,7 +276,7 @@ def main() -> None:
             print(f"\n{label}: {len(state)} tensors, {size / MiB:.0f} MiB", flush=True)
             reps = args.reps if label == "large" else 2 * args.reps  # small ones are cheap
             saves = bench_saves(state, root, reps)
-            stall = bench_stall(state, reps)
+            stall = bench_stall(state, root, reps)
             loads = bench_loads(state, root, reps)
             print(f"{'measure':40s} {'median s':>10s} {'GiB/s':>8s}")
             for name, samples in {**saves, **stall, **loads}.items():
