@@ -316,7 +316,9 @@ def group_status(
         starting = any(st.phase is Phase.STARTING for st in live)
         running = [st.running_at for st in statuses]
         settling = [
-            st.exit_code == EXIT_INTERRUPTED and now - (st.ended_at or now) < settle_s
+            st.phase is Phase.EXITED
+            and st.exit_code == EXIT_INTERRUPTED
+            and now - (st.ended_at or now) < settle_s
             for st in failed
         ]
         return AttemptStatus(
