@@ -99,6 +99,9 @@ def test_cancel_stops_the_attempt_and_leaves_no_process(workdir: Path, kit):
     [attempt] = summary["attempts"]
     assert attempt["reason"] == "cancelled" and attempt["end"] is not None
     assert not lock_held(Path(attempt["handle"]["dir"]) / "lock")
+    # the stop is the controller's, not a platform's notice, and the log says so
+    log = Path(summary["log"]).read_text()
+    assert "stop requested: SIGTERM" in log and "interruption notice" not in log
 
 
 def test_unreachable_provider_is_refused_at_submit(workdir: Path, monkeypatch, kit):

@@ -100,6 +100,10 @@ def _st(phase: Phase, code: int | None = None, at: float | None = None) -> Attem
         ([_st(Phase.RUNNING), _st(Phase.RUNNING)], Phase.RUNNING, None, False),
         ([_st(Phase.EXITED, 0, 5), _st(Phase.RUNNING)], Phase.RUNNING, None, False),
         ([_st(Phase.EXITED, 75, 5), _st(Phase.RUNNING)], Phase.RUNNING, None, True),
+        # 75 at 17, 3 s ago: the other node's ranks agreed to save too, it ends by itself
+        ([_st(Phase.EXITED, 75, 17), _st(Phase.RUNNING)], Phase.RUNNING, None, False),
+        ([_st(Phase.LOST, None, 17), _st(Phase.RUNNING)], Phase.RUNNING, None, True),
+        ([_st(Phase.EXITED, 1, 17), _st(Phase.RUNNING)], Phase.RUNNING, None, True),
         ([_st(Phase.LOST, None, 5), _st(Phase.STARTING)], Phase.STARTING, None, True),
         ([_st(Phase.EXITED, 0, 5), _st(Phase.EXITED, 0, 6)], Phase.EXITED, 0, False),
         ([_st(Phase.EXITED, 75, 5), _st(Phase.EXITED, 75, 6)], Phase.EXITED, 75, False),
@@ -110,7 +114,7 @@ def _st(phase: Phase, code: int | None = None, at: float | None = None) -> Attem
     ],
 )
 def test_node_statuses_fold_into_the_attempts(nodes, phase, code, stop_rest):
-    status, stop = group_status(nodes)
+    status, stop = group_status(nodes, now=20.0, settle_s=4.0)
     assert (status.phase, status.exit_code, stop) == (phase, code, stop_rest)
 
 

@@ -1,14 +1,27 @@
-"""Helpers of the torchrun tests: start a job, signal all of its processes, collect its output,
-wait for a file it writes."""
+"""Helpers of the torchrun tests: start a job (the digits example or another script), find and
+signal its processes, collect its output and what it printed, wait for a file it writes; and a
+one-rank process group in the test's own process."""
 
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
+
+import pytest
+import torch.distributed as dist
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "examples" / "digits" / "train.py"
+HASH = re.compile(r"final-weights-sha256: ([0-9a-f]{64})")
+RESUMED = re.compile(r"resumed from step (\d+)")
+# the ranks share one pipe: their lines may run together
+SAVED = re.compile(r"saved step (\d+) in \S+; exiting with code 75")
 
 
 def launch(
@@ -64,3 +77,45 @@ def wait_for(path: Path, proc: subprocess.Popen[str], timeout: float = 90) -> No
         assert proc.poll() is None, proc.communicate()[0][-3000:]
         assert time.monotonic() < deadline, f"{path} never appeared"
         time.sleep(0.02)
+
+
+def torchrun(
+    nproc: int, run_dir: Path, steps: int, *args: str, env: dict[str, str] | None = None
+) -> subprocess.Popen[str]:
+    """``torchrun --standalone`` of the digits example, in its own process group."""
+    args = ("--run-dir", str(run_dir), "--steps", str(steps), "--save-every", "10", *args)
+    return launch(nproc, SCRIPT, *args, env=env)
+
+
+def completed(nproc: int, run_dir: Path, steps: int, *args: str) -> tuple[str, list[int]]:
+    """The final hash of a torchrun that must succeed, and the steps its ranks resumed from."""
+    rc, out = finish(torchrun(nproc, run_dir, steps, *args))
+    assert rc == 0, out[-3000:]
+    hashes = HASH.findall(out)
+    assert len(hashes) == 1, out[-3000:]  # rank 0 alone prints it
+    return hashes[0], [int(s) for s in RESUMED.findall(out)]
+
+
+def rank_pid(proc: subprocess.Popen[str], rank: int, timeout: float = 60) -> int:
+    """The pid of torchrun worker ``rank`` (a child of the agent with RANK=rank)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for child in workers(proc):
+            try:
+                environ = Path(f"/proc/{child}/environ").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if f"RANK={rank}".encode() in environ:
+                return int(child)
+        time.sleep(0.05)
+    raise AssertionError(f"no worker of rank {rank}")
+
+
+@pytest.fixture
+def one_rank() -> Iterator[None]:
+    """A real one-rank gloo process group in this process (torch.distributed without torchrun)."""
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()

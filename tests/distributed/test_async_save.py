@@ -18,19 +18,16 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
 
 from spotwise import Run
 from spotwise.errors import SaveError
 from spotwise.runtime.commit import TMP_PREFIX, list_checkpoints, load_checkpoint
 from spotwise.runtime.format import MANIFEST, step_dir_name
 
-from .conftest import finish, launch, signal_job, wait_for, workers
+from .conftest import HASH, RESUMED, finish, launch, signal_job, wait_for, workers
 
 CHILD = Path(__file__).with_name("_async_child.py")
 STEPS, EVERY = 50, 10
-HASH = re.compile(r"final-weights-sha256: ([0-9a-f]{64})")
-RESUMED = re.compile(r"resumed from step (\d+)")
 FIRST_SEEN = re.compile(r"first-save-seen-in-step: (\d+)")
 
 pytestmark = pytest.mark.e2e
@@ -121,16 +118,6 @@ def _kill_mid_write_and_resume(reference: subprocess.Popen[str], run_dir: Path) 
     assert HASH.findall(out) == [expected]
     assert not list(run_dir.glob(f"{TMP_PREFIX}*"))  # rank 0 removed the half-written save
     assert all(c.valid for c in list_checkpoints(run_dir, deep=True))
-
-
-@pytest.fixture
-def one_rank() -> Iterator[None]:
-    """A real one-rank gloo process group in this process (torch.distributed without torchrun)."""
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
 
 
 @contextlib.contextmanager

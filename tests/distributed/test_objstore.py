@@ -26,9 +26,18 @@ from spotwise.storage.base import Storage
 from spotwise.storage.memory import MemoryStorage
 from spotwise.storage.s3 import S3Storage
 
-from .conftest import finish, launch, signal_job, workers
-from .test_async_save import one_rank as one_rank  # a fixture
-from .test_torchrun import HASH, RESUMED, SAVED, SCRIPT, completed, rank_pid
+from .conftest import (
+    HASH,
+    RESUMED,
+    SAVED,
+    SCRIPT,
+    completed,
+    finish,
+    launch,
+    rank_pid,
+    signal_job,
+    workers,
+)
 
 STEPS = 100  # however late a phase acts, the job still has steps to go: no race with its end
 

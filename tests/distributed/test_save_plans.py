@@ -4,24 +4,12 @@ training unfreezes layers) is saved whole by the next save and restored exactly.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
 import torch
-import torch.distributed as dist
 
 from spotwise import Run
 from spotwise.runtime.commit import list_checkpoints
-
-
-@pytest.fixture
-def one_rank() -> Iterator[None]:
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
 
 
 def _train(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:

@@ -8,7 +8,6 @@ import os
 import re
 import signal
 import socket
-import subprocess
 import time
 import urllib.request
 from pathlib import Path
@@ -23,48 +22,19 @@ from spotwise.cli.main import app
 from spotwise.runtime.commit import list_checkpoints
 from spotwise.telemetry.events import read_events
 
-from .conftest import finish, launch, signal_job, wait_for, workers
-
-ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / "examples" / "digits" / "train.py"
-HASH = re.compile(r"final-weights-sha256: ([0-9a-f]{64})")
-RESUMED = re.compile(r"resumed from step (\d+)")
-# the ranks share one pipe: their lines may run together
-SAVED = re.compile(r"saved step (\d+) in \S+; exiting with code 75")
+from .conftest import (
+    RESUMED,
+    SAVED,
+    completed,
+    finish,
+    rank_pid,
+    signal_job,
+    torchrun,
+    wait_for,
+    workers,
+)
 
 pytestmark = pytest.mark.e2e
-
-
-def torchrun(
-    nproc: int, run_dir: Path, steps: int, *args: str, env: dict[str, str] | None = None
-) -> subprocess.Popen[str]:
-    """``torchrun --standalone`` of the digits example, in its own process group."""
-    args = ("--run-dir", str(run_dir), "--steps", str(steps), "--save-every", "10", *args)
-    return launch(nproc, SCRIPT, *args, env=env)
-
-
-def completed(nproc: int, run_dir: Path, steps: int, *args: str) -> tuple[str, list[int]]:
-    """The final hash of a torchrun that must succeed, and the steps its ranks resumed from."""
-    rc, out = finish(torchrun(nproc, run_dir, steps, *args))
-    assert rc == 0, out[-3000:]
-    hashes = HASH.findall(out)
-    assert len(hashes) == 1, out[-3000:]  # rank 0 alone prints it
-    return hashes[0], [int(s) for s in RESUMED.findall(out)]
-
-
-def rank_pid(proc: subprocess.Popen[str], rank: int, timeout: float = 60) -> int:
-    """The pid of torchrun worker ``rank`` (a child of the agent with RANK=rank)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        for child in workers(proc):
-            try:
-                environ = Path(f"/proc/{child}/environ").read_bytes().split(b"\0")
-            except OSError:
-                continue
-            if f"RANK={rank}".encode() in environ:
-                return int(child)
-        time.sleep(0.05)
-    raise AssertionError(f"no worker of rank {rank}")
 
 
 def free_port() -> int:

@@ -47,7 +47,7 @@ class LocalProvider(ProcessBacked):
             zones=("local",), spot=False, multi_node=True, poll_s=0.05, platform="none"
         )
         self.prices = Prices.flat(self.features.zones, opts.usd_per_hour)
-        self._machines = ProcessMachines()
+        self._machines = ProcessMachines(settle_s=self.features.grace_s)
 
     def launch(self, req: LaunchRequest) -> Handle:
         """One process, or one torch launcher per node meeting on 127.0.0.1."""

@@ -10,7 +10,9 @@ outcome of a process that is not its child.
 On the sim provider it also plays the platform: at ``--notice-at`` it sends the notice signal
 (SIGTERM) to the training process, and at ``--lost-at`` the machine is taken away (SIGKILL to the
 training process group). A SIGTERM to the machine itself (terminate/cancel) does the same with
-the grace period starting now.
+the grace period starting now. The log says which it was: the platform's ``interruption notice``
+or the controller's ``stop requested`` (e.g. the other nodes of an attempt that lost one), so a
+node that got no notice is never reported as noticed.
 
 Run as ``python -m spotwise.control.providers.machine --dir DIR [...] -- COMMAND...``.
 """
@@ -180,7 +182,8 @@ def _supervise(
                     log.write(b"[spotwise] interruption notice: AWS spot/instance-action\n")
                     imds.trigger_notice()
                 else:
-                    log.write(b"[spotwise] interruption notice: SIGTERM\n")
+                    why = "stop requested" if stop_at else "interruption notice"
+                    log.write(f"[spotwise] {why}: SIGTERM\n".encode())
                     child.send_signal(signal.SIGTERM)
             if lost_at is not None and now >= lost_at:
                 log.write(b"[spotwise] machine taken away: SIGKILL\n")

@@ -64,7 +64,13 @@ def _signal_if_same(pid: int | None, ticks: int | None, sig: int, group: bool = 
 
 
 class ProcessMachines:
-    """Start, observe and stop machine processes (see ``machine.py``)."""
+    """Start, observe and stop machine processes (see ``machine.py``).
+
+    ``settle_s``: how long the other nodes of an attempt get to end by themselves after one
+    exited 75 before they are stopped (see :func:`group_status`)."""
+
+    def __init__(self, settle_s: float) -> None:
+        self.settle_s = settle_s
 
     def launch(
         self,
@@ -208,7 +214,7 @@ class ProcessMachines:
     def status(self, handle: Handle) -> AttemptStatus:
         if "nodes" in handle:
             statuses = [self.status(h) for h in handle["nodes"]]
-            status, stop_rest = group_status(statuses)
+            status, stop_rest = group_status(statuses, now=time.time(), settle_s=self.settle_s)
             if stop_rest:  # one node lost or failed: the attempt is over, end the others too
                 for h, st in zip(handle["nodes"], statuses, strict=True):
                     if st.phase in (Phase.STARTING, Phase.RUNNING):
@@ -287,26 +293,39 @@ def _failed(st: AttemptStatus) -> bool:
     return st.phase is Phase.LOST or (st.phase is Phase.EXITED and st.exit_code != 0)
 
 
-def group_status(statuses: Sequence[AttemptStatus]) -> tuple[AttemptStatus, bool]:
+def group_status(
+    statuses: Sequence[AttemptStatus], *, now: float, settle_s: float
+) -> tuple[AttemptStatus, bool]:
     """One status for an attempt from its nodes' statuses, and whether to stop the nodes still
     up (pure).
 
     The attempt holds every node: one lost or failed ends it, so the rest are stopped (their
-    ranks get the notice and save). Once all have ended, the node that ended first with
-    anything but 0 is the root cause, as ``spotwise.runtime.launch`` does for ranks: a lost
-    machine makes the attempt lost, 75 makes it interrupted unless another node exited with
-    an error of its own (never hidden behind a preemption), an error code stays that error.
+    ranks get the notice and save). A node that exited 75 is the exception for ``settle_s``
+    after its end: its ranks saved because the agreement made every rank save, so the others
+    are on their way out, and a SIGTERM then could kill a rank that is already exiting and turn
+    the preemption into an error; only nodes still up after that (a notice during the
+    rendezvous, before any agreement) are stopped. Once all have ended, the node that ended
+    first with anything but 0 is the root cause, as ``spotwise.runtime.launch`` does for
+    ranks: a lost machine makes the attempt lost, 75 makes it interrupted unless another node
+    exited with an error of its own (never hidden behind a preemption), an error code stays
+    that error.
     """
     live = [st for st in statuses if st.phase in (Phase.STARTING, Phase.RUNNING)]
     failed = [st for st in statuses if _failed(st)]
     if live:
         starting = any(st.phase is Phase.STARTING for st in live)
         running = [st.running_at for st in statuses]
+        settling = [
+            st.phase is Phase.EXITED
+            and st.exit_code == EXIT_INTERRUPTED
+            and now - (st.ended_at or now) < settle_s
+            for st in failed
+        ]
         return AttemptStatus(
             Phase.STARTING if starting else Phase.RUNNING,
             running_at=None if starting or None in running else max(r for r in running if r),
             detail=f"{len(live)} of {len(statuses)} nodes up",
-        ), bool(failed)
+        ), not all(settling)
     ended_at = max((st.ended_at for st in statuses if st.ended_at is not None), default=None)
     running_at = max((st.running_at for st in statuses if st.running_at), default=None)
     if not failed:

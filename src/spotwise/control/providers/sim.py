@@ -193,7 +193,7 @@ class SimProvider(ProcessBacked):
             platform="none",
             multi_node=True,
         )
-        self._machines = ProcessMachines()
+        self._machines = ProcessMachines(settle_s=self.features.grace_s)
 
     def launch(self, req: LaunchRequest) -> Handle:
         """Start the attempt on ``req.nodes`` machines of one zone. On spot, the attempt lasts
