@@ -87,8 +87,9 @@ def test_ddp_survives_kills_and_notices_and_a_corrupt_shard(tmp_path: Path) -> N
     left = list_checkpoints(run_dir, deep=True)
     assert [c.step for c in left] == [10, 20] and all(c.valid for c in left)
 
-    # SIGTERM to rank 1 only: both ranks save the same step and exit 75
-    proc = torchrun(2, run_dir, 40, "--step-sleep", "0.05")
+    # SIGTERM to rank 1 only: both ranks save the same step and exit 75 (the 10 steps left
+    # after step 30's commit last 3 s: time for the agreement's two checks, however loaded)
+    proc = torchrun(2, run_dir, 40, "--step-sleep", "0.3")
     wait_for(run_dir / "step-00000030", proc)
     os.kill(rank_pid(proc, 1), signal.SIGTERM)
     rc, out = finish(proc)
