@@ -35,7 +35,7 @@ def _wait_end(m: ProcessMachines, handle, timeout_s: float = 60):
 
 
 def test_terminate_right_after_launch_still_stops_it(tmp_path: Path):
-    m = ProcessMachines()
+    m = ProcessMachines(settle_s=5.0)  # (single-node attempts: nothing settles)
     req = _req(tmp_path, "import time; time.sleep(120)")
     handle = m.launch(req)
     m.terminate(handle)  # before the machine has even written machine.json
@@ -44,7 +44,7 @@ def test_terminate_right_after_launch_still_stops_it(tmp_path: Path):
 
 
 def test_find_and_exit_code_without_being_the_parent(tmp_path: Path):
-    m = ProcessMachines()
+    m = ProcessMachines(settle_s=5.0)  # (single-node attempts: nothing settles)
     req = _req(tmp_path, "import sys, time; time.sleep(0.5); sys.exit(75)")
     assert m.find(tmp_path / "attempts") == []
     handle = m.launch(req)
