@@ -56,8 +56,11 @@ class WorkerInit:
         self.user = user
         self.ignore: tuple[int, ...] = ()  # set by LoaderWorkers.start before workers start
         self.unblock: tuple[int, ...] = ()
+        self.parent: int | None = None  # the training process that forks the workers
 
     def __call__(self, worker_id: int) -> None:
+        if self.parent is not None:
+            _end_with(self.parent)
         for signum in self.ignore:
             signal.signal(signum, signal.SIG_IGN)  # also discards one that is already pending
         unblock = set(self.unblock)
@@ -73,6 +76,16 @@ class WorkerInit:
             signal.pthread_sigmask(signal.SIG_UNBLOCK, unblock)
         if self.user is not None:
             self.user(worker_id)
+
+
+def _end_with(parent: int) -> None:
+    """In a worker: end at once when the training process is already gone. torch's watchdog
+    reads the parent's pid only when its worker loop starts, so a worker whose training process
+    was SIGKILLed while forking it (the OOM killer) takes init's pid for its parent's, waits
+    forever and holds the training process's stdout; one that started in time is ended by that
+    watchdog within seconds of its parent."""
+    if os.getppid() != parent:
+        os._exit(0)
 
 
 def _exit_on_terminate() -> None:
@@ -149,6 +162,7 @@ class LoaderWorkers:
         before = signal.pthread_sigmask(signal.SIG_BLOCK, signals)
         self.init.ignore = signals
         self.init.unblock = tuple(s for s in signals if s not in before)
+        self.init.parent = os.getpid()
         try:
             self._current = iter(self.loader)
             return self._current
