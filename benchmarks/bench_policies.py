@@ -80,6 +80,14 @@ def split_of(path: str) -> str:
     return "fit" if period == FIT_PERIOD else "heldout"
 
 
+def trace_and_optimum(path: str, starts: int) -> tuple[Markets, np.ndarray, float]:
+    """One single-zone trace, its run starts and the hindsight optimum's mean cost over them."""
+    m = Markets.from_traces([load_trace(path)])
+    ticks = run_ticks(PAPER, m.gap_s)
+    offs = start_ticks(m.n_ticks, ticks, starts)
+    return m, offs, float(optimal_costs(PAPER, m.available, 0.918, m.gap_s, offs, ticks).mean())
+
+
 def costs_vs_optimum(starts: int) -> None:
     print(f"== spotwise vs optimum, single zone, {starts} starts per trace ==")
     print(
@@ -88,10 +96,7 @@ def costs_vs_optimum(starts: int) -> None:
     sw_ratio, up_ratio, closed, misses = [], [], [], 0
     by_split: dict[str, list[tuple[float, float]]] = {"fit": [], "heldout": []}
     for f in v100_single_node():
-        m = Markets.from_traces([load_trace(f)])
-        ticks = run_ticks(PAPER, m.gap_s)
-        offs = start_ticks(m.n_ticks, ticks, starts)
-        opt = float(optimal_costs(PAPER, m.available, 0.918, m.gap_s, offs, ticks).mean())
+        m, offs, opt = trace_and_optimum(f, starts)
         up = simulate("uniform-progress", PAPER, m, offs)
         sw = simulate("spotwise", PAPER, m, offs)
         misses += sw.misses + up.misses
@@ -287,18 +292,22 @@ class WholeTraceChain(SpotwisePolicy):
         super().__init__(window_h=whole.shape[1] * gap_s / 3600.0)
         self.whole = whole
 
-    def reset(self, problem: Problem, gap_s: float, zones: int, history: np.ndarray | None) -> None:
-        super().reset(problem, gap_s, zones, self.whole)
+    def reset(
+        self,
+        problem: Problem,
+        gap_s: float,
+        zones: int,
+        history: np.ndarray | None,
+        prior_rates_per_h: tuple[float, ...] | None = None,
+    ) -> None:
+        super().reset(problem, gap_s, zones, self.whole, prior_rates_per_h)
 
 
 def whole_trace(starts: int) -> None:
     print(f"== spotwise with its chain fitted on the whole trace, {starts} starts per trace ==")
     by_split: dict[str, list[tuple[float, float]]] = {"fit": [], "heldout": []}
     for f in v100_single_node():
-        m = Markets.from_traces([load_trace(f)])
-        ticks = run_ticks(PAPER, m.gap_s)
-        offs = start_ticks(m.n_ticks, ticks, starts)
-        opt = float(optimal_costs(PAPER, m.available, 0.918, m.gap_s, offs, ticks).mean())
+        m, offs, opt = trace_and_optimum(f, starts)
         sw = simulate("spotwise", PAPER, m, offs).mean_cost_usd
         peek = np.mean(
             [
