@@ -1,6 +1,6 @@
 """Market benchmark: price ingest throughput, and advise latency over a >= 1M-row price store.
 
-1. Ingest every CSV in ../shared/data/prices into a fresh store; report rows/s, against reading
+1. Ingest every CSV in data/public/prices into a fresh store; report rows/s, against reading
    the same files with the bare ``csv`` module (no parsing of values, no database) in the run.
 2. Grow a store to ``--rows`` (default 1,000,000) price rows: the real history plus copies of
    the real AWS p2/p3 series shifted back in time by whole spans (same places, types and prices;
@@ -34,7 +34,7 @@ from spotwise.market.sources import PriceRecord
 from spotwise.market.sources.csvfile import CsvSource
 
 ROOT = Path(__file__).resolve().parents[1]
-PRICES = ROOT.parent / "shared" / "data" / "prices"
+PRICES = ROOT / "data" / "public" / "prices"
 
 
 def bench_ingest(db: Path) -> None:
@@ -169,11 +169,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=30)
     args = parser.parse_args(argv)
     if not PRICES.is_dir():
-        print(f"needs the shared price data at {PRICES}", file=sys.stderr)
+        print(f"needs the price data at {PRICES}", file=sys.stderr)
         return 2
     with tempfile.TemporaryDirectory() as tmp:
         db = Path(tmp) / "prices.db"
-        print("1. ingest ../shared/data/prices")
+        print("1. ingest data/public/prices")
         bench_ingest(db)
         print(f"2. advise over a store of >= {args.rows:,} rows")
         with PriceStore(db) as store:

@@ -50,8 +50,8 @@ from spotwise.market.simulate import Markets, run_ticks, simulate, simulate_run,
 from spotwise.market.traces import load_trace
 
 ROOT = Path(__file__).resolve().parents[1]
-SHARED = ROOT / "../shared/data/traces/availability/1-node"
-FINE = ROOT / "../shared/data/traces/preemption/1-node/aws-04-19-2023/us-east-1b_intel_64.json"
+SHARED = ROOT / "data/public/traces/availability/1-node"
+FINE = ROOT / "data/public/traces/preemption/1-node/aws-04-19-2023/us-east-1b_intel_64.json"
 PAPER = Problem(compute_h=48, deadline_h=60, changeover_h=0.2)
 REFERENCE = {  # the spec's table: group -> (starts, greedy $, UP $, optimal $, OD compute h x3)
     "aws-10-26-2022": (300, 108.90, 102.91, 92.80, (29.4, 25.3, 21.3)),

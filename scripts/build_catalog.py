@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
-"""Derive the catalog and interruption estimates shipped in the package from ../shared/data.
+"""Derive the catalog and interruption estimates shipped in the package from data/public.
 
-Run from the repository root:  .venv/bin/python scripts/build_catalog.py [--shared PATH]
+Run from the repository root:  .venv/bin/python scripts/build_catalog.py [--shared PATH]   (default data/public)
 Writes src/spotwise/data/catalog/{offers.csv,interruption.csv} and prints a summary; the output
-is committed, so a fresh install ranks placements with no network and no ../shared.
+is committed, so a fresh install ranks placements with no network and no data/ folder.
 """
 
 from __future__ import annotations
@@ -282,7 +282,7 @@ def gcp_rows(shared: Path, prior: float) -> list[RateRow]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--shared", type=Path, default=ROOT.parent / "shared" / "data")
+    parser.add_argument("--shared", type=Path, default=ROOT / "data" / "public")
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args(argv)
     shared: Path = args.shared

@@ -1,10 +1,10 @@
 """Copy a few real spot availability traces into the package (src/spotwise/data/traces/).
 
 The sim provider and the README demo replay them; tests and benchmarks read the full set from
-../shared/data/traces instead. Files are copied unchanged (after a format check), so provenance
+data/public/traces instead. Files are copied unchanged (after a format check), so provenance
 is simply the upstream file: see src/spotwise/data/traces/README.md.
 
-    .venv/bin/python scripts/ship_traces.py [--shared ../shared]
+    .venv/bin/python scripts/ship_traces.py [--shared data/public]
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from spotwise.market.traces import load_trace
 
 REPO = Path(__file__).resolve().parents[1]
 DEST = REPO / "src" / "spotwise" / "data" / "traces"
-# group -> files under shared/data/traces/availability/1-node/<group>/
+# group -> files under data/public/traces/availability/1-node/<group>/
 SELECTION = {
     "aws-10-26-2022": ["us-west-2a_v100_1.json", "us-west-2b_v100_1.json"],
     "aws-02-15-2023-first30d": [
@@ -36,9 +36,9 @@ SELECTION = {
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--shared", type=Path, default=REPO.parent / "shared")
+    parser.add_argument("--shared", type=Path, default=REPO / "data" / "public")
     args = parser.parse_args()
-    src_root = args.shared / "data" / "traces" / "availability" / "1-node"
+    src_root = args.shared / "traces" / "availability" / "1-node"
     for group, files in SELECTION.items():
         (DEST / group).mkdir(parents=True, exist_ok=True)
         for name in files:

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
 
 # Platform auto-detection probes the link-local metadata address; it must never run in tests.
 os.environ["SPOTWISE_PLATFORM"] = "none"
@@ -10,6 +14,49 @@ os.environ.setdefault("NO_PROXY", "127.0.0.1,localhost")
 os.environ.setdefault("no_proxy", "127.0.0.1,localhost")
 
 import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+_STARTED: dict[str, bool] = {}
+_SKIPPED: dict[str, int] = {}  # reason -> tests skipped for it, summed up in one line at the end
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    for reason, n in _SKIPPED.items():
+        terminalreporter.write_line(f"spotwise: {n} tests skipped, {reason}")
+
+
+def require_service(name: str, probe: Callable[[], bool], script: str) -> None:
+    """Make sure a real service the tests need is up: start it with the repository's own script
+    when it is down and we are root (what ``.ci/run`` does, so ``make test`` works on a fresh
+    machine too); otherwise fail under CI (a missing service must never pass as skipped) or skip
+    with one line saying how to run these tests."""
+    if probe():
+        return
+    path = ROOT / script
+    if name not in _STARTED and os.geteuid() == 0 and path.exists():
+        out = subprocess.run([str(path)], capture_output=True, text=True, timeout=900)
+        _STARTED[name] = out.returncode == 0 and probe()
+        if not _STARTED[name]:
+            print(f"{script} could not start {name}:\n{out.stdout[-2000:]}{out.stderr[-2000:]}")
+    if _STARTED.get(name):
+        return
+    if os.environ.get("CI", "").lower() == "true":
+        pytest.fail(f"{name} is not reachable in CI: {script} must start it")
+    reason = f"{name} is not reachable: `sudo {script}` installs and starts it"
+    _SKIPPED[reason] = _SKIPPED.get(reason, 0) + 1
+    pytest.skip(reason)
+
+
+def _slurm_up() -> bool:
+    if shutil.which("scontrol") is None:
+        return False
+    return subprocess.run(["scontrol", "ping"], capture_output=True, timeout=30).returncode == 0
+
+
+@pytest.fixture(scope="session")
+def slurm() -> None:
+    """A real slurmctld + slurmd on localhost (scripts/slurm-up.sh)."""
+    require_service("slurmctld", _slurm_up, "scripts/slurm-up.sh")
 
 
 @pytest.fixture(autouse=True)

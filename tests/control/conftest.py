@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import os
-import shutil
-import subprocess
 import textwrap
 import threading
 import time
@@ -103,16 +100,3 @@ def kit() -> SimpleNamespace:
     return SimpleNamespace(
         spec=make_spec, run=run_to_end, runs=runs, wait=wait_until, controller=controller_thread
     )
-
-
-@pytest.fixture(scope="module")
-def slurm() -> None:
-    """The local slurmctld answers (CI starts it with scripts/slurm-up.sh; elsewhere: skip)."""
-    ok = (
-        shutil.which("scontrol") is not None
-        and subprocess.run(["scontrol", "ping"], capture_output=True, timeout=30).returncode == 0
-    )
-    if not ok:
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail("slurmctld is not reachable in CI: scripts/slurm-up.sh must start it")
-        pytest.skip("slurmctld is not reachable (run scripts/slurm-up.sh as root to start one)")

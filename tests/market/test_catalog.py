@@ -11,7 +11,7 @@ import pytest
 from spotwise.errors import NoPlacementError, UnknownGPUError
 from spotwise.market.catalog import Catalog, canonical_gpu, gcp_vm_gpus, load_catalog, read_offers
 
-SHARED = Path(__file__).resolve().parents[2] / ".." / "shared" / "data"
+SHARED = Path(__file__).resolve().parents[2] / "data" / "public"
 
 
 def test_shipped_catalog_covers_four_clouds_and_both_markets():
@@ -127,7 +127,7 @@ def test_market_is_pure_and_light():
 
 
 def test_shipped_data_is_what_the_build_script_makes(tmp_path):
-    """The committed catalog files are exactly the build script's output from ../shared/data."""
+    """The committed catalog files are exactly the build script's output from data/public."""
     import subprocess
     import sys
 

@@ -16,7 +16,7 @@ from spotwise.cli.main import app
 from spotwise.cli.market import parse_hours, sparkline
 from spotwise.errors import ConfigError, MarketError, NoPlacementError, UnknownGPUError
 
-PRICES = Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "prices"
+PRICES = Path(__file__).resolve().parents[2] / "data" / "public" / "prices"
 runner = CliRunner()
 
 

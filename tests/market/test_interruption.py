@@ -20,7 +20,7 @@ from spotwise.market.interruption import (
     trace_evidence,
 )
 
-TRACES = Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "traces"
+TRACES = Path(__file__).resolve().parents[2] / "data" / "public" / "traces"
 
 
 def test_trace_evidence_counts_up_to_down_edges_and_available_hours():

@@ -19,7 +19,7 @@ from spotwise.market.prices import (
 from spotwise.market.sources import PriceRecord, aws_region_of_zone_id, parse_timestamp
 from spotwise.market.sources.csvfile import CsvSource
 
-PRICES = Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "prices"
+PRICES = Path(__file__).resolve().parents[2] / "data" / "public" / "prices"
 FIXED_NOW = 1_800_000_000.0  # 2027-01-15: after every real price
 
 

@@ -25,9 +25,8 @@ from spotwise.market.sources.aws import AwsSpotPriceSource
 
 DUMP = (
     Path(__file__).resolve().parents[2]
-    / ".."
-    / "shared"
     / "data"
+    / "public"
     / "prices"
     / ("aws_p2_p3_spot_price_history.csv")
 )

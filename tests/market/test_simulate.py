@@ -25,7 +25,7 @@ from spotwise.market.simulate import (
 )
 from spotwise.market.traces import Trace, load_trace
 
-SHARED = Path(__file__).resolve().parents[2] / "../shared/data/traces/availability/1-node"
+SHARED = Path(__file__).resolve().parents[2] / "data/public/traces/availability/1-node"
 SMALL = Problem(compute_h=1, deadline_h=3, changeover_h=0.2)
 
 
@@ -148,7 +148,6 @@ def test_optimal_replay_matches_the_dp_value() -> None:
         assert r.deadline_met
 
 
-@pytest.mark.skipif(not SHARED.exists(), reason="needs ../shared/data (present in CI)")
 def test_reference_figures_on_the_2022_traces() -> None:
     """The spec's reference table, first row: all 8 traces of aws-10-26-2022, 300 starts each,
     averaged per trace then across traces. A faithful simulator lands on these to the cent."""

@@ -17,7 +17,7 @@ from spotwise.market.traces import (
     shipped_traces,
 )
 
-SHARED_TRACES = Path(__file__).resolve().parents[2] / "../shared/data/traces"
+SHARED_TRACES = Path(__file__).resolve().parents[2] / "data/public/traces"
 
 
 def test_json_trace_reads_gap_counts_zone(tmp_path: Path) -> None:
