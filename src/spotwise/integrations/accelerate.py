@@ -13,7 +13,9 @@ Why the loader stays unprepared: Run rebuilds it around a resumable sampler, and
 loader ends accumulation windows at each epoch's end on its own, which would put Accelerate's
 optimizer steps where Run does not count them. Without one, ``accelerator.accumulate`` syncs
 every ``gradient_accumulation_steps``-th micro-batch, exactly where Run's step boundaries are,
-and a resume (which always starts at a boundary) keeps the two aligned.
+and a resume (which always starts at a boundary) keeps the two aligned. With several processes
+the Accelerator has initialised torch.distributed, so the Run takes its distributed path (the
+loader's samples dealt across the ranks, notices agreed, one manifest for every rank's files).
 """
 
 from __future__ import annotations
@@ -41,11 +43,6 @@ def accelerated_run(
     accelerate = require("accelerate", "accelerate", "the Accelerate integration")
     if not isinstance(accelerator, accelerate.Accelerator):
         raise ConfigError(f"accelerator is a {type(accelerator).__name__}, not an Accelerator")
-    if accelerator.num_processes > 1:
-        raise ConfigError(
-            f"Accelerate runs {accelerator.num_processes} processes; spotwise resumes one",
-            hint="launch a single process (multi-process training is not handled yet)",
-        )
     if "accumulate" in options:
         raise ConfigError(
             "accumulate= comes from the Accelerator",
