@@ -30,6 +30,13 @@ MAX_ID_CHARS = 128
 # How many jobs an ambiguous prefix error lists.
 CANDIDATES_SHOWN = 10
 
+# The reads the views repeat (the dashboard polls them), built once.
+_ID = sa.bindparam("job_id")
+_JOB = sa.select(jobs).where(jobs.c.id == _ID)
+_JOBS = sa.select(jobs).order_by(jobs.c.created_at)
+_ATTEMPTS = sa.select(attempts).where(attempts.c.job_id == _ID).order_by(attempts.c.n)
+_EVENTS = sa.select(events).where(events.c.job_id == _ID).order_by(events.c.id)
+
 
 def _row_job(r: sa.RowMapping) -> Job:
     return Job(
@@ -147,7 +154,7 @@ class Store:
         if not job_id or len(job_id) > MAX_ID_CHARS or "\x00" in job_id:
             raise _no_job(job_id)
         with self._read() as db:
-            row = db.execute(sa.select(jobs).where(jobs.c.id == job_id)).mappings().first()
+            row = db.execute(_JOB, {"job_id": job_id}).mappings().first()
             if row is None:
                 ids = (
                     db.execute(
@@ -168,12 +175,12 @@ class Store:
                         f"job id {_quoted(job_id)} is ambiguous: it starts {listed}{more}",
                         hint="give more of the id",
                     )
-                row = db.execute(sa.select(jobs).where(jobs.c.id == ids[0])).mappings().one()
+                row = db.execute(_JOB, {"job_id": ids[0]}).mappings().one()
         return _row_job(row)
 
     def jobs(self) -> list[Job]:
         with self._read() as db:
-            rows = db.execute(sa.select(jobs).order_by(jobs.c.created_at)).mappings().all()
+            rows = db.execute(_JOBS).mappings().all()
         return [_row_job(r) for r in rows]
 
     def update_job(
@@ -201,9 +208,8 @@ class Store:
 
     # --- attempts ----------------------------------------------------------------------------
     def attempts(self, job_id: str) -> list[Attempt]:
-        query = sa.select(attempts).where(attempts.c.job_id == job_id).order_by(attempts.c.n)
         with self._read() as db:
-            rows = db.execute(query).mappings().all()
+            rows = db.execute(_ATTEMPTS, {"job_id": job_id}).mappings().all()
         return [_row_attempt(r) for r in rows]
 
     def open_attempt(
@@ -308,9 +314,8 @@ class Store:
             self._event(db, job_id, time.time() if now is None else now, kind, message, data)
 
     def events(self, job_id: str) -> list[dict[str, Any]]:
-        query = sa.select(events).where(events.c.job_id == job_id).order_by(events.c.id)
         with self._read() as db:
-            rows = db.execute(query).mappings().all()
+            rows = db.execute(_EVENTS, {"job_id": job_id}).mappings().all()
         return [
             {
                 "at": r["at"],

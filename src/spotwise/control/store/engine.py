@@ -15,8 +15,8 @@ from spotwise.registry import require
 
 DB_ENV = "SPOTWISE_DB"
 DB_FILE = "spotwise.db"
-# Execution option that makes a SQLite transaction take the write lock at BEGIN, so that a
-# read-then-write transaction never fails half-way with "database is locked".
+# Execution option of a SQLite transaction that writes: it takes the write lock at BEGIN, so that
+# a read-then-write transaction never fails half-way with "database is locked".
 WRITE = "spotwise_write"
 BUSY_TIMEOUT_S = 30.0
 CONNECT_TIMEOUT_S = 10
@@ -77,8 +77,10 @@ def _sqlite_engine(path: Path) -> sa.Engine:
 
     @sa.event.listens_for(engine, "begin")
     def _begin(connection: sa.Connection) -> None:
-        write = connection.get_execution_options().get(WRITE, False)
-        connection.exec_driver_sql("BEGIN IMMEDIATE" if write else "BEGIN")
+        # reads stay in autocommit, as each is one statement (or a lookup that may see a job
+        # change between two), so that they cost no BEGIN and hold no snapshot
+        if connection.get_execution_options().get(WRITE, False):
+            connection.connection.driver_connection.execute("BEGIN IMMEDIATE")  # type: ignore[union-attr]
 
     return engine
 
