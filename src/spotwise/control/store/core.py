@@ -31,7 +31,7 @@ MAX_ID_CHARS = 128
 CANDIDATES_SHOWN = 10
 
 # The reads the views repeat (the dashboard polls them), built once.
-_ID = sa.bindparam("job_id")
+_ID: sa.BindParameter[str] = sa.bindparam("job_id")
 _JOB = sa.select(jobs).where(jobs.c.id == _ID)
 _JOBS = sa.select(jobs).order_by(jobs.c.created_at)
 _ATTEMPTS = sa.select(attempts).where(attempts.c.job_id == _ID).order_by(attempts.c.n)
