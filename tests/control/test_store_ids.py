@@ -4,6 +4,7 @@ and the real dashboard (issue 21: `spotwise cancel '%tim'` cancelled job victim-
 from __future__ import annotations
 
 import http.client
+import json
 import os
 import re
 import subprocess
@@ -33,6 +34,12 @@ def test_cancel_with_a_pattern_cancels_nothing():
     job = store.job(victim.id)
     assert (job.state, job.cancel_requested) == (JobState.PENDING, False)
     assert [e["kind"] for e in store.events(victim.id)] == ["created"]
+    status = _cli("status", "vic", "--json")  # the same database, and a prefix still works
+    assert status.returncode == 0, status.stderr
+    assert json.loads(status.stdout)["id"] == victim.id
+
+
+def test_a_huge_id_is_no_job_not_a_traceback():
     huge = _cli("status", LONG_ID)
     assert huge.returncode == 2 and "no job 'vvvv" in huge.stderr
     assert len(huge.stderr) < 300 and "Traceback" not in huge.stderr
