@@ -95,3 +95,58 @@ def aws_env(moto_server: str, monkeypatch: pytest.MonkeyPatch) -> str:
     monkeypatch.setenv("AWS_ENDPOINT_URL", moto_server)
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
     return moto_server
+
+
+@pytest.fixture(scope="session")
+def postgres_url() -> str:
+    """The PostgreSQL server of the store tests: ``SPOTWISE_TEST_POSTGRES_URL`` (.ci/run exports
+    what scripts/pg-up.sh prints); elsewhere the script is run here when running as root."""
+    import subprocess
+    from pathlib import Path
+
+    url = os.environ.get("SPOTWISE_TEST_POSTGRES_URL", "").strip()
+    if url:
+        return url
+    if os.environ.get("CI", "").lower() == "true":
+        pytest.fail(
+            "SPOTWISE_TEST_POSTGRES_URL is not set in CI: .ci/run must run scripts/pg-up.sh"
+        )
+    script = Path(__file__).parents[1] / "scripts" / "pg-up.sh"
+    if os.geteuid() != 0:
+        pytest.skip(
+            "PostgreSQL store tests: run scripts/pg-up.sh as root and export"
+            " SPOTWISE_TEST_POSTGRES_URL=<the URL it prints>"
+        )
+    started = subprocess.run([str(script)], capture_output=True, text=True, timeout=300)
+    if started.returncode != 0:
+        pytest.fail(f"scripts/pg-up.sh failed: {started.stderr[-2000:]}")
+    return started.stdout.strip().splitlines()[-1]
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def store_db(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch):
+    """Runs a test on both databases of the job store: SQLite in the test's SPOTWISE_HOME, or a
+    fresh schema of the test PostgreSQL, named by SPOTWISE_DB (so the processes the test starts
+    use it too). Yields the database's URL (with its password)."""
+    if request.param == "sqlite":
+        monkeypatch.delenv("SPOTWISE_DB", raising=False)
+        yield f"sqlite:///{os.environ['SPOTWISE_HOME']}/spotwise.db"
+        return
+    import secrets
+
+    import sqlalchemy as sa
+
+    base = sa.make_url(request.getfixturevalue("postgres_url"))
+    schema = f"test_{secrets.token_hex(6)}"
+    admin = sa.create_engine(base.set(drivername="postgresql+psycopg"), poolclass=sa.NullPool)
+    with admin.begin() as db:
+        db.exec_driver_sql(f"CREATE SCHEMA {schema}")
+    url = base.update_query_dict({"options": f"-csearch_path={schema}"})
+    monkeypatch.setenv("SPOTWISE_DB", url.render_as_string(hide_password=False))
+    try:
+        yield os.environ["SPOTWISE_DB"]
+    finally:
+        with admin.begin() as db:
+            db.exec_driver_sql("SET lock_timeout = '10s'")
+            db.exec_driver_sql(f"DROP SCHEMA {schema} CASCADE")
+        admin.dispose()

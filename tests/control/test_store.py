@@ -1,9 +1,23 @@
+"""The job store on both of its databases (SQLite and PostgreSQL, the ``store_db`` fixture)."""
+
 from __future__ import annotations
 
+import threading
+
 import pytest
+import sqlalchemy as sa
+from alembic.autogenerate import compare_metadata
+from alembic.runtime.migration import MigrationContext
 
 from spotwise.control.store import JobState, Store
+from spotwise.control.store.schema import metadata
 from spotwise.errors import ControlError, JobNotFoundError
+
+pytestmark = pytest.mark.usefixtures("store_db")
+
+
+def _engine(url: str) -> sa.Engine:
+    return sa.create_engine(url.replace("postgresql://", "postgresql+psycopg://", 1))
 
 
 def test_jobs_attempts_and_events_persist_across_connections():
@@ -19,13 +33,16 @@ def test_jobs_attempts_and_events_persist_across_connections():
         time_scale=600.0,
         now=100.0,
     )
-    store.update_job(job.id, state=JobState.RUNNING, message="go")
+    store.update_job(job.id, state=JobState.RUNNING, message="go", blocked={"z2": 5.0})
+    store.update_attempt(job.id, a.n, handle={"pid": 7}, running_at=101.5)
     store.close()
     again = Store()
     assert again.job(job.id).state is JobState.RUNNING
+    assert again.job(job.id).blocked == {"z2": 5.0}
     assert again.job(job.id[:8]).id == job.id  # unique prefix
     [attempt] = again.attempts(job.id)
-    assert (attempt.n, attempt.state, attempt.handle) == (a.n, "launching", None)
+    assert (attempt.n, attempt.state, attempt.handle) == (a.n, "launching", {"pid": 7})
+    assert attempt.running_at == 101.5
     # billed from launch: 6 wall seconds x 600 = 1 simulated hour
     assert attempt.cost_usd(106.0) == pytest.approx(1.0)
     assert attempt.ondemand_cost_usd(106.0) == pytest.approx(3.0)
@@ -60,3 +77,97 @@ def test_never_two_open_attempts():
 def test_unknown_job():
     with pytest.raises(JobNotFoundError, match="spotwise jobs"):
         Store().job("nope")
+
+
+def test_ids_are_matched_exactly_or_by_prefix_never_as_patterns():
+    store = Store()
+    victim = store.create_job("victim", {}, None)
+    under = store.create_job("a_b", {}, None)
+    store.create_job("axb", {}, None)
+    for typed in ("%tim", "%", "_", "%_%", "vic%", "a%", "", "x" * 50_000, "victim\x00"):
+        with pytest.raises(JobNotFoundError) as err:
+            store.job(typed)
+        assert len(str(err.value)) < 200  # a huge id is not echoed back whole
+    assert store.job("vic").id == victim.id
+    assert store.job(victim.id).id == victim.id
+    assert store.job("a_").id == under.id  # "_" is a character, not "any character"
+    with pytest.raises(JobNotFoundError, match=r"ambiguous: it starts a.b-.*, a.b-"):
+        store.job("a")
+
+
+def test_an_ambiguous_prefix_lists_a_bounded_number_of_candidates():
+    store = Store()
+    made = {store.create_job("twin", {}, None, now=float(i)).id for i in range(12)}
+    with pytest.raises(JobNotFoundError, match="give more of the id") as err:
+        store.job("twin")
+    listed = set(str(err.value).split(": it starts ")[1].split("\n")[0].split(", "))
+    assert "..." in listed and len(listed - {"..."}) == 10 and listed - {"..."} <= made
+
+
+def test_the_migrated_schema_is_the_one_the_code_uses(store_db: str):
+    Store()
+    with _engine(store_db).connect() as db:
+        assert compare_metadata(MigrationContext.configure(db), metadata) == []
+
+
+def test_a_schema_written_by_a_newer_spotwise_is_refused(store_db: str):
+    Store().create_job("kept", {}, None)
+    engine = _engine(store_db)
+    with engine.begin() as db:
+        db.exec_driver_sql("UPDATE alembic_version SET version_num = 'f00dfeed'")
+    with pytest.raises(ControlError, match="newer spotwise") as err:
+        Store()
+    shown = sa.make_url(store_db)
+    assert "'f00dfeed'" in str(err.value)
+    assert shown.render_as_string(hide_password=True) in str(err.value)
+    assert not shown.password or shown.password not in str(err.value)
+    with engine.connect() as db:  # refused, not touched
+        assert db.exec_driver_sql("SELECT version_num FROM alembic_version").scalar() == "f00dfeed"
+        assert db.exec_driver_sql("SELECT COUNT(*) FROM jobs").scalar() == 1
+
+
+def test_stores_opened_at_once_share_one_database():
+    """As several controllers and the dashboard do: each its own Store (connections) on a
+    database none of them has created; each migrates or waits, creates jobs, then all race to
+    open the first attempt of one job: exactly one opens it."""
+    n = 4
+    created: list[str] = []
+    outcomes: list[str] = []
+    shared: list[str] = []
+    ready = threading.Barrier(n + 1)
+
+    def racer(i: int) -> None:
+        store = Store()
+        created.extend(store.create_job(f"p{i}", {}, None).id for _ in range(5))
+        ready.wait()
+        ready.wait()  # the shared job exists now
+        try:
+            store.open_attempt(
+                shared[0],
+                provider="local",
+                market="on-demand",
+                zone="",
+                usd_per_hour=0,
+                ondemand_usd_per_hour=0,
+                time_scale=1,
+            )
+            outcomes.append("opened")
+        except ControlError as exc:
+            outcomes.append(str(exc))
+        store.close()
+
+    threads = [threading.Thread(target=racer, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    ready.wait(timeout=120)
+    store = Store()
+    shared.append(store.create_job("shared", {}, None).id)
+    ready.wait(timeout=120)
+    for t in threads:
+        t.join(timeout=120)
+    assert sorted(outcomes) == [f"job {shared[0]} already has attempt 1 open"] * (n - 1) + [
+        "opened"
+    ]
+    assert len(set(created)) == n * 5
+    assert {j.id for j in store.jobs()} == {*created, *shared}
+    assert [a.n for a in store.attempts(shared[0])] == [1]

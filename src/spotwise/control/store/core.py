@@ -1,0 +1,335 @@
+"""The store's one interface: jobs, attempts and events, each method one short transaction.
+
+The database is the controller's memory: every state change is written before it is acted on,
+so a controller killed at any instant finds, on restart, exactly what it was doing. Several
+controllers and the dashboard share one database; SQLite serialises writers (``BEGIN
+IMMEDIATE``), PostgreSQL locks the job's row where a write depends on what was read.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+
+from spotwise.control.store.engine import WRITE, database_url, open_engine, private_dir, shown
+from spotwise.control.store.migrate import ensure_schema
+from spotwise.control.store.models import Attempt, Job, JobState, spotwise_home
+from spotwise.control.store.schema import attempts, events, jobs
+from spotwise.errors import ControlError, JobNotFoundError
+
+# Ids are ``<name[:24]>-<6 hex>``; anything much longer is not an id (and is not echoed whole).
+MAX_ID_CHARS = 128
+# How many jobs an ambiguous prefix error lists.
+CANDIDATES_SHOWN = 10
+
+# The reads the views repeat (the dashboard polls them), built once.
+_ID: sa.BindParameter[str] = sa.bindparam("job_id")
+_JOB = sa.select(jobs).where(jobs.c.id == _ID)
+_JOBS = sa.select(jobs).order_by(jobs.c.created_at)
+_ATTEMPTS = sa.select(attempts).where(attempts.c.job_id == _ID).order_by(attempts.c.n)
+_EVENTS = sa.select(events).where(events.c.job_id == _ID).order_by(events.c.id)
+
+
+def _row_job(r: sa.RowMapping) -> Job:
+    return Job(
+        id=r["id"],
+        name=r["name"],
+        spec=json.loads(r["spec_json"]),
+        spec_path=r["spec_path"],
+        state=JobState(r["state"]),
+        created_at=r["created_at"],
+        updated_at=r["updated_at"],
+        cancel_requested=bool(r["cancel_requested"]),
+        next_launch_at=r["next_launch_at"],
+        errors_used=r["errors_used"],
+        message=r["message"],
+        blocked=json.loads(r["blocked_json"]),
+        control_error_since=r["control_error_since"],
+        stop_reason=r["stop_reason"],
+        policy=json.loads(r["policy_json"]) if r["policy_json"] else None,
+    )
+
+
+def _row_attempt(r: sa.RowMapping) -> Attempt:
+    return Attempt(
+        job_id=r["job_id"],
+        n=r["n"],
+        state=r["state"],
+        provider=r["provider"],
+        market=r["market"],
+        zone=r["zone"],
+        handle=json.loads(r["handle_json"]) if r["handle_json"] else None,
+        started_at=r["started_at"],
+        running_at=r["running_at"],
+        ended_at=r["ended_at"],
+        reason=r["reason"],
+        exit_code=r["exit_code"],
+        usd_per_hour=r["usd_per_hour"],
+        ondemand_usd_per_hour=r["ondemand_usd_per_hour"],
+        time_scale=r["time_scale"],
+    )
+
+
+def _quoted(job_id: str) -> str:
+    """The id as an error message shows it: bounded, whatever was typed."""
+    return repr(job_id if len(job_id) <= 40 else f"{job_id[:40]}...")
+
+
+def _no_job(job_id: str) -> JobNotFoundError:
+    return JobNotFoundError(f"no job {_quoted(job_id)}", hint="list jobs with: spotwise jobs")
+
+
+class Store:
+    """Typed access to the job database (``SPOTWISE_DB``, else SQLite in ``SPOTWISE_HOME``),
+    opened at its current schema; a database that cannot be opened is refused here, by name."""
+
+    def __init__(self, home: Path | None = None) -> None:
+        self.home = home or spotwise_home()
+        url = database_url(self.home)
+        self.where = shown(url)
+        sqlite = url.get_backend_name() == "sqlite"
+        hint = (
+            "check SPOTWISE_HOME (or SPOTWISE_DB) and its permissions"
+            if sqlite
+            else "check SPOTWISE_DB: host, port, user, password and database name, and that"
+            " the server accepts connections from this machine"
+        )
+        try:
+            private_dir(self.home)
+            self._engine = open_engine(url)
+            self._writer = self._engine.execution_options(**{WRITE: True})
+            ensure_schema(self._engine, self.where)
+        except (sa.exc.SQLAlchemyError, OSError) as exc:
+            raise ControlError(
+                f"cannot open the job database {self.where}: {_reason(exc, url)}", hint=hint
+            ) from None
+
+    def close(self) -> None:
+        self._engine.dispose()
+
+    @contextmanager
+    def _tx(self) -> Iterator[sa.Connection]:
+        with self._writer.begin() as db:
+            yield db
+
+    @contextmanager
+    def _read(self) -> Iterator[sa.Connection]:
+        with self._engine.connect() as db:
+            yield db
+
+    # --- jobs ------------------------------------------------------------------------------
+    def create_job(
+        self, name: str, spec: dict[str, Any], spec_path: str | None, now: float | None = None
+    ) -> Job:
+        now = time.time() if now is None else now
+        job_id = f"{name[:24]}-{secrets.token_hex(3)}"
+        with self._tx() as db:
+            db.execute(
+                jobs.insert().values(
+                    id=job_id,
+                    name=name,
+                    spec_json=json.dumps(spec),
+                    spec_path=spec_path,
+                    state=JobState.PENDING.value,
+                    created_at=now,
+                    updated_at=now,
+                )
+            )
+            self._event(db, job_id, now, "created", f"job {job_id} created")
+        job = self.job(job_id)
+        job.dir.mkdir(parents=True, exist_ok=True)
+        return job
+
+    def job(self, job_id: str) -> Job:
+        """The job with exactly this id, else the one job whose id starts with it (the text
+        typed is never a pattern); several such jobs are refused, with their ids."""
+        if not job_id or len(job_id) > MAX_ID_CHARS or "\x00" in job_id:
+            raise _no_job(job_id)
+        with self._read() as db:
+            row = db.execute(_JOB, {"job_id": job_id}).mappings().first()
+            if row is None:
+                ids = (
+                    db.execute(
+                        sa.select(jobs.c.id)
+                        .where(jobs.c.id.startswith(job_id, autoescape=True))
+                        .order_by(jobs.c.created_at.desc())
+                        .limit(CANDIDATES_SHOWN + 1)
+                    )
+                    .scalars()
+                    .all()
+                )
+                if not ids:
+                    raise _no_job(job_id)
+                if len(ids) > 1:
+                    listed = ", ".join(ids[:CANDIDATES_SHOWN])
+                    more = ", ..." if len(ids) > CANDIDATES_SHOWN else ""
+                    raise JobNotFoundError(
+                        f"job id {_quoted(job_id)} is ambiguous: it starts {listed}{more}",
+                        hint="give more of the id",
+                    )
+                row = db.execute(_JOB, {"job_id": ids[0]}).mappings().one()
+        return _row_job(row)
+
+    def jobs(self) -> list[Job]:
+        with self._read() as db:
+            rows = db.execute(_JOBS).mappings().all()
+        return [_row_job(r) for r in rows]
+
+    def update_job(
+        self,
+        job_id: str,
+        *,
+        event: tuple[str, str] | None = None,
+        now: float | None = None,
+        **fields: Any,
+    ) -> None:
+        """Change job fields (and log one event) in one transaction."""
+        now = time.time() if now is None else now
+        cols = {k: (v.value if isinstance(v, Enum) else v) for k, v in fields.items()}
+        for name in ("blocked", "policy"):
+            if name in cols:
+                cols[f"{name}_json"] = json.dumps(cols.pop(name))
+        cols["updated_at"] = now
+        with self._tx() as db:
+            db.execute(jobs.update().where(jobs.c.id == job_id).values(cols))
+            if event is not None:
+                self._event(db, job_id, now, *event)
+
+    def request_cancel(self, job_id: str) -> None:
+        self.update_job(job_id, cancel_requested=1, event=("cancel", "cancel requested"))
+
+    # --- attempts ----------------------------------------------------------------------------
+    def attempts(self, job_id: str) -> list[Attempt]:
+        with self._read() as db:
+            rows = db.execute(_ATTEMPTS, {"job_id": job_id}).mappings().all()
+        return [_row_attempt(r) for r in rows]
+
+    def open_attempt(
+        self,
+        job_id: str,
+        *,
+        provider: str,
+        market: str,
+        zone: str,
+        usd_per_hour: float,
+        ondemand_usd_per_hour: float,
+        time_scale: float,
+        handle: dict[str, Any] | None = None,
+        now: float | None = None,
+    ) -> Attempt:
+        """Record an attempt *before* launching it, so a crash can never leave one unknown."""
+        now = time.time() if now is None else now
+        with self._tx() as db:
+            # the job's row lock orders two controllers of one job on PostgreSQL
+            db.execute(sa.select(jobs.c.id).where(jobs.c.id == job_id).with_for_update())
+            of_job = attempts.c.job_id == job_id
+            n = int(
+                db.execute(
+                    sa.select(sa.func.coalesce(sa.func.max(attempts.c.n), 0) + 1).where(of_job)
+                ).scalar_one()
+            )
+            open_ = db.execute(
+                sa.select(attempts.c.n).where(of_job, attempts.c.state != "ended")
+            ).first()
+            if open_ is not None:
+                raise ControlError(f"job {job_id} already has attempt {open_[0]} open")
+            db.execute(
+                attempts.insert().values(
+                    job_id=job_id,
+                    n=n,
+                    state="launching",
+                    provider=provider,
+                    market=market,
+                    zone=zone,
+                    handle_json=json.dumps(handle) if handle else None,
+                    started_at=now,
+                    usd_per_hour=usd_per_hour,
+                    ondemand_usd_per_hour=ondemand_usd_per_hour,
+                    time_scale=time_scale,
+                )
+            )
+            self._event(
+                db,
+                job_id,
+                now,
+                "attempt",
+                f"attempt {n}: {market} {zone}".rstrip(),
+                {"n": n, "market": market, "zone": zone},
+            )
+        return self.attempts(job_id)[-1]
+
+    def discard_attempt(self, job_id: str, n: int, reason: str) -> None:
+        """Forget an attempt whose launch was refused before anything started (no capacity)."""
+        with self._tx() as db:
+            db.execute(
+                attempts.delete().where(
+                    attempts.c.job_id == job_id, attempts.c.n == n, attempts.c.state == "launching"
+                )
+            )
+            self._event(db, job_id, time.time(), "launch-refused", reason, {"n": n})
+
+    def update_attempt(self, job_id: str, n: int, **fields: Any) -> None:
+        if "handle" in fields:
+            fields["handle_json"] = json.dumps(fields.pop("handle"))
+        with self._tx() as db:
+            db.execute(
+                attempts.update()
+                .where(attempts.c.job_id == job_id, attempts.c.n == n)
+                .values(fields)
+            )
+
+    # --- events ----------------------------------------------------------------------------
+    def _event(
+        self,
+        db: sa.Connection,
+        job_id: str,
+        at: float,
+        kind: str,
+        message: str,
+        data: dict[str, Any] | None = None,
+    ) -> None:
+        db.execute(
+            events.insert().values(
+                job_id=job_id, at=at, kind=kind, message=message, data_json=json.dumps(data or {})
+            )
+        )
+
+    def event(
+        self,
+        job_id: str,
+        kind: str,
+        message: str,
+        data: dict[str, Any] | None = None,
+        now: float | None = None,
+    ) -> None:
+        with self._tx() as db:
+            self._event(db, job_id, time.time() if now is None else now, kind, message, data)
+
+    def events(self, job_id: str) -> list[dict[str, Any]]:
+        with self._read() as db:
+            rows = db.execute(_EVENTS, {"job_id": job_id}).mappings().all()
+        return [
+            {
+                "at": r["at"],
+                "kind": r["kind"],
+                "message": r["message"],
+                "data": json.loads(r["data_json"]),
+            }
+            for r in rows
+        ]
+
+
+def _reason(exc: BaseException, url: sa.URL) -> str:
+    """The driver's own words, first line, without SQLAlchemy's wrapping or the password."""
+    orig = getattr(exc, "orig", None) or exc
+    lines = str(orig).strip().splitlines()
+    text = lines[0] if lines else type(orig).__name__
+    return text.replace(url.password, "***") if url.password else text

@@ -1,0 +1,111 @@
+"""Which database the store opens (``SPOTWISE_DB`` or SQLite in ``SPOTWISE_HOME``), an engine
+that behaves alike on both, and the 0700/0600 modes that keep the files private."""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+
+from spotwise.errors import ConfigError
+from spotwise.registry import require
+
+DB_ENV = "SPOTWISE_DB"
+DB_FILE = "spotwise.db"
+# Execution option of a SQLite transaction that writes: it takes the write lock at BEGIN, so that
+# a read-then-write transaction never fails half-way with "database is locked".
+WRITE = "spotwise_write"
+BUSY_TIMEOUT_S = 30.0
+CONNECT_TIMEOUT_S = 10
+_SQLITE_SIDE_FILES = ("-wal", "-shm", "-journal")
+_URL_FORMS = "sqlite:///PATH or postgresql://USER:PASSWORD@HOST:PORT/DATABASE"
+
+
+def database_url(home: Path) -> sa.URL:
+    """``SPOTWISE_DB`` if set, else ``<home>/spotwise.db``; ``postgresql://`` means psycopg 3."""
+    raw = os.environ.get(DB_ENV, "").strip()
+    if not raw:
+        return sa.URL.create("sqlite", database=str(home / DB_FILE))
+    try:
+        url = sa.make_url(raw)
+    except sa.exc.ArgumentError:
+        # the value itself is not echoed: it may hold a password
+        raise ConfigError(f"{DB_ENV} is not a database URL", hint=f"use {_URL_FORMS}") from None
+    backend, driver = url.get_backend_name(), url.get_driver_name()
+    if backend == "postgresql" and driver in ("psycopg2", "psycopg", ""):
+        return url.set(drivername="postgresql+psycopg")
+    if backend == "sqlite" and url.database not in (None, "", ":memory:"):
+        return url
+    raise ConfigError(
+        f"{DB_ENV} names a database spotwise cannot keep jobs in: {shown(url)}",
+        hint=f"use {_URL_FORMS}",
+    )
+
+
+def shown(url: sa.URL) -> str:
+    """The URL for messages, in the form the docs give it (``postgresql://``), never with
+    the password."""
+    return url.set(drivername=url.get_backend_name()).render_as_string(hide_password=True)
+
+
+def open_engine(url: sa.URL) -> sa.Engine:
+    if url.get_backend_name() == "sqlite":
+        return _sqlite_engine(Path(str(url.database)))
+    require("psycopg", "postgres", f"the PostgreSQL job store ({DB_ENV}={shown(url)})")
+    return sa.create_engine(
+        url, pool_pre_ping=True, connect_args={"connect_timeout": CONNECT_TIMEOUT_S}
+    )
+
+
+def _sqlite_engine(path: Path) -> sa.Engine:
+    """WAL (readers never wait for a writer), a busy timeout for the other controllers, and
+    transactions that begin as SQLAlchemy says (the sqlite3 module's own are switched off)."""
+    private_file(path)
+    engine = sa.create_engine(
+        sa.URL.create("sqlite", database=str(path)),
+        connect_args={"timeout": BUSY_TIMEOUT_S, "check_same_thread": False},
+    )
+
+    @sa.event.listens_for(engine, "connect")
+    def _connect(dbapi_connection: Any, _record: Any) -> None:
+        dbapi_connection.isolation_level = None
+        dbapi_connection.execute("PRAGMA journal_mode=WAL")
+        dbapi_connection.execute("PRAGMA synchronous=NORMAL")
+
+    @sa.event.listens_for(engine, "begin")
+    def _begin(connection: sa.Connection) -> None:
+        # reads stay in autocommit, as each is one statement (or a lookup that may see a job
+        # change between two), so that they cost no BEGIN and hold no snapshot
+        if connection.get_execution_options().get(WRITE, False):
+            connection.connection.driver_connection.execute("BEGIN IMMEDIATE")  # type: ignore[union-attr]
+
+    return engine
+
+
+def private_dir(path: Path) -> None:
+    """Create ``path`` 0700, or take group and other access away from the one there."""
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    _tighten(path, 0o700)
+
+
+def private_file(path: Path) -> None:
+    """Create the database file 0600 before SQLite does (its WAL and SHM files copy the
+    database's mode) and take group and other access away from any written before."""
+    os.close(os.open(path, os.O_RDONLY | os.O_CREAT, 0o600))
+    for p in (path, *(path.with_name(path.name + s) for s in _SQLITE_SIDE_FILES)):
+        _tighten(p, 0o600)
+
+
+def _tighten(path: Path, mode: int) -> None:
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return
+    # a shared sticky directory such as /tmp given as SPOTWISE_HOME is not ours to close
+    if st.st_uid != os.getuid() or st.st_mode & stat.S_ISVTX:
+        return
+    if stat.S_IMODE(st.st_mode) & ~mode:
+        os.chmod(path, stat.S_IMODE(st.st_mode) & mode)

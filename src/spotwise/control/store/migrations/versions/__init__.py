@@ -1,0 +1,1 @@
+"""One file per schema revision; the newest is the head this code writes."""
