@@ -16,7 +16,7 @@ os.environ.setdefault("no_proxy", "127.0.0.1,localhost")
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-_STARTED: dict[str, bool] = {}
+_STARTED: dict[str, str | None] = {}  # service -> what its script answered
 _SKIPPED: dict[str, int] = {}  # reason -> tests skipped for it, summed up in one line at the end
 
 
@@ -25,21 +25,25 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
         terminalreporter.write_line(f"spotwise: {n} tests skipped, {reason}")
 
 
-def require_service(name: str, probe: Callable[[], bool], script: str) -> None:
-    """Make sure a real service the tests need is up: start it with the repository's own script
-    when it is down and we are root (what ``.ci/run`` does, so ``make test`` works on a fresh
-    machine too); otherwise fail under CI (a missing service must never pass as skipped) or skip
-    with one line saying how to run these tests."""
-    if probe():
-        return
+def require_service(name: str, probe: Callable[[], str | None], script: str) -> str:
+    """Make sure a real service the tests need is up and say where: ``probe`` answers that (or
+    None when it is down). A service that is down is started with the repository's own script
+    when we are root (what ``.ci/run`` does, so ``make test`` works on a fresh machine too; the
+    script's last line of output is then the answer); otherwise the test fails under CI (a
+    missing service must never pass as skipped) or is skipped, summed up in one line."""
+    found = probe()
+    if found:
+        return found
     path = ROOT / script
     if name not in _STARTED and os.geteuid() == 0 and path.exists():
         out = subprocess.run([str(path)], capture_output=True, text=True, timeout=900)
-        _STARTED[name] = out.returncode == 0 and probe()
+        last = (out.stdout.strip().splitlines() or [""])[-1]
+        _STARTED[name] = (probe() or last or None) if out.returncode == 0 else None
         if not _STARTED[name]:
             print(f"{script} could not start {name}:\n{out.stdout[-2000:]}{out.stderr[-2000:]}")
-    if _STARTED.get(name):
-        return
+    started = _STARTED.get(name)
+    if started:
+        return started
     if os.environ.get("CI", "").lower() == "true":
         pytest.fail(f"{name} is not reachable in CI: {script} must start it")
     reason = f"{name} is not reachable: `sudo {script}` installs and starts it"
@@ -47,10 +51,11 @@ def require_service(name: str, probe: Callable[[], bool], script: str) -> None:
     pytest.skip(reason)
 
 
-def _slurm_up() -> bool:
+def _slurm_up() -> str | None:
     if shutil.which("scontrol") is None:
-        return False
-    return subprocess.run(["scontrol", "ping"], capture_output=True, timeout=30).returncode == 0
+        return None
+    ping = subprocess.run(["scontrol", "ping"], capture_output=True, timeout=30)
+    return "localhost" if ping.returncode == 0 else None
 
 
 @pytest.fixture(scope="session")
@@ -100,27 +105,12 @@ def aws_env(moto_server: str, monkeypatch: pytest.MonkeyPatch) -> str:
 @pytest.fixture(scope="session")
 def postgres_url() -> str:
     """The PostgreSQL server of the store tests: ``SPOTWISE_TEST_POSTGRES_URL`` (.ci/run exports
-    what scripts/pg-up.sh prints); elsewhere the script is run here when running as root."""
-    import subprocess
-    from pathlib import Path
-
-    url = os.environ.get("SPOTWISE_TEST_POSTGRES_URL", "").strip()
-    if url:
-        return url
-    if os.environ.get("CI", "").lower() == "true":
-        pytest.fail(
-            "SPOTWISE_TEST_POSTGRES_URL is not set in CI: .ci/run must run scripts/pg-up.sh"
-        )
-    script = Path(__file__).parents[1] / "scripts" / "pg-up.sh"
-    if os.geteuid() != 0:
-        pytest.skip(
-            "PostgreSQL store tests: run scripts/pg-up.sh as root and export"
-            " SPOTWISE_TEST_POSTGRES_URL=<the URL it prints>"
-        )
-    started = subprocess.run([str(script)], capture_output=True, text=True, timeout=300)
-    if started.returncode != 0:
-        pytest.fail(f"scripts/pg-up.sh failed: {started.stderr[-2000:]}")
-    return started.stdout.strip().splitlines()[-1]
+    what scripts/pg-up.sh prints), or the URL the script prints when the tests start it."""
+    return require_service(
+        "PostgreSQL",
+        lambda: os.environ.get("SPOTWISE_TEST_POSTGRES_URL", "").strip() or None,
+        "scripts/pg-up.sh",
+    )
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
