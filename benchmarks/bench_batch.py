@@ -65,7 +65,8 @@ def ours(model, data, out: Path, shard_size: int, batch_size: int) -> float:
 def bench_batch(args: argparse.Namespace, root: Path) -> None:
     model = _model(args.width)
     data = TensorDataset(torch.randn(args.items, 256, generator=torch.Generator().manual_seed(1)))
-    ratios, times = [], {"plain": [], "spotwise": []}
+    ratios: list[float] = []
+    times: dict[str, list[float]] = {"plain": [], "spotwise": []}
     for r in range(args.repeats):
         order = [("plain", plain), ("spotwise", ours)]
         if r % 2:

@@ -69,7 +69,7 @@ def small_state(count: int = 2000, total_mib: int = 256) -> dict[str, torch.Tens
     g = torch.Generator().manual_seed(0)
     raw = torch.exp(torch.rand(count // 3 + 1, generator=g) * 8)  # sizes spread over ~3 decades
     elements = (raw / raw.sum() * (total_mib * MiB // 4 // 3)).long().clamp(min=1)
-    state = {}
+    state: dict[str, torch.Tensor] = {}
     for i, n in enumerate(elements.tolist()):
         for kind in ("param", "exp_avg", "exp_avg_sq"):
             if len(state) < count:
@@ -157,7 +157,7 @@ def safetensors_write(state: dict[str, torch.Tensor], path: Path) -> None:
 
 def raw_read(path: Path, size: int) -> torch.Tensor:
     buf = torch.empty(size, dtype=torch.uint8)
-    view = memoryview(buf.numpy()).cast("B")
+    view = memoryview(buf.numpy().data).cast("B")
     with open(path, "rb", buffering=0) as f:
         while len(view):
             n = f.readinto(view)

@@ -93,7 +93,11 @@ def _agreement(rank: int, repeats: int) -> None:
         spent[0] += time.perf_counter() - started
 
     def steps(body: Callable[[], None]) -> Callable[[], None]:
-        return lambda: [body() for _ in range(_STEPS)]
+        def run() -> None:
+            for _ in range(_STEPS):
+                body()
+
+        return run
 
     for _ in range(200):  # warm-up, in which the agreement measures its interval
         agreed_step()
@@ -227,7 +231,7 @@ def _stall(rank: int, repeats: int, root: Path, tensors: int, numel: int) -> Non
             )
         )
 
-    shards = [p.to_local() for p in model.parameters()]  # type: ignore[attr-defined]
+    shards = [p.to_local() for p in model.parameters()]
     buffers = [torch.empty_like(t) for t in shards]
     stalls, copies, dcp_stalls = [], [], []
     for _ in range(repeats + 1):  # rounds, so drifting load hits all alike; the first allocates

@@ -133,6 +133,7 @@ def launch_and_simulate_agree_on_one_trace(tmp_path: Path) -> None:
         record=True,
     )
     assert replay.cost_usd == pytest.approx(simulated["cost_usd"])
+    assert replay.timeline is not None  # record=True
     placements = [a["market"] for a in live["attempts"]]
     assert placements == _segments(replay.timeline.market) == ["spot", "on-demand", "spot"]
     # the first attempt saved on the notice (preempted), or, on a slow machine, was still

@@ -80,7 +80,7 @@ def split_of(path: str) -> str:
     return "fit" if period == FIT_PERIOD else "heldout"
 
 
-def trace_and_optimum(path: str, starts: int) -> tuple[Markets, np.ndarray, float]:
+def trace_and_optimum(path: str, starts: int) -> tuple[Markets, list[int], float]:
     """One single-zone trace, its run starts and the hindsight optimum's mean cost over them."""
     m = Markets.from_traces([load_trace(path)])
     ticks = run_ticks(PAPER, m.gap_s)
@@ -176,8 +176,8 @@ def reference() -> None:
     print("== paper setting: the spec's reference table ==")
     names = ("greedy", "uniform-progress", "optimal", "spotwise")
     for group, (starts, *ref_cost, ref_od) in REFERENCE.items():
-        cost = {n: [] for n in names}
-        od = {n: [] for n in names}
+        cost: dict[str, list[float]] = {n: [] for n in names}
+        od: dict[str, list[float]] = {n: [] for n in names}
         for f in sorted(glob.glob(str(SHARED / group / "*.json"))):
             m = Markets.from_traces([load_trace(f)])
             offs = start_ticks(m.n_ticks, run_ticks(PAPER, m.gap_s), starts)

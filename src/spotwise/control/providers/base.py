@@ -160,7 +160,10 @@ class Provider(Protocol):
 
     name: str
     features: Features
-    prices: Prices
+
+    @property
+    def prices(self) -> Prices:
+        """What the provider charges (an attribute or a property: callers only read it)."""
 
     def launch(self, req: LaunchRequest) -> Handle:
         """Start attempt ``req``; ``CapacityError`` when there is no machine of that kind."""
