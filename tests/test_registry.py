@@ -1,6 +1,6 @@
 import pytest
 
-from spotwise.errors import MissingExtraError, UnknownBackendError
+from spotwise.errors import ConfigError, MissingExtraError, UnknownBackendError
 from spotwise.registry import Entry, Registry, require
 
 
@@ -20,3 +20,17 @@ def test_missing_optional_sdk_names_the_extra():
         reg.load("x")
     with pytest.raises(MissingExtraError, match=r"spotwise\[crypto\]"):
         require("no_such_sdk_xyz", "crypto", "encryption")
+
+
+def test_register_refuses_a_taken_name_unless_replacing():
+    reg: Registry[object] = Registry("thing", {"json": "json:dumps"})
+    with pytest.raises(ConfigError, match="thing 'json' is already registered") as info:
+        reg.register("json", "json:loads")
+    assert "replace=True" in (info.value.hint or "")
+    import json
+
+    assert reg.load("json") is json.dumps  # untouched by the refused registration
+    reg.register("json", "json:loads", replace=True)
+    assert reg.load("json") is json.loads
+    reg.register("pickle-free", "json:loads")
+    assert "pickle-free" in reg.names()

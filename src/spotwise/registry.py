@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from spotwise.errors import MissingExtraError, UnknownBackendError
+from spotwise.errors import ConfigError, MissingExtraError, UnknownBackendError
 
 T = TypeVar("T")
 
@@ -58,8 +58,18 @@ class Registry(Generic[T]):
     def __iter__(self) -> Iterator[str]:
         return iter(self.names())
 
-    def register(self, name: str, target: str, extra: str | None = None) -> None:
-        """Add a backend at run time (plugins); the built-in ones live in the table."""
+    def register(
+        self, name: str, target: str, extra: str | None = None, *, replace: bool = False
+    ) -> None:
+        """Add a backend at run time (plugins); the built-in ones live in the table. A name
+        already taken is refused unless ``replace=True``: two plugins claiming one name would
+        otherwise make whichever registers last win, silently."""
+        self._read_plugins()
+        if name in self._entries and not replace:
+            raise ConfigError(
+                f"{self.kind} {name!r} is already registered ({self._entries[name].target})",
+                hint=f"pick another name, or pass replace=True to put {target} in its place",
+            )
         self._entries[name] = Entry(target, extra)
 
     def check(self, name: str) -> None:
