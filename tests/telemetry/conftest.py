@@ -110,7 +110,7 @@ def add_attempt(
 
 
 # what a user may write or a run may log, none of it rich markup or JSON that a browser parses
-MARKUP = "[/] [bold red]x[/bold red] [link=https://example.invalid]y[/link] :smile:"
+MARKUP = r"[/] [bold red]x[/bold red] [link=https://example.invalid]y[/link] :smile: $\frac{$"
 DIVERGED_LOSS = [0.9, 0.5, math.nan, math.inf, -math.inf, 1e308, 0.25]
 
 
@@ -127,7 +127,7 @@ def strict_json(text: str) -> object:
 def diverged_home() -> tuple[Path, str]:
     """A SPOTWISE_HOME with one failed job whose run logged a loss that went NaN, +-Infinity
     and 1e308 (through the runtime's own event log, as ``run.log`` records it), and whose
-    command, zone and message hold rich markup."""
+    command, zone, message and other metric's name hold rich markup and mathtext."""
     home = Path(os.environ["SPOTWISE_HOME"])  # the test's own (job directories follow it)
     store = Store(home)
     spec = {"name": "diverged", "command": ["python", "train.py", MARKUP], "provider": "local"}
@@ -139,7 +139,7 @@ def diverged_home() -> tuple[Path, str]:
     assert directory is not None
     events = EventLog(directory / EVENTS_FILE)
     for step, loss in enumerate(DIVERGED_LOSS):
-        events.emit("metrics", step=10 * step, values={"loss": loss, "lr": 0.1})
+        events.emit("metrics", step=10 * step, values={"loss": loss, MARKUP: 0.1})
     store.update_job(job.id, state=JobState.FAILED, message=f"training diverged {MARKUP}")
     store.close()
     return home, job.id

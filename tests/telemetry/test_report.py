@@ -77,6 +77,7 @@ def test_report_of_a_diverged_run(diverged_home: tuple[Path, str], tmp_path: Pat
         page.wait_for_selector("#chart-loss canvas")
         assert "loss became nan at step 20" in page.locator("#nonfinite").inner_text()
         assert MARKUP in page.locator("p.message").inner_text()
+        assert MARKUP in page.locator("#chart-loss .u-legend").inner_text()
         save_screenshot(page, tmp_path, "report-diverged.png")
         assert w.console_errors == []
         assert w.requests == [out.as_uri()], w.requests

@@ -47,6 +47,12 @@ def png_report(view: JobView, directory: Path) -> list[Path]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    # zone and metric names are the user's: "$...$" in one is text, not mathtext to parse
+    with plt.rc_context({"text.parse_math": False}):
+        return _draw(view, directory, plt)
+
+
+def _draw(view: JobView, directory: Path, plt: Any) -> list[Path]:
     directory.mkdir(parents=True, exist_ok=True)
     d = finite(job_detail(view))  # as the page gets it: NaN and Infinity as gaps
     written: list[Path] = []

@@ -134,7 +134,11 @@
     const root = svg("svg", { id: "timeline", width: width, height: height,
                               viewBox: `0 0 ${width} ${height}`, role: "img" });
     zones.forEach((z, i) => {
-      root.append(svg("text", { x: 4, y: top + i * rowH + 20, class: "zone" }, z));
+      // a long zone name would run under the bars: cut to the label's width, whole on hover
+      const label = svg("text", { x: 4, y: top + i * rowH + 20, class: "zone" },
+                        z.length > 16 ? z.slice(0, 15) + "…" : z);
+      label.append(svg("title", {}, z));
+      root.append(label);
       root.append(svg("line", { x1: left, x2: width - right, y1: top + (i + 1) * rowH - 2,
                                 y2: top + (i + 1) * rowH - 2, class: "grid" }));
     });
