@@ -1,14 +1,22 @@
-"""Telemetry test fixtures: a fake NVML library built with gcc, a finished demo job."""
+"""Telemetry test fixtures: a fake NVML library built with gcc, a finished demo job, a job whose
+run diverged (NaN and infinite losses) and whose data is full of rich markup."""
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
+
+from spotwise.control.spec import JobSpec
+from spotwise.control.store import JobState, Store
+from spotwise.telemetry.events import EVENTS_FILE, EventLog
+from spotwise.telemetry.jobview import run_dir
 
 from .tools import build_fake_nvml
 
@@ -99,3 +107,39 @@ def add_attempt(
             reason=reason,
             exit_code=exit_code,
         )
+
+
+# what a user may write or a run may log, none of it rich markup or JSON that a browser parses
+MARKUP = r"[/] [bold red]x[/bold red] [link=https://example.invalid]y[/link] :smile: $\frac{$"
+DIVERGED_LOSS = [0.9, 0.5, math.nan, math.inf, -math.inf, 1e308, 0.25]
+
+
+def strict_json(text: str) -> object:
+    """``json.loads`` that refuses ``NaN``/``Infinity`` as every other JSON parser does."""
+
+    def refuse(name: str) -> object:
+        raise ValueError(f"not JSON: {name}")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+@pytest.fixture()
+def diverged_home() -> tuple[Path, str]:
+    """A SPOTWISE_HOME with one failed job whose run logged a loss that went NaN, +-Infinity
+    and 1e308 (through the runtime's own event log, as ``run.log`` records it), and whose
+    command, zone, message and other metric's name hold rich markup and mathtext."""
+    home = Path(os.environ["SPOTWISE_HOME"])  # the test's own (job directories follow it)
+    store = Store(home)
+    spec = {"name": "diverged", "command": ["python", "train.py", MARKUP], "provider": "local"}
+    now = time.time()
+    job = store.create_job("diverged", spec, None, now=now - 100)
+    add_attempt(store, job.id, start=now - 99, running=now - 98, end=now - 1, zone=MARKUP,
+                reason="failed", exit_code=1)  # fmt: skip
+    directory = run_dir(job, JobSpec.model_validate(spec))
+    assert directory is not None
+    events = EventLog(directory / EVENTS_FILE)
+    for step, loss in enumerate(DIVERGED_LOSS):
+        events.emit("metrics", step=10 * step, values={"loss": loss, MARKUP: 0.1})
+    store.update_job(job.id, state=JobState.FAILED, message=f"training diverged {MARKUP}")
+    store.close()
+    return home, job.id

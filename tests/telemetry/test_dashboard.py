@@ -1,5 +1,6 @@
 """The dashboard in a real browser: Debian's chromium driven by Playwright, against a store that
-holds a finished demo job and a running one."""
+holds a finished demo job and a running one, and against one whose run diverged (NaN losses) and
+whose data is full of rich markup."""
 
 from __future__ import annotations
 
@@ -9,19 +10,23 @@ import os
 import re
 import subprocess
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
+from spotwise.control.spec import JobSpec
 from spotwise.control.store import Store
+from spotwise.telemetry.events import EVENTS_FILE, EventLog
+from spotwise.telemetry.jobview import run_dir
 
-from .conftest import SPOTWISE, cli, demo_job_yaml
+from .conftest import MARKUP, SPOTWISE, cli, demo_job_yaml, strict_json
 from .tools import chromium, save_screenshot, watch
 
 
-@pytest.fixture()
-def dashboard(demo_home: tuple[Path, str]) -> Iterator[tuple[str, Path]]:
-    home, _ = demo_home
+@contextmanager
+def serve(home: Path) -> Iterator[str]:
+    """``spotwise dashboard --port 0`` over ``home``; yields its URL once it listens."""
     env = {**os.environ, "SPOTWISE_HOME": str(home)}
     proc = subprocess.Popen(
         [*SPOTWISE, "dashboard", "--port", "0"], env=env, stdout=subprocess.PIPE, text=True
@@ -31,10 +36,17 @@ def dashboard(demo_home: tuple[Path, str]) -> Iterator[tuple[str, Path]]:
         line = proc.stdout.readline()
         url = re.search(r"http://127\.0\.0\.1:\d+/", line)
         assert url, line
-        yield url.group(0), home
+        yield url.group(0)
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+@pytest.fixture()
+def dashboard(demo_home: tuple[Path, str]) -> Iterator[tuple[str, Path]]:
+    home, _ = demo_home
+    with serve(home) as url:
+        yield url, home
 
 
 def _status(job_id: str, home: Path) -> dict:
@@ -43,13 +55,15 @@ def _status(job_id: str, home: Path) -> dict:
     return json.loads(out.stdout)
 
 
-def _request(url: str, method: str, path: str, headers: dict[str, str]) -> int:
+def _request(url: str, method: str, path: str, headers: dict[str, str | bytes]) -> tuple[int, str]:
+    """Status and body (a bytes header value is sent as those bytes, e.g. UTF-8)."""
     host, port = url.removeprefix("http://").rstrip("/").split(":")
     conn = http.client.HTTPConnection(host, int(port), timeout=10)
     conn.request(method, path, headers=headers)
-    status = conn.getresponse().status
+    answer = conn.getresponse()
+    status, body = answer.status, answer.read().decode()
     conn.close()
-    return status
+    return status, body
 
 
 def test_dashboard_in_chromium(
@@ -136,9 +150,62 @@ def test_cancel_needs_the_session_token_and_host_is_checked(
     url, _ = dashboard
     _, done_id = demo_home
     path = f"/api/jobs/{done_id}/cancel"
-    assert _request(url, "POST", path, {}) == 403  # no session, no token
+    assert _request(url, "POST", path, {})[0] == 403  # no session, no token
     forged = {"Cookie": "spotwise_session=abc", "X-Spotwise-Token": "0" * 64}
-    assert _request(url, "POST", path, forged) == 403
+    assert _request(url, "POST", path, forged)[0] == 403
+    # a token or cookie of any other shape (non-ASCII, raw UTF-8 bytes): 403 saying so, not 500
+    session = {"Cookie": "spotwise_session=" + "a" * 32}
+    for token in ("tökén", "€ unicode".encode(), "0" * 63 + "\u00e9"):
+        status, body = _request(url, "POST", path, {**session, "X-Spotwise-Token": token})
+        assert status == 403, body
+        assert "X-Spotwise-Token" in strict_json(body)["error"]
+    status, body = _request(url, "POST", path, {**forged, "Cookie": "spotwise_session=ü"})
+    assert status == 403, body
+    assert _request(url, "GET", "/", {"Cookie": "spotwise_session=ü;x=[/]".encode()})[0] == 200
     # a DNS-rebinding page reaches 127.0.0.1 under its own name: refused
-    assert _request(url, "GET", "/", {"Host": "attacker.example:8787"}) == 400
-    assert _request(url, "GET", "/", {"Host": url.removeprefix("http://").rstrip("/")}) == 200
+    assert _request(url, "GET", "/", {"Host": "attacker.example:8787"})[0] == 400
+    assert _request(url, "GET", "/", {"Host": url.removeprefix("http://").rstrip("/")})[0] == 200
+
+
+def test_a_diverged_run_and_markup_in_chromium(
+    diverged_home: tuple[Path, str], tmp_path: Path
+) -> None:
+    """A run that logged NaN and +-Infinity: valid JSON everywhere (null), the job page draws
+    its charts and names the step where the loss diverged, live updates too; markup in the
+    command, zone and message shows as written."""
+    home, job_id = diverged_home
+    with serve(home) as url:
+        for path in ("/api/jobs", f"/api/jobs/{job_id}", f"/job/{job_id}"):
+            status, body = _request(url, "GET", path, {})
+            assert status == 200, (path, body)
+            if path.startswith("/api"):
+                doc = strict_json(body)
+        page_data = re.search(r'<script id="data" type="application/json">(.*?)</script>', body)
+        assert page_data and strict_json(page_data.group(1)) == doc
+        assert doc["metrics"]["values"]["loss"] == [0.9, 0.5, None, None, None, 1e308, 0.25]
+        assert {k: v["value"] for k, v in doc["metrics"]["nonfinite"].items()} == {"loss": "nan"}
+        assert doc["metrics"]["nonfinite"]["loss"]["step"] == 20
+
+        with chromium() as browser:
+            w = watch(browser)
+            page = w.page
+            page.goto(url)
+            row = page.locator(f'tr[data-job="{job_id}"]')
+            assert row.locator("td.state-cell").get_attribute("data-value") == "FAILED"
+            page.goto(f"{url}job/{job_id}")
+            page.wait_for_selector("#chart-loss canvas")
+            note = page.locator("#nonfinite").inner_text()
+            assert "loss became nan at step 20" in note and "gap" in note
+            assert MARKUP in page.locator("p.message").inner_text()
+            assert MARKUP in page.locator("#timeline text.zone").text_content()
+            # a live update carrying another NaN redraws the page (the stream is JSON too)
+            rendered = int(page.locator("body").get_attribute("data-rendered"))
+            job = Store(home).job(job_id)
+            directory = run_dir(job, JobSpec.model_validate(job.spec))
+            assert directory is not None
+            events = EventLog(directory / EVENTS_FILE)
+            events.emit("metrics", step=70, values={"loss": float("nan")})
+            page.wait_for_selector(f'body[data-rendered="{rendered + 1}"]', timeout=20_000)
+            assert page.locator("#chart-loss canvas").count() == 1
+            save_screenshot(page, tmp_path, "dashboard-diverged.png")
+            assert w.console_errors == []

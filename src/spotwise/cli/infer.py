@@ -9,6 +9,9 @@ from typing import Any
 
 import typer
 from rich.console import Console
+from rich.text import Text
+
+from spotwise.cli._terminal import literal
 
 
 def _resolve_output(output: str, job_file: Path) -> str:
@@ -57,9 +60,13 @@ def register(app: typer.Typer) -> None:
         )
         console = Console()
         console.print(
-            f"batch [bold]{group.id}[/]: {len(group.jobs)} worker job(s) "
-            f"({', '.join(group.jobs)}), output {output}",
-            highlight=False,
+            Text.assemble(
+                "batch ",
+                literal(group.id, "bold"),
+                literal(
+                    f": {len(group.jobs)} worker job(s) ({', '.join(group.jobs)}), output {output}"
+                ),
+            )
         )
         storage = open_storage(output)
         started = time.monotonic()
@@ -96,24 +103,25 @@ def register(app: typer.Typer) -> None:
         elapsed = time.monotonic() - started
         cost = group_cost_usd(store, group)
         console.print(
-            f"batch {group.id}: {info['done']}/{info['shards']} shards, {info['items_done']} "
-            f"items in {elapsed:.1f}s ({info['items_done'] / max(elapsed, 1e-9):,.0f} items/s), "
-            f"cost ${cost:.2f}" + (f"; stopped: {group.stop_reason}" if group.stop_reason else ""),
-            highlight=False,
+            literal(
+                f"batch {group.id}: {info['done']}/{info['shards']} shards, {info['items_done']} "
+                f"items in {elapsed:.1f}s ({info['items_done'] / max(elapsed, 1e-9):,.0f} "
+                f"items/s), cost ${cost:.2f}"
+                + (f"; stopped: {group.stop_reason}" if group.stop_reason else "")
+            )
         )
         for job_id in group.jobs:
             state = states.get(job_id)
             console.print(
-                f"  {job_id}: {state.value if state else '?'} "
-                f"({len(store.attempts(job_id))} attempt(s))",
-                highlight=False,
+                literal(
+                    f"  {job_id}: {state.value if state else '?'} "
+                    f"({len(store.attempts(job_id))} attempt(s))"
+                )
             )
         from spotwise.cli.jobs import _last_output_line
 
         last = _last_output_line(store.job(group.jobs[0]).log_path)
         if last:
-            console.print(
-                f"last output line: {last}", highlight=False, markup=False, soft_wrap=True
-            )
+            console.print(literal(f"last output line: {last}"), soft_wrap=True)
         ok = all(s is not None and s.value == "SUCCEEDED" for s in states.values())
         raise typer.Exit(0 if ok and len(states) == len(group.jobs) else 1)

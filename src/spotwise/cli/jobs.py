@@ -1,8 +1,11 @@
-"""Job commands: ``launch``, ``jobs``, ``status``, ``logs``, ``cancel``, ``resume``."""
+"""Job commands: ``launch``, ``jobs``, ``status``, ``logs``, ``cancel``, ``resume``.
+
+Whatever came from the user (names, commands, zones, messages, output) reaches rich as
+:func:`~spotwise.cli._terminal.literal` text, never as markup.
+"""
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import subprocess
@@ -12,8 +15,13 @@ from pathlib import Path
 from typing import Any
 
 import typer
+from rich import box
 from rich.console import Console
-from rich.table import Table
+from rich.table import Column, Table
+from rich.text import Text
+
+from spotwise.cli._terminal import literal
+from spotwise.telemetry.jsonsafe import dumps
 
 _STEP = re.compile(r"step (\d+)/(\d+)")
 
@@ -37,22 +45,24 @@ def _progress(log: Path) -> str:
 
 
 def _view(summary: dict[str, Any]) -> Table:
-    table = Table(title=f"spotwise job {summary['id']}", show_header=False, min_width=60)
+    table = Table(title=literal(f"spotwise job {summary['id']}"), show_header=False, min_width=60)
     attempts = summary["attempts"]
     last = attempts[-1] if attempts else None
-    table.add_row("state", f"[bold]{summary['state']}[/] {summary['message']}")
+    table.add_row(
+        "state", Text.assemble(literal(summary["state"], "bold"), " ", literal(summary["message"]))
+    )
     table.add_row(
         "attempt",
         f"{len(attempts)} ({summary['preemptions']} preempted, {summary['switches']} switched)",
     )
-    table.add_row("placement", f"{last['market']} {last['zone']}" if last else "-")
+    table.add_row("placement", literal(f"{last['market']} {last['zone']}" if last else "-"))
     chosen = summary.get("placement")  # where the provider chose to run it, if it chose
     if chosen and chosen["advised"]:
+        zones = ", ".join(chosen["zones"])
         table.add_row(
-            "advised",
-            f"{chosen['instance_type']} in {chosen['region']} (zones {', '.join(chosen['zones'])})",
+            "advised", literal(f"{chosen['instance_type']} in {chosen['region']} (zones {zones})")
         )
-    table.add_row("progress", _progress(Path(summary["log"])))
+    table.add_row("progress", literal(_progress(Path(summary["log"]))))
     table.add_row(
         "cost",
         f"${summary['cost_usd']:.2f} (on-demand would be "
@@ -88,21 +98,23 @@ def _run_controller(job_id: str, quiet: bool) -> str:
                 last = attempts[-1] if attempts else None
                 where = f" attempt {last.n} {last.market} {last.zone}" if last else ""
                 console.print(
-                    f"[{time.strftime('%H:%M:%S')}] {job.state.value}{where}: {job.message}",
-                    highlight=False,
+                    literal(
+                        f"[{time.strftime('%H:%M:%S')}] {job.state.value}{where}: {job.message}"
+                    )
                 )
 
         state = Controller(store, job_id, on_update=update).run().value
     summary = job_summary(store, store.job(job_id))
     console.print(
-        f"job {job_id} {summary['state']}: {len(summary['attempts'])} attempt(s), "
-        f"{summary['preemptions']} preempted, cost ${summary['cost_usd']:.2f} vs "
-        f"${summary['ondemand_cost_usd']:.2f} on-demand (saved ${summary['savings_usd']:.2f})",
-        highlight=False,
+        literal(
+            f"job {job_id} {summary['state']}: {len(summary['attempts'])} attempt(s), "
+            f"{summary['preemptions']} preempted, cost ${summary['cost_usd']:.2f} vs "
+            f"${summary['ondemand_cost_usd']:.2f} on-demand (saved ${summary['savings_usd']:.2f})"
+        )
     )
     last = _last_output_line(store.job(job_id).log_path)
     if last:
-        console.print(f"last output line: {last}", highlight=False, markup=False, soft_wrap=True)
+        console.print(literal(f"last output line: {last}"), soft_wrap=True)
     return state
 
 
@@ -171,7 +183,13 @@ def register(app: typer.Typer) -> None:
             _spawn_controller(job.id)
             typer.echo(job.id)
             return
-        Console().print(f"job [bold]{job.id}[/] submitted (logs: spotwise logs {job.id} -f)")
+        Console().print(
+            Text.assemble(
+                "job ",
+                literal(job.id, "bold"),
+                literal(f" submitted (logs: spotwise logs {job.id} -f)"),
+            )
+        )
         state = _run_controller(job.id, quiet=False)
         raise typer.Exit(0 if state == "SUCCEEDED" else 1)
 
@@ -192,26 +210,42 @@ def register(app: typer.Typer) -> None:
         store = _store()
         rows = [job_summary(store, j) for j in store.jobs()]
         if as_json:
-            typer.echo(json.dumps(rows, indent=2))
+            typer.echo(dumps(rows, indent=2))
             return
+        # the id is what a user copies from here: never cut; the other columns give way
         table = Table(
-            "id", "state", "attempts", "preempted", "cost $", "saved $", "controller", "command"
+            Column("id", no_wrap=True, min_width=max((len(r["id"]) for r in rows), default=2)),
+            Column("state", no_wrap=True),
+            *(
+                Column(h, justify="right", overflow="ellipsis")
+                for h in ("attempts", "preempted", "cost $", "saved $")
+            ),
+            Column("controller", overflow="ellipsis"),
+            Column("command"),
+            box=box.SIMPLE_HEAD,
+            pad_edge=False,
+            collapse_padding=True,
         )
+        stopped: list[str] = []
         for r in rows:
-            alive = "running" if r["controller_alive"] else "-"
+            alive = Text("running" if r["controller_alive"] else "-")
             if not r["controller_alive"] and r["state"] not in ("SUCCEEDED", "FAILED", "CANCELLED"):
-                alive = f"[red]stopped[/] (spotwise resume {r['id']})"
+                alive = Text("stopped", "red")
+                stopped.append(r["id"])
             table.add_row(
-                r["id"],
-                r["state"],
+                literal(r["id"]),
+                literal(r["state"]),
                 str(len(r["attempts"])),
                 str(r["preemptions"]),
                 f"{r['cost_usd']:.2f}",
                 f"{r['savings_usd']:.2f}",
                 alive,
-                r["command"][:40],
+                literal(r["command"][:60], one_line=True),
             )
-        Console().print(table)
+        console = Console()
+        console.print(table)
+        for job_id in stopped:
+            console.print(literal(f"controller stopped: spotwise resume {job_id}"))
 
     @app.command()
     def status(
@@ -224,7 +258,7 @@ def register(app: typer.Typer) -> None:
         store = _store()
         summary = job_summary(store, store.job(job_id))
         if as_json:
-            typer.echo(json.dumps(summary, indent=2))
+            typer.echo(dumps(summary, indent=2))
             return
         console = Console()
         console.print(_view(summary))
@@ -233,11 +267,11 @@ def register(app: typer.Typer) -> None:
             end = time.strftime("%H:%M:%S", time.localtime(a["end"])) if a["end"] else "-"
             table.add_row(
                 str(a["n"]),
-                a["market"],
-                a["zone"],
+                literal(a["market"]),
+                literal(a["zone"]),
                 time.strftime("%H:%M:%S", time.localtime(a["start"])),
                 end,
-                a["reason"] or a["state"],
+                literal(a["reason"] or a["state"]),
                 str(a["exit_code"]),
                 f"{a['cost_usd']:.4f}",
             )

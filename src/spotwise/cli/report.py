@@ -3,11 +3,13 @@ and the ``advise --from-job`` answer (rightsizing from the job's GPU samples).""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import typer
+
+from spotwise.cli._terminal import literal
+from spotwise.telemetry.jsonsafe import dumps
 
 
 def _view(job_id: str) -> Any:
@@ -25,16 +27,16 @@ def print_rightsizing(job_id: str, as_json: bool) -> None:
 
     advice = _view(job_id).rightsizing()
     if as_json:
-        typer.echo(json.dumps(advice.as_dict(), indent=2))
+        typer.echo(dumps(advice.as_dict(), indent=2))
         return
     console = Console()
-    console.print(advice.line(), highlight=False)
+    console.print(literal(advice.line()))
     if advice.suggestions:
         table = Table("instance", "GPUs", "$/h", "hours", "cost $", "difference $")
         for s in advice.suggestions:
             table.add_row(
-                s.instance_type,
-                f"{s.gpus} x {s.gpu}",
+                literal(s.instance_type),
+                literal(f"{s.gpus} x {s.gpu}"),
                 f"{s.usd_per_hour:.3f}",
                 f"{s.hours:.2f}",
                 f"{s.cost_usd:.2f}",
@@ -70,7 +72,7 @@ def register(app: typer.Typer) -> None:
         led = view.ledger
         if as_json:
             typer.echo(
-                json.dumps(
+                dumps(
                     {
                         "job": view.job.id,
                         **led.as_dict(),
@@ -85,7 +87,9 @@ def register(app: typer.Typer) -> None:
             "wall s",
             "share",
             "cost $",
-            title=f"job {view.job.id} ({view.job.state.value}): goodput {100 * led.goodput:.1f}%",
+            title=literal(
+                f"job {view.job.id} ({view.job.state.value}): goodput {100 * led.goodput:.1f}%"
+            ),
         )
         for kind in KINDS:
             share = led.seconds[kind] / led.wall_s if led.wall_s else 0.0
@@ -96,8 +100,9 @@ def register(app: typer.Typer) -> None:
         console = Console()
         console.print(table)
         console.print(
-            f"on-demand only, same useful compute: ${led.ondemand_run_usd:.2f} "
-            f"(saved ${led.savings_usd:.2f})",
-            highlight=False,
+            literal(
+                f"on-demand only, same useful compute: ${led.ondemand_run_usd:.2f} "
+                f"(saved ${led.savings_usd:.2f})"
+            )
         )
-        console.print(f"rightsizing: {view.rightsizing().line()}", highlight=False)
+        console.print(literal(f"rightsizing: {view.rightsizing().line()}"))

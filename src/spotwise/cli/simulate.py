@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 
 import typer
+
+from spotwise.telemetry.jsonsafe import dumps
 
 DEFAULT_TRACE = "aws-10-26-2022/us-west-2a_v100_1"
 
@@ -88,9 +89,7 @@ def register(app: typer.Typer) -> None:
             rel = sim.relative_costs(summaries)
             if as_json:
                 typer.echo(
-                    json.dumps(
-                        {"policies": [s.to_json() | rel[s.policy] for s in summaries]}, indent=1
-                    )
+                    dumps({"policies": [s.to_json() | rel[s.policy] for s in summaries]}, indent=1)
                 )
             else:
                 _print_table(summaries, rel, problem, markets, len(offsets))
@@ -108,7 +107,7 @@ def register(app: typer.Typer) -> None:
                     zone_names=markets.zone_names,
                 )
         if as_json:
-            typer.echo(json.dumps(summary.to_json(), indent=1))
+            typer.echo(dumps(summary.to_json(), indent=1))
             return
         typer.echo(
             f"{policy}: {len(summary.runs)} run(s) on {', '.join(markets.zone_names)}; "
@@ -152,8 +151,10 @@ def _print_table(summaries, rel, problem, markets, runs: int) -> None:
     from rich.console import Console
     from rich.table import Table
 
+    from spotwise.cli._terminal import literal
+
     table = Table(
-        title=(
+        title=literal(
             f"C={problem.compute_h:g} h, R={problem.deadline_h:g} h, d={problem.changeover_h:g} h, "
             f"spot ${problem.spot_price_usd_per_hour:g}/h, on-demand "
             f"${problem.ondemand_price_usd_per_hour:g}/h; {runs} run(s) on "
@@ -174,7 +175,7 @@ def _print_table(summaries, rel, problem, markets, runs: int) -> None:
     for s in summaries:
         r = rel[s.policy]
         table.add_row(
-            s.policy,
+            literal(s.policy),
             f"{s.mean_cost_usd:.2f}",
             f"{r['vs_ondemand']:.3f}" if r["vs_ondemand"] is not None else "-",
             f"{r['vs_optimal']:.3f}" if r["vs_optimal"] is not None else "-",

@@ -3,7 +3,6 @@ controller; ``spotwise sweep status [ID]`` shows its trials: state, value, attem
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 from typing import Any
@@ -11,6 +10,10 @@ from typing import Any
 import typer
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
+
+from spotwise.cli._terminal import literal
+from spotwise.telemetry.jsonsafe import dumps
 
 FIELDS = {"trials": None, "study": "study", "storage": "sqlite:///sweep.db",
           "run_root": "runs/sweep"}  # fmt: skip
@@ -98,9 +101,14 @@ def _run(job_file: Path) -> None:
     )
     console = Console()
     console.print(
-        f"sweep [bold]{group.id}[/]: {len(group.jobs)} worker job(s), study "
-        f"{env['SPOTWISE_STUDY']!r} in {env['SPOTWISE_STUDY_STORAGE']}",
-        highlight=False,
+        Text.assemble(
+            "sweep ",
+            literal(group.id, "bold"),
+            literal(
+                f": {len(group.jobs)} worker job(s), study "
+                f"{env['SPOTWISE_STUDY']!r} in {env['SPOTWISE_STUDY_STORAGE']}"
+            ),
+        )
     )
     seen: list[Any] = [None]
 
@@ -108,15 +116,14 @@ def _run(job_file: Path) -> None:
         states = tuple(store.job(j).state.value for j in group.jobs)
         if states != seen[0]:
             seen[0] = states
-            console.print(
-                f"[{time.strftime('%H:%M:%S')}] workers: {' '.join(states)}", highlight=False
-            )
+            console.print(literal(f"[{time.strftime('%H:%M:%S')}] workers: {' '.join(states)}"))
 
     states = run_group(group, on_update=update)
     console.print(
-        f"sweep {group.id}: cost ${group_cost_usd(store, group):.2f}"
-        + (f"; stopped: {group.stop_reason}" if group.stop_reason else ""),
-        highlight=False,
+        literal(
+            f"sweep {group.id}: cost ${group_cost_usd(store, group):.2f}"
+            + (f"; stopped: {group.stop_reason}" if group.stop_reason else "")
+        )
     )
     _status(group.id, False)
     ok = len(states) == len(group.jobs) and all(s.value == "SUCCEEDED" for s in states.values())
@@ -140,7 +147,7 @@ def _status(sweep_id: str | None, as_json: bool) -> None:
     workers = {j: store.job(j).state.value for j in group.jobs}
     if as_json:
         typer.echo(
-            json.dumps(
+            dumps(
                 {
                     "id": group.id,
                     "study": group.fields["study"],
@@ -162,7 +169,7 @@ def _status(sweep_id: str | None, as_json: bool) -> None:
         "resumed at",
         "cost $",
         "params",
-        title=f"sweep {group.id}: study {group.fields['study']!r}",
+        title=literal(f"sweep {group.id}: study {group.fields['study']!r}"),
     )
     for row in rows:
         value = "-" if row["value"] is None else f"{row['value']:.4f}"
@@ -171,13 +178,13 @@ def _status(sweep_id: str | None, as_json: bool) -> None:
         )
         table.add_row(
             str(row["number"]),
-            row["state"],
+            literal(row["state"]),
             value,
             str(len(row["attempts"])),
             ",".join(str(s) for s in row["resumed_steps"]) or "-",
             f"{row['cost_usd']:.4f}",
-            params,
+            literal(params),
         )
     console = Console()
     console.print(table)
-    console.print(f"workers: {', '.join(f'{j} {s}' for j, s in workers.items())}", highlight=False)
+    console.print(literal(f"workers: {', '.join(f'{j} {s}' for j, s in workers.items())}"))

@@ -3,7 +3,7 @@
 The HTML file is the dashboard's job page with the chart library, the page script and the data
 inlined, and a Content-Security-Policy that allows no request at all: it opens offline, from an
 e-mail or an issue, and shows exactly what the dashboard shows. The PNGs (matplotlib) draw the
-same document for papers and issues.
+same document for papers and issues. Both draw a value a run logged as NaN or Infinity as a gap.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from spotwise.registry import require
 from spotwise.telemetry.dashboard.data import job_detail
 from spotwise.telemetry.dashboard.pages import page
 from spotwise.telemetry.jobview import JobView
+from spotwise.telemetry.jsonsafe import finite
 from spotwise.telemetry.ledger import KINDS
 
 KIND_COLOURS = {
@@ -46,8 +47,14 @@ def png_report(view: JobView, directory: Path) -> list[Path]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    # zone and metric names are the user's: "$...$" in one is text, not mathtext to parse
+    with plt.rc_context({"text.parse_math": False}):
+        return _draw(view, directory, plt)
+
+
+def _draw(view: JobView, directory: Path, plt: Any) -> list[Path]:
     directory.mkdir(parents=True, exist_ok=True)
-    d = job_detail(view)
+    d = finite(job_detail(view))  # as the page gets it: NaN and Infinity as gaps
     written: list[Path] = []
 
     def save(fig: Any, name: str) -> None:

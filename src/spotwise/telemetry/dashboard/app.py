@@ -7,8 +7,12 @@ any page the user's browser opens, so:
   rebinding page, whose requests carry its own host name, gets 400;
 - the cancel request must carry the per-session token: the page sets a random session cookie
   (``SameSite=Strict``, ``HttpOnly``) and embeds an HMAC of it, which another site can neither
-  read nor send (a custom header also forces a CORS preflight, which is never granted);
+  read nor send (a custom header also forces a CORS preflight, which is never granted); a cookie
+  or token of the wrong shape (any byte a header may carry) is refused like a wrong one;
 - a Content-Security-Policy limits the pages to this origin, and no page refers to another site.
+
+Every JSON answer, page and event goes through :mod:`spotwise.telemetry.jsonsafe`: a run that
+logged ``nan`` still gets valid JSON (``null``, drawn as a gap).
 
 Store access happens on the event loop's thread only (every endpoint is ``async``), so one
 SQLite connection serves the app. Live pages follow ``/api/stream`` (server-sent events): the
@@ -21,7 +25,7 @@ import asyncio
 import hashlib
 import hmac
 import html
-import json
+import re
 import secrets
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -41,12 +45,28 @@ from spotwise.errors import JobNotFoundError
 from spotwise.telemetry.dashboard.data import job_detail, job_row
 from spotwise.telemetry.dashboard.pages import CSP_LIVE, page
 from spotwise.telemetry.jobview import job_view, run_dir
+from spotwise.telemetry.jsonsafe import dumps
 from spotwise.telemetry.metrics import render
 
 LOOPBACK_NAMES = ("127.0.0.1", "localhost", "::1", "[::1]")
 SESSION_COOKIE = "spotwise_session"
 TOKEN_HEADER = "X-Spotwise-Token"
 POLL_S = 0.5
+SESSION_SHAPE = re.compile(r"[A-Za-z0-9_-]{32}")  # secrets.token_urlsafe(24)
+TOKEN_SHAPE = re.compile(r"[0-9a-f]{64}")  # an HMAC-SHA256 hex digest
+
+
+class FiniteJSONResponse(JSONResponse):
+    """Valid JSON even when a run logged NaN or Infinity (those become ``null``)."""
+
+    def render(self, content: Any) -> bytes:
+        return dumps(content, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+def _session(request: Request) -> str | None:
+    """The session cookie this app set, or None for a missing or foreign-shaped one."""
+    value = request.cookies.get(SESSION_COOKIE, "")
+    return value if SESSION_SHAPE.fullmatch(value) else None
 
 
 def create_app(
@@ -63,7 +83,7 @@ def create_app(
         return hmac.new(secret, session.encode(), hashlib.sha256).hexdigest()
 
     def html_page(request: Request, **kw: Any) -> HTMLResponse:
-        session = request.cookies.get(SESSION_COOKIE) or secrets.token_urlsafe(24)
+        session = _session(request) or secrets.token_urlsafe(24)
         response = HTMLResponse(page(live=True, token=token_for(session), **kw))
         response.set_cookie(SESSION_COOKIE, session, httponly=True, samesite="strict")
         return response
@@ -97,20 +117,20 @@ def create_app(
         return html_page(request, kind="job", title=f"spotwise job {doc['row']['id']}", data=doc)
 
     async def api_jobs(request: Request) -> Response:
-        return JSONResponse(jobs_doc())
+        return FiniteJSONResponse(jobs_doc())
 
     async def api_job(request: Request) -> Response:
         try:
-            return JSONResponse(job_doc(request.path_params["job_id"]))
+            return FiniteJSONResponse(job_doc(request.path_params["job_id"]))
         except JobNotFoundError as exc:
-            return JSONResponse({"error": exc.message}, status_code=404)
+            return FiniteJSONResponse({"error": exc.message}, status_code=404)
 
     async def stream(request: Request) -> Response:
         job_id = request.query_params.get("job")
         try:
             job_id = store.job(job_id).id if job_id else None
         except JobNotFoundError as exc:
-            return JSONResponse({"error": exc.message}, status_code=404)
+            return FiniteJSONResponse({"error": exc.message}, status_code=404)
 
         async def updates() -> AsyncIterator[str]:
             seen = fingerprint(job_id)
@@ -121,28 +141,36 @@ def create_app(
                 if now != seen:
                     seen = now
                     doc = job_doc(job_id) if job_id else jobs_doc()
-                    yield f"event: update\ndata: {json.dumps(doc, separators=(',', ':'))}\n\n"
+                    yield f"event: update\ndata: {dumps(doc, separators=(',', ':'))}\n\n"
 
         return StreamingResponse(
             updates(), media_type="text/event-stream", headers={"Cache-Control": "no-store"}
         )
 
     async def cancel(request: Request) -> Response:
-        session = request.cookies.get(SESSION_COOKIE, "")
+        session = _session(request)
         sent = request.headers.get(TOKEN_HEADER, "")
-        if not session or not hmac.compare_digest(sent, token_for(session)):
-            return JSONResponse(
-                {"error": "missing or wrong session token; reload the page"}, status_code=403
+        if session is None or not TOKEN_SHAPE.fullmatch(sent):
+            return FiniteJSONResponse(
+                {
+                    "error": f"missing or malformed session cookie or {TOKEN_HEADER} header "
+                    "(64 hex digits from the page); reload the page"
+                },
+                status_code=403,
+            )
+        if not hmac.compare_digest(sent, token_for(session)):
+            return FiniteJSONResponse(
+                {"error": "wrong session token; reload the page"}, status_code=403
             )
         try:
             job = store.job(request.path_params["job_id"])
         except JobNotFoundError as exc:
-            return JSONResponse({"error": exc.message}, status_code=404)
+            return FiniteJSONResponse({"error": exc.message}, status_code=404)
         if not job.state.terminal:
             store.request_cancel(job.id)
             if on_cancel is not None:
                 on_cancel(job.id)
-        return JSONResponse(
+        return FiniteJSONResponse(
             {"job": job.id, "state": store.job(job.id).state.value, "cancel_requested": True}
         )
 

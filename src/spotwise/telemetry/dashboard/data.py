@@ -3,6 +3,8 @@
 Both the live dashboard and the self-contained HTML report send these to the same page script,
 so the two always show the same thing. Long series are thinned to at most ``MAX_POINTS`` evenly
 spaced points (the chart is a few hundred pixels wide); the newest point is always kept.
+A metric that went NaN or infinite is sent as ``null`` (a gap in its chart) and named, with the
+step where that first happened, under ``metrics.nonfinite``: a diverged run is worth saying so.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from spotwise.telemetry.jobview import JobView
+from spotwise.telemetry.jsonsafe import nonfinite_name
 
 MAX_POINTS = 2000
 LOG_TAIL_LINES = 60
@@ -67,7 +70,14 @@ def job_detail(view: JobView) -> dict[str, Any]:
     def rel(t: float | None) -> float | None:
         return None if t is None else round(t - t0, 3)
 
-    metrics = thin(view.runtime("metrics"))
+    every_metric = view.runtime("metrics")
+    metrics = thin(every_metric)
+    nonfinite: dict[str, dict[str, Any]] = {}
+    for e in every_metric:  # all of them: thinning may drop the one step that diverged
+        for name, value in e.get("values", {}).items():
+            kind = nonfinite_name(value)
+            if kind is not None and name not in nonfinite:
+                nonfinite[name] = {"value": kind, "step": e.get("step"), "t": rel(e["time"])}
     names = sorted({k for e in metrics for k in e.get("values", {})})
     gpu = thin(view.runtime("gpu"))
     devices = sorted({d["index"] for e in gpu for d in e.get("devices", []) if "index" in d})
@@ -126,6 +136,7 @@ def job_detail(view: JobView) -> dict[str, Any]:
             "t": [rel(e["time"]) for e in metrics],
             "step": [e.get("step") for e in metrics],
             "values": {n: [e.get("values", {}).get(n) for e in metrics] for n in names},
+            "nonfinite": nonfinite,
         },
         "gpu": {
             "t": [rel(e["time"]) for e in gpu],

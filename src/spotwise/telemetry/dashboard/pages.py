@@ -9,9 +9,10 @@ Nothing on either page refers to another site: the chart library is vendored bes
 from __future__ import annotations
 
 import html
-import json
 from importlib import resources
 from typing import Any
+
+from spotwise.telemetry.jsonsafe import dumps
 
 SCRIPTS = ("uPlot.iife.min.js", "app.js")
 STYLES = ("uPlot.min.css", "app.css")
@@ -33,8 +34,9 @@ def static_text(name: str) -> str:
 
 
 def _json_block(element_id: str, data: Any) -> str:
-    # "<" escaped: no "</script>" can end the block early, whatever a job's log holds
-    text = json.dumps(data, separators=(",", ":")).replace("<", "\\u003c")
+    # "<" escaped: no "</script>" can end the block early, whatever a job's log holds; NaN as
+    # null: JSON.parse rejects the whole block otherwise, and the page stays blank
+    text = dumps(data, separators=(",", ":")).replace("<", "\\u003c")
     return f'<script id="{element_id}" type="application/json">{text}</script>'
 
 

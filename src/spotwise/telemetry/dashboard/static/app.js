@@ -14,6 +14,9 @@
   };
   const MARKET_COLOURS = { spot: "#2563eb", "on-demand": "#ea580c" };
   const SVG = "http://www.w3.org/2000/svg";
+  const HUGE = 1e15;
+  const HUGE_STEPS = [];
+  for (let e = -16; e <= 307; e++) for (const m of [1, 2, 5]) HUGE_STEPS.push(m * 10 ** e);
 
   function el(tag, attrs, ...children) {
     const node = document.createElement(tag);
@@ -34,9 +37,12 @@
     return node;
   }
 
-  const usd = (x) => (x < 0 ? "-$" : "$") + Math.abs(x).toFixed(2);
+  /* a number the server could not send (NaN, Infinity: null in JSON) shows as "-" */
+  const known = (x) => typeof x === "number" && isFinite(x);
+  const usd = (x) => (!known(x) ? "-" : (x < 0 ? "-$" : "$") + Math.abs(x).toFixed(2));
+  const pct = (x) => (!known(x) ? "-" : (100 * x).toFixed(1) + "%");
   function dur(s) {
-    if (s === null || s === undefined) return "-";
+    if (!known(s)) return "-";
     const a = Math.abs(s), sign = s < 0 ? "-" : "";
     if (a < 120) return sign + a.toFixed(1) + " s";
     if (a < 7200) return sign + (a / 60).toFixed(1) + " min";
@@ -128,7 +134,11 @@
     const root = svg("svg", { id: "timeline", width: width, height: height,
                               viewBox: `0 0 ${width} ${height}`, role: "img" });
     zones.forEach((z, i) => {
-      root.append(svg("text", { x: 4, y: top + i * rowH + 20, class: "zone" }, z));
+      // a long zone name would run under the bars: cut to the label's width, whole on hover
+      const label = svg("text", { x: 4, y: top + i * rowH + 20, class: "zone" },
+                        z.length > 16 ? z.slice(0, 15) + "…" : z);
+      label.append(svg("title", {}, z));
+      root.append(label);
       root.append(svg("line", { x1: left, x2: width - right, y1: top + (i + 1) * rowH - 2,
                                 y2: top + (i + 1) * rowH - 2, class: "grid" }));
     });
@@ -176,8 +186,8 @@
     return root;
   }
 
-  function chart(id, title, width, xs, series, opts) {
-    const box = el("div", { class: "chart", id: id }, el("h3", { text: title }));
+  function chart(id, title, width, xs, series, opts, note) {
+    const box = el("div", { class: "chart", id: id }, el("h3", { text: title }), note);
     if (!xs.length || !window.uPlot) {
       box.append(el("p", { class: "muted", text: "no data yet" }));
       return box;
@@ -191,6 +201,14 @@
         { stroke: palette[i % palette.length], width: 2, spanGaps: true, points: { show: false } },
         s.opts, { label: s.label }))),
     };
+    // beyond ~1e15 (a diverging loss) uPlot's default tick steps run out and its padded range
+    // overflows near 1e308: the y axis then gets steps up to 5e307, no padding, e-notation
+    const largest = series.reduce((m, s) => s.values.reduce((a, v) => (known(v) ? Math.max(a, Math.abs(v)) : a), m), 0);
+    if (largest >= HUGE) {
+      conf.scales.y = { range: (u, min, max) => (min === max ? [min - 1, max + 1] : [min, max]) };
+      conf.axes[1] = { size: 72, incrs: HUGE_STEPS,
+        values: (u, ticks) => ticks.map((t) => (Math.abs(t) >= 1e6 ? t.toExponential(0) : String(t))) };
+    }
     Object.assign(conf, opts || {});
     charts.push({ box: box, make: () => new uPlot(conf, [xs].concat(series.map((s) => s.values)), box) });
     return box;
@@ -228,7 +246,11 @@
         values: cum.xs.map((t) => Math.min(d.expected_runtime_s, d.expected_runtime_s * t / d.deadline_s)) });
     }
     const m = d.metrics;
-    const lossSeries = Object.keys(m.values).map((k) => ({ label: k, values: m.values[k] }));
+    // a value logged as NaN or Infinity arrives as null: a gap in the line, not a bridge
+    const lossSeries = Object.keys(m.values).map((k) => ({ label: k, values: m.values[k],
+                                                           opts: { spanGaps: false } }));
+    const diverged = Object.entries(m.nonfinite || {}).map(([k, v]) =>
+      `${k} became ${v.value} at step ${v.step} (${dur(v.t)}); drawn as a gap`);
     const g = d.gpu;
     const gpuSeries = Object.keys(g.util_pct).map((k) => ({ label: "GPU " + k + " util %", values: g.util_pct[k] }));
     const ckpts = d.checkpoints.slice(-10).reverse().map((c) => el("tr", {},
@@ -247,7 +269,7 @@
         stat("cost", usd(r.cost_usd), "stat-cost"),
         stat("on-demand, same hours", usd(r.ondemand_cost_usd), "stat-ondemand"),
         stat("saved", usd(r.savings_usd), "stat-savings"),
-        stat("goodput", (100 * L.goodput).toFixed(1) + "%", "stat-goodput"),
+        stat("goodput", pct(L.goodput), "stat-goodput"),
         stat("deadline", r.deadline_at ? when(r.deadline_at) : "-", "stat-deadline"),
         stat("slack", slack === null ? "-" : dur(slack), "stat-slack")),
       el("div", { class: "actions" }, cancelButton(d), el("span", { id: "cancel-result" })),
@@ -266,7 +288,9 @@
         chart("chart-progress", "Progress vs. deadline", half, cum.xs, progressSeries),
         chart("chart-cost", "Cumulative cost vs. on-demand ($)", half, cum.xs,
           [{ label: "cost", values: cum.cost }, { label: "on-demand, same hours", values: cum.ondemand }]),
-        chart("chart-loss", "Training metrics (run.log)", half, m.t, lossSeries),
+        chart("chart-loss", "Training metrics (run.log)", half, m.t, lossSeries, null,
+              diverged.length ? el("p", { class: "warning", id: "nonfinite",
+                                          text: diverged.join("; ") }) : null),
         chart("chart-gpu", "GPU utilisation (%)", half, g.t, gpuSeries)),
       el("div", { class: "grid2" },
         el("div", {}, el("h2", { text: "Events" }), el("ul", { id: "events" }, ...events)),
