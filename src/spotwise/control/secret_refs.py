@@ -23,6 +23,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, model_validator
 
+from spotwise.echo import printable
 from spotwise.errors import ConfigError
 
 MAX_SECRET_BYTES = 65536  # an environment value (one argument may be 128 KiB on Linux)
@@ -80,8 +81,7 @@ class SecretRef(BaseModel):
 
 
 def check_refs(refs: Mapping[str, SecretRef], provider: str) -> None:
-    """Every reference can be resolved for a job on ``provider``; a file reference names a
-    readable file now (its content is read only when an attempt starts)."""
+    """Every reference can be resolved for a job on ``provider``."""
     for name, ref in refs.items():
         owner = RESOLVED_BY[ref.kind]
         if owner is not None and owner != provider:
@@ -89,8 +89,16 @@ def check_refs(refs: Mapping[str, SecretRef], provider: str) -> None:
                 f"env_from.{name}: {ref.kind} is resolved by the {owner} provider, and this job "
                 f"runs on {provider!r}; use {{file: PATH}} (read by the controller) instead"
             )
-        if ref.file is not None and not Path(ref.file).is_file():
-            raise ValueError(f"env_from.{name}: {ref.file} is not a file; check the path")
+
+
+def missing_files(refs: Mapping[str, SecretRef]) -> list[str]:
+    """``env_from.NAME: problem`` for file references that name no file now, checked when the
+    job file is read (the content is read only when an attempt starts)."""
+    return [
+        f"env_from.{name}: {printable(ref.file)} is not a file; check the path"
+        for name, ref in refs.items()
+        if ref.file is not None and not Path(ref.file).is_file()
+    ]
 
 
 def read_secret_file(name: str, path: str) -> str:

@@ -31,7 +31,7 @@ from pydantic import (
 )
 
 from spotwise.control.jobfile import printable, read_job_file, shown, value_problems
-from spotwise.control.secret_refs import SecretRef, check_refs, plain_secret_keys
+from spotwise.control.secret_refs import SecretRef, check_refs, missing_files, plain_secret_keys
 from spotwise.errors import ConfigError, UnknownBackendError
 
 log = logging.getLogger(__name__)
@@ -422,6 +422,8 @@ def parse_spec(
             spec = JobSpec.model_validate(normalized)
         except ValidationError as exc:
             lines += [_error_line(err, keys) for err in exc.errors()]
+        if spec is not None:
+            lines += missing_files(spec.env_from)
     if spec is None or lines:
         more = [f"... and {len(lines) - _MAX_LINES:,} more"] if len(lines) > _MAX_LINES else []
         raise ConfigError(
