@@ -25,8 +25,16 @@ def _bomb() -> bytes:
     return (text + "command: x\nname: *i\n").encode()
 
 
+def _chain(anchors: int) -> bytes:
+    """Each anchor holds the previous one: nesting ``anchors`` deep though the text is flat."""
+    lines = ["a0: &a0 [x]", *(f"a{i}: &a{i} [*a{i - 1}]" for i in range(1, anchors))]
+    return ("\n".join([*lines, "command: x"]) + "\n").encode()
+
+
 HOSTILE = {
     "alias-bomb": (_bomb(), ["aliases", "100,000"]),
+    "alias-chain-40": (_chain(40), ["aliases", "32 deep"]),
+    "alias-chain-3000": (_chain(3000), ["aliases"]),
     "1MB-command": (b'command: "' + b"a" * 1_000_000 + b'"\n', ["command:", "65,536"]),
     "deep-nesting": (
         b"command: x\nprovider: {name: local, options: " + b"[" * 5000 + b"]" * 5000 + b"}\n",

@@ -88,19 +88,35 @@ def _check_depth(text: str) -> None:
             depth -= 1
 
 
-def _expanded_size(node: Node, sizes: dict[int, int]) -> int:
-    """Values ``node`` stands for once aliases are expanded (shared nodes counted each time
-    they are used, computed once each, so a bomb is measured without being expanded)."""
-    known = sizes.get(id(node))
-    if known is not None:
-        return known
-    size = 1
+def _children(node: Node) -> list[Node]:
     if isinstance(node, SequenceNode):
-        size += sum(_expanded_size(child, sizes) for child in node.value)
-    elif isinstance(node, MappingNode):
-        size += sum(_expanded_size(k, sizes) + _expanded_size(v, sizes) for k, v in node.value)
-    sizes[id(node)] = min(size, MAX_NODES + 1)
-    return sizes[id(node)]
+        return list(node.value)
+    if isinstance(node, MappingNode):
+        return [part for pair in node.value for part in pair]
+    return []
+
+
+def _expanded_shape(root: Node) -> tuple[int, int]:
+    """(values, depth) of the document once aliases are expanded: a shared node counts each
+    time it is used but is measured once, so a bomb is measured without being expanded.
+    Iterative: a chain of 2,000 anchors, each holding the previous one, is 2,000 levels deep
+    although the text never nests."""
+    shape: dict[int, tuple[int, int]] = {}
+    stack: list[tuple[Node, bool]] = [(root, False)]
+    while stack:
+        node, children_done = stack.pop()
+        if id(node) in shape:
+            continue
+        children = _children(node)
+        if not children_done:
+            stack.append((node, True))
+            stack.extend((child, False) for child in children if id(child) not in shape)
+            continue
+        parts = [shape.get(id(child), (1, 0)) for child in children]  # (a cycle: counted once)
+        size = 1 + sum(p[0] for p in parts)
+        depth = 0 if isinstance(node, ScalarNode) else 1 + max((p[1] for p in parts), default=0)
+        shape[id(node)] = (min(size, MAX_NODES + 1), min(depth, MAX_DEPTH + 1))
+    return shape[id(root)]
 
 
 def _numbers(node: Node, seen: set[int]) -> Iterator[ScalarNode]:
@@ -129,10 +145,16 @@ def parse_yaml(text: str, source: str) -> Any:
         node = loader.get_single_node()
         if node is None:
             return None
-        if _expanded_size(node, {}) > MAX_NODES:
+        size, depth = _expanded_shape(node)
+        if size > MAX_NODES:
             raise ConfigError(
                 f"{source}: its aliases (*name) expand to more than {MAX_NODES:,} values",
                 hint="write the values out, or use fewer aliases",
+            )
+        if depth > MAX_DEPTH:
+            raise ConfigError(
+                f"{source}: its aliases (*name) nest values more than {MAX_DEPTH} deep",
+                hint="a job file is a mapping of fields; use fewer aliases",
             )
         for number in _numbers(node, set()):
             if len(number.value) > MAX_NUMBER_DIGITS:
