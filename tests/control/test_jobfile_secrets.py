@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from spotwise.control.controller import Controller, launch_request, submit
-from spotwise.control.providers import Placement
+from spotwise.control.providers import Placement, make_provider
 from spotwise.control.providers.kubernetes import KubernetesProvider
 from spotwise.control.secret_refs import SecretRef, aws_fetch_script
 from spotwise.control.spec import Resources, load_spec, parse_spec
@@ -136,7 +136,14 @@ def test_aws_references_are_fetched_on_the_instance(aws_env: str, tmp_path: Path
     spec = parse_spec(
         {
             "command": "x",
-            "provider": {"name": "aws", "s3": "s3://bucket-b/jobs", "image_id": "ami-1"},
+            "provider": {
+                "name": "aws",
+                "s3": "s3://bucket-b/jobs",
+                "image_id": "ami-1",
+                "instance_type": "g4dn.xlarge",
+                "region": "us-east-1",
+                "zones": ["us-east-1a"],
+            },
             "env_from": {
                 "HF_TOKEN": {"aws_ssm": "/ml/hf"},
                 "DB_PASSWORD": {"aws_secret": "prod/db"},
@@ -146,6 +153,20 @@ def test_aws_references_are_fetched_on_the_instance(aws_env: str, tmp_path: Path
     )
     script = aws_fetch_script(spec.env_from, sys.executable, "us-east-1")
     assert TOKEN not in script
+    provider = make_provider("aws", spec.provider.options, epoch=0.0)
+    user_data = provider.user_data(
+        launch_request(
+            spec,
+            provider,
+            "j-1",
+            1,
+            Placement("spot", "us-east-1a"),
+            job_dir=tmp_path / "job",
+            log_path=tmp_path / "job.log",
+        )
+    )
+    assert "-m spotwise.control.secret_refs aws_ssm /ml/hf --region us-east-1" in user_data
+    assert TOKEN not in user_data and "pw with" not in user_data
     shown = subprocess.run(
         ["bash", "-c", f"set -u\n{script}\nprintf '%s|%s' \"$HF_TOKEN\" \"$DB_PASSWORD\""],
         capture_output=True, text=True, timeout=60,
