@@ -16,6 +16,7 @@ from typing import Any
 
 import typer
 
+from spotwise.echo import printable
 from spotwise.errors import ConfigError, MarketError
 
 # `prices ingest` stored the good rows but rejected others (0: all stored; 2: nothing usable).
@@ -50,6 +51,18 @@ def _money(x: float | None) -> str:
 
 def _hours(x: float) -> str:
     return "never" if not math.isfinite(x) else f"{x:,.1f}"
+
+
+def _plain(value: object) -> Any:
+    """A table cell or title that Rich shows as written: data (a zone, a type, a path) is
+    never parsed as markup (``[/]`` in a zone name) and its control characters are escaped."""
+    from rich.text import Text
+
+    return value if isinstance(value, Text) else Text(printable(str(value)))
+
+
+def _add_row(table: Any, *cells: object) -> None:
+    table.add_row(*map(_plain, cells))
 
 
 def _print_json(data: Any) -> None:
@@ -100,14 +113,15 @@ def gpus(
     types = load_catalog().find(gpu=gpu, count=count, min_mem_gb=min_mem, cloud=cloud)
     if as_json:
         return _print_json([asdict(t) for t in types])
-    table = Table(title=f"{len(types)} instance types (cheapest price over regions, $/h)")
+    table = Table(title=_plain(f"{len(types)} instance types (cheapest price over regions, $/h)"))
     for col in ("cloud", "instance type", "GPU"):
         table.add_column(col)
     for col in ("GPUs", "GB/GPU", "vCPU", "RAM GB", "regions", "on-demand", "spot"):
         table.add_column(col, justify="right")
     for t in types:
         name = t.instance_type + ("" if t.host_included else " *")
-        table.add_row(
+        _add_row(
+            table,
             t.cloud,
             name,
             t.gpu,
@@ -127,7 +141,9 @@ def gpus(
 
 # --- prices -------------------------------------------------------------------------------------
 def prices_ingest(
-    paths: list[Path] = typer.Argument(None, help="CSV dumps (AWS history, SkyPilot, spotwise)."),
+    paths: list[Path] = typer.Argument(
+        None, help="CSV dumps (AWS history, SkyPilot, spotwise) or AWS CLI JSON."
+    ),
     aws: bool = typer.Option(False, "--aws", help="Fetch AWS DescribeSpotPriceHistory (boto3)."),
     azure: bool = typer.Option(False, "--azure", help="Fetch the Azure Retail Prices API."),
     region: list[str] = typer.Option(None, "--region", help="Regions to fetch (default: all)."),
@@ -149,9 +165,13 @@ def prices_ingest(
 
     from spotwise.market.prices import ingest
     from spotwise.market.sources import PriceSource
+    from spotwise.market.sources.awsjson import AwsCliJsonSource, looks_like_json
     from spotwise.market.sources.csvfile import CsvSource
 
-    sources: list[PriceSource] = [CsvSource(p, cloud=cloud) for p in paths or []]
+    sources: list[PriceSource] = [
+        AwsCliJsonSource(p) if looks_like_json(p) else CsvSource(p, cloud=cloud)
+        for p in paths or []
+    ]
     if aws:
         from spotwise.market.sources.aws import AwsSpotPriceSource
 
@@ -174,22 +194,26 @@ def prices_ingest(
     with _store(db, must_exist=False) as store:
         for source in sources:
             with Progress(
-                SpinnerColumn(), TextColumn("{task.description}"), console=console, transient=True
+                SpinnerColumn(),
+                TextColumn("{task.description}", markup=False),
+                console=console,
+                transient=True,
             ) as bar:
-                task = bar.add_task(f"{source.name}: reading")
+                task = bar.add_task(printable(f"{source.name}: reading"))
 
                 def show(n: int, task: Any = task, name: str = source.name) -> None:
-                    bar.update(task, description=f"{name}: {n:,} rows")
+                    bar.update(task, description=printable(f"{name}: {n:,} rows"))
 
                 report = ingest(store, source, progress=show)
             rejected += len(report.errors)
             typer.echo(
-                f"{source.name}: {report.records:,} rows read, {report.stored:,} new or changed, "
+                f"{printable(source.name)}: {report.records:,} rows read, "
+                f"{report.stored:,} new or changed, "
                 f"{report.unchanged:,} already stored, {len(report.errors):,} rejected "
                 f"({report.rows_per_s:,.0f} rows/s)"
             )
             for err in report.errors[:show_errors]:
-                typer.echo(f"  line {err.line}: {err.message}")
+                typer.echo(f"  line {err.line}: {printable(err.message, 300)}")
             if len(report.errors) > show_errors:
                 typer.echo(f"  ... and {len(report.errors) - show_errors:,} more")
         typer.echo(f"{store.path}: {store.count():,} rows in total")
@@ -233,11 +257,11 @@ def prices_show(
             title = f"latest {instance_type} prices"
     if as_json:
         return _print_json(rows)
-    table = Table(title=title)
+    table = Table(title=_plain(title))
     for key in rows[0]:
         table.add_column(key)
     for r in rows:
-        table.add_row(*(f"{v:g}" if isinstance(v, float) else str(v) for v in r.values()))
+        _add_row(table, *(f"{v:g}" if isinstance(v, float) else str(v) for v in r.values()))
     _wide_console().print(table)
 
 
@@ -434,6 +458,7 @@ def _advice_table(job: Any, placements: list[Any], top: int) -> None:
     interruption rate, e.g. Lambda's flat prices) share one row."""
     from rich.markup import escape
     from rich.table import Table
+    from rich.text import Text
 
     groups: dict[tuple, list[Any]] = {}
     for p in placements:
@@ -443,8 +468,10 @@ def _advice_table(job: Any, placements: list[Any], top: int) -> None:
     what = f"{job.gpus} x {job.gpu or f'GPU >= {job.min_gpu_mem_gb:g} GB'}"
     deadline = f", deadline {job.deadline_hours:g} h" if job.deadline_hours else ""
     table = Table(
-        title=f"{what}, {job.compute_hours:g} compute h{deadline}: {len(placements)} placements, "
-        "best expected cost first"
+        title=_plain(
+            f"{what}, {job.compute_hours:g} compute h{deadline}: {len(placements)} placements, "
+            "best expected cost first"
+        )
     )
     for col in (
         "#",
@@ -468,7 +495,8 @@ def _advice_table(job: Any, placements: list[Any], top: int) -> None:
         if len(group) > 1:
             where += f" +{len(group) - 1} more"
         s = p.savings_vs_on_demand_pct
-        table.add_row(
+        _add_row(
+            table,
             str(i),
             p.cloud,
             where,
@@ -483,7 +511,7 @@ def _advice_table(job: Any, placements: list[Any], top: int) -> None:
             if job.deadline_hours is None
             else "ok"
             if p.meets_deadline
-            else "[red]MISSES[/red]",
+            else Text("MISSES", style="red"),
         )
     console = _wide_console()
     console.print(table)
@@ -556,7 +584,7 @@ def roi(
     )
     if as_json:
         return _print_json({"cloud_prices_from": source, "options": [asdict(o) for o in options]})
-    table = Table(title=f"{gpu_hours:,.0f} GPU-hours a year: cheapest first ({source})")
+    table = Table(title=_plain(f"{gpu_hours:,.0f} GPU-hours a year: cheapest first ({source})"))
     for col in ("option", "$/GPU-h", "$/year", "buying pays above", "note"):
         table.add_column(col)
     for o in options:
@@ -564,8 +592,8 @@ def roi(
         be_text = (
             "" if be is None else f"never (would need {be:.0%})" if be > 1 else f"{be:.0%} busy"
         )
-        table.add_row(
-            o.name, f"{o.usd_per_gpu_hour:.3f}", f"${o.usd_per_year:,.0f}", be_text, o.note
+        _add_row(
+            table, o.name, f"{o.usd_per_gpu_hour:.3f}", f"${o.usd_per_year:,.0f}", be_text, o.note
         )
     console = _wide_console()
     console.print(table)

@@ -57,6 +57,7 @@ from spotwise.control.providers import (
     make_provider,
 )
 from spotwise.control.providers.base import adoptable, orphans
+from spotwise.control.secret_refs import file_values
 from spotwise.control.spec import JobSpec
 from spotwise.control.store import Attempt, Job, JobState, Store, spotwise_home
 from spotwise.errors import (
@@ -65,6 +66,7 @@ from spotwise.errors import (
     ConfigError,
     ControlError,
     ProviderError,
+    SpotwiseError,
     TransientProviderError,
 )
 from spotwise.market.advisor import RankedZone
@@ -213,6 +215,7 @@ def dry_run(spec: JobSpec) -> list[dict[str, Any]]:
         Placement("spot" if spot else "on-demand", provider.features.zones[0]),
         job_dir=job_dir,
         log_path=job_dir / "job.log",
+        reveal=False,
     )
     return [build(req)]
 
@@ -259,15 +262,18 @@ def launch_request(
     *,
     job_dir: Path,
     log_path: Path,
+    reveal: bool = True,
 ) -> LaunchRequest:
     """What attempt ``n`` of the job runs: command, environment, directories, placement
-    (also what ``launch --dry-run`` shows, so it is built in this one place)."""
+    (also what ``launch --dry-run`` shows, without ``reveal``ing secret files' contents, so it
+    is built in this one place)."""
     ckpt = spec.checkpoint_dir or str(job_dir / "checkpoint")
     features = provider.features
     env = dict(os.environ) if features.same_host else {}
     if features.platform is not None:
         env["SPOTWISE_PLATFORM"] = features.platform
     env.update(spec.env)
+    env.update(file_values(spec.env_from, reveal=reveal))  # read now, never stored
     env.update(
         SPOTWISE_JOB_ID=job_id,
         SPOTWISE_ATTEMPT=str(n),
@@ -289,6 +295,7 @@ def launch_request(
         grace_s=features.grace_s,
         nodes=spec.nodes,
         procs_per_node=spec.procs_per_node,
+        env_from={k: r for k, r in spec.env_from.items() if r.file is None},
     )
 
 
@@ -449,7 +456,6 @@ class Controller:
 
     def _launch_or_adopt(self, job: Job, attempt: Attempt) -> None:
         """Start the attempt, unless a previous controller already did (crash recovery)."""
-        req = self._request(job, attempt)
         handle = adoptable(self.provider.find(job.id, self._attempts_dir(job)), attempt.n)
         if handle is not None:
             self.store.event(
@@ -457,7 +463,7 @@ class Controller:
             )
         else:
             try:
-                handle = self._launch_sized(req)
+                handle = self._launch_sized(self._request(job, attempt))
             except CapacityError as exc:
                 self.store.discard_attempt(self.job_id, attempt.n, exc.message)
                 blocked = dict(job.blocked)
@@ -479,13 +485,15 @@ class Controller:
                 return
             except TransientProviderError:
                 raise  # the attempt stays open without a handle: find() settles it next time
-            except ProviderError as exc:
+            except Exception as exc:  # any failure ends the attempt, never leaves the job
+                # LAUNCHING: a secret file gone since submit, a value the provider refuses
+                message = exc.message if isinstance(exc, SpotwiseError) else f"{exc!r}"[:300]
                 self._end_attempt(
                     job,
                     attempt,
                     AttemptStatus(Phase.EXITED, exit_code=None),
                     Reason.ERROR,
-                    detail=f"launch failed: {exc.message}",
+                    detail=f"launch failed: {message}",
                 )
                 return
         self.store.update_attempt(self.job_id, attempt.n, handle=handle)

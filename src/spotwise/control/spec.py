@@ -9,6 +9,9 @@ working directory) is checked here, so a bad file never leaves a job behind in t
 from __future__ import annotations
 
 import difflib
+import logging
+import math
+import os
 import re
 import shlex
 import time
@@ -17,7 +20,6 @@ from datetime import date, datetime, timezone
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -28,17 +30,26 @@ from pydantic import (
     model_validator,
 )
 
+from spotwise.control.jobfile import printable, read_job_file, shown, value_problems
+from spotwise.control.secret_refs import SecretRef, check_refs, missing_files, plain_secret_keys
 from spotwise.errors import ConfigError, UnknownBackendError
+
+log = logging.getLogger(__name__)
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|sec|m|min|h|hr|d)?\s*$", re.IGNORECASE)
 _UNIT_S = {"ms": 0.001, "s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600, "hr": 3600, "d": 86400}
 MARKETS = ("spot", "on-demand", "auto")
+MAX_DURATION_S = 10 * 365 * 86400.0  # ten years: beyond it a number is a typo, not a duration
+_MAX_DETAIL = 400  # characters of one error's explanation
+_MAX_LINES = 20  # error lines shown for one file (a generated file may have thousands)
 
 
 def parse_duration_s(value: Any) -> float:
     """``90``, ``"90s"``, ``"15m"``, ``"2h"``, ``"1.5d"`` -> seconds."""
     if isinstance(value, bool):
         raise ValueError("expected a duration such as 90s, 15m or 2h")
+    if isinstance(value, int) and abs(value) > MAX_DURATION_S:
+        value = math.inf  # (float() of a 400-digit int raises OverflowError)
     if isinstance(value, (int, float)):
         seconds = float(value)
     else:
@@ -46,6 +57,8 @@ def parse_duration_s(value: Any) -> float:
         if not match:
             raise ValueError(f"{value!r} is not a duration; use e.g. 90s, 15m, 2h or 1d")
         seconds = float(match.group(1)) * _UNIT_S[(match.group(2) or "s").lower()]
+    if not math.isfinite(seconds) or seconds > MAX_DURATION_S:
+        raise ValueError("a duration must be a finite number of at most 10 years (3650d)")
     if seconds < 0:
         raise ValueError("a duration must be >= 0")
     return seconds
@@ -144,7 +157,7 @@ class ProviderSpec(BaseModel):
 class JobSpec(BaseModel):
     """One training job: what to run, where, by when, for how much."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     name: str = Field(default="job", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
     command: list[str]
@@ -155,7 +168,8 @@ class JobSpec(BaseModel):
     policy: str = "uniform-progress"  # used when market is auto
     deadline_s: float | None = None  # after launch
     expected_runtime_s: float | None = None  # compute time without interruptions (estimates)
-    steps: int | None = Field(default=None, ge=1)  # total steps: progress = committed steps
+    # total steps: progress = committed steps
+    steps: int | None = Field(default=None, ge=1, le=10**15)
     changeover_s: float | None = None  # losing a machine -> training again (policy's d)
     decision_interval_s: float | None = Field(default=None, gt=0)  # policy tick, wall seconds
     budget_usd: float | None = Field(default=None, gt=0)
@@ -165,6 +179,9 @@ class JobSpec(BaseModel):
     zone_cooldown_s: float = Field(default=60.0, ge=0)  # keep away from a zone just lost
     provider: ProviderSpec = Field(default_factory=ProviderSpec)
     env: dict[str, str] = Field(default_factory=dict)
+    # NAME: where its value is (a file, a Kubernetes Secret, AWS SSM / Secrets Manager): only
+    # the reference is stored; the value is read where the attempt starts (secret_refs.py)
+    env_from: dict[str, SecretRef] = Field(default_factory=dict)
     # machines of one attempt and training processes on each: more than one in all runs the
     # command through torchrun (spotwise.runtime.launch); min_nodes lets an attempt start on
     # fewer machines when the market lacks capacity for ``nodes``
@@ -219,12 +236,33 @@ class JobSpec(BaseModel):
     @field_validator("env", mode="before")
     @classmethod
     def _env(cls, v: Any) -> dict[str, str]:
-        if not isinstance(v, dict):
-            raise ValueError("expected a mapping of NAME: value")
-        bad = [k for k in v if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", str(k))]
-        if bad:
-            raise ValueError(f"invalid variable name(s) {bad}")
+        _check_names(v)
+        empty = [str(k) for k, val in v.items() if val is None]
+        if empty:
+            raise ValueError(
+                f'{", ".join(empty[:5])}: no value (null); write {empty[0]}: "" for an empty '
+                f"value, or take a secret from a file or a store with env_from "
+                f"(env_from: {{{empty[0]}: {{file: path/to/{empty[0].lower()}}}}})"
+            )
+        nested = [str(k) for k, val in v.items() if isinstance(val, (dict, list))]
+        if nested:
+            raise ValueError(f"{', '.join(nested[:5])}: expected a text value, not a list/mapping")
         return {str(k): str(val) for k, val in v.items()}
+
+    @field_validator("env_from", mode="before")
+    @classmethod
+    def _env_from(cls, v: Any) -> Any:
+        _check_names(v)
+        return v
+
+    @model_validator(mode="after")
+    def _secrets(self) -> JobSpec:
+        """A reference the job's provider cannot resolve fails now, not on the machine."""
+        both = sorted(set(self.env) & set(self.env_from))
+        if both:
+            raise ValueError(f"env and env_from both set {', '.join(both[:5])}; keep one")
+        check_refs(self.env_from, self.provider.name)
+        return self
 
     @field_validator("provider", mode="before")
     @classmethod
@@ -254,6 +292,21 @@ class JobSpec(BaseModel):
     def command_line(self) -> str:
         return shlex.join(self.command)
 
+
+def _check_names(v: Any) -> None:
+    """``v`` is a mapping of environment variable names (for ``env`` and ``env_from``)."""
+    if not isinstance(v, dict):
+        raise ValueError("expected a mapping of NAME: value")
+    bad = [shown(k) for k in v if not isinstance(k, str) or not _ENV_NAME.match(k)]
+    if bad:
+        raise ValueError(
+            f"invalid variable name(s) {', '.join(bad[:5])}"
+            + (f" and {len(bad) - 5} more" if len(bad) > 5 else "")
+            + " (letters, digits and _, not starting with a digit)"
+        )
+
+
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 
 _ALIASES = {
     "deadline": "deadline_s",
@@ -308,21 +361,39 @@ def _normalize(
             doc["deadline_s"] = parse_deadline_s(doc["deadline_s"], now_s)
         except ValueError as exc:
             deadline = doc.pop("deadline_s")
-            shown = deadline.isoformat() if isinstance(deadline, date) else repr(deadline)
-            problems.append(f"{keys['deadline_s']}: {exc} (given: {shown})")
+            given = deadline.isoformat() if isinstance(deadline, date) else shown(deadline)
+            problems.append(f"{keys['deadline_s']}: {exc} (given: {given})")
     written = doc.get("workdir", ".")
-    workdir = (base_dir / Path(str(written)).expanduser()).resolve()
+    workdir = _resolve(base_dir, written)
     if not workdir.is_dir():
         what = "is not a directory" if workdir.exists() else "does not exist"
         problems.append(
-            f"{keys.get('workdir', 'workdir')}: {workdir} {what} (given: "
-            f"{written!r}; a relative workdir starts at the job file's folder)"
+            f"{keys.get('workdir', 'workdir')}: {printable(str(workdir))} {what} (given: "
+            f"{shown(written, 300)}; a relative workdir starts at the job file's folder)"
         )
     doc["workdir"] = str(workdir)
     if doc.get("checkpoint_dir") is not None and "://" not in str(doc["checkpoint_dir"]):
-        ckpt = Path(str(doc["checkpoint_dir"])).expanduser()  # (an s3:// URI stays as given)
-        doc["checkpoint_dir"] = str((workdir / ckpt).resolve())
+        # (an s3:// URI stays as given)
+        doc["checkpoint_dir"] = str(_resolve(workdir, doc["checkpoint_dir"]))
+    if isinstance(doc.get("env_from"), dict):  # a file reference is relative to the job file
+        doc["env_from"] = {
+            k: {**ref, "file": str(_resolve(base_dir, ref["file"]))}
+            if isinstance(ref, dict) and isinstance(ref.get("file"), str)
+            else ref
+            for k, ref in doc["env_from"].items()
+        }
     return doc
+
+
+def _resolve(base: Path, written: Any) -> Path:
+    """``written`` (``~`` expanded) against ``base``; a path the OS cannot even look at (too
+    long, a component over NAME_MAX) is returned unresolved, so the check after it reports it
+    as missing instead of raising."""
+    path = base / Path(str(written)).expanduser()
+    try:
+        return path.resolve()
+    except (OSError, RuntimeError):  # ENAMETOOLONG, a symlink loop
+        return Path(os.path.abspath(path))
 
 
 def parse_spec(
@@ -342,17 +413,32 @@ def parse_spec(
             hint="see examples/digits/job.yaml",
         )
     keys: dict[str, str] = {}
-    lines: list[str] = []
-    normalized = _normalize(doc, base_dir or Path.cwd(), clock(), keys, lines)
+    # characters and sizes first: nothing below (shlex, paths, pydantic) sees a NUL or 5 MB
+    lines = value_problems(doc)
     spec: JobSpec | None = None
-    try:
-        spec = JobSpec.model_validate(normalized)
-    except ValidationError as exc:
-        lines += [_error_line(err, keys) for err in exc.errors()]
+    if not lines:
+        normalized = _normalize(doc, base_dir or Path.cwd(), clock(), keys, lines)
+        try:
+            spec = JobSpec.model_validate(normalized)
+        except ValidationError as exc:
+            lines += [_error_line(err, keys) for err in exc.errors()]
+        if spec is not None:
+            lines += missing_files(spec.env_from)
     if spec is None or lines:
+        more = [f"... and {len(lines) - _MAX_LINES:,} more"] if len(lines) > _MAX_LINES else []
         raise ConfigError(
-            f"{source} is invalid:\n  " + "\n  ".join(lines),
+            f"{source} is invalid:\n  " + "\n  ".join(lines[:_MAX_LINES] + more),
             hint="fix the named field(s); see docs/control.md for every field",
+        )
+    for key in plain_secret_keys(spec.env):
+        log.warning(
+            "%s: env.%s looks like a secret and is stored in plain text in the job store; "
+            "take it from a file or a secret store instead, e.g. env_from: {%s: {file: "
+            "~/.secrets/%s}} (see docs/control.md, 'Secrets')",
+            source,
+            key,
+            key,
+            key.lower(),
         )
     return spec
 
@@ -361,31 +447,24 @@ def _error_line(err: Any, keys: dict[str, str]) -> str:
     """One pydantic error as ``key: what is wrong (allowed) (given)``, in the user's key."""
     loc = tuple(err["loc"])
     detail = err["msg"].removeprefix("Value error, ")
+    if len(detail) > _MAX_DETAIL:  # a provider's or a registry's message quoting a value
+        detail = detail[:_MAX_DETAIL] + "..."
     if loc == ("provider",) and detail.startswith("provider."):
         return str(detail)  # a provider's own options, already in the job file's words
     written = (keys.get(str(loc[0]), str(loc[0])), *map(str, loc[1:])) if loc else ()
-    field = ".".join(written) or "(top level)"
+    field = printable(".".join(written), 80) or "(top level)"
     if err["type"] == "extra_forbidden":
         detail = "unknown field" + _did_you_mean(loc)
     elif err["type"] == "missing":
         detail = "required field is missing"
-    shown = "" if err["type"] == "missing" else f" (given: {err.get('input')!r})"
-    return f"{field}: {detail}{_allowed(loc)}{shown}"
+    elif err["type"] == "finite_number":
+        detail = "not a finite number (.nan and .inf are not values)"
+    given = "" if err["type"] == "missing" else f" (given: {shown(err.get('input'))})"
+    return f"{field}: {detail}{_allowed(loc)}{given}"
 
 
 def load_spec(path: str | Path, *, clock: Callable[[], float] = time.time) -> JobSpec:
-    """Read and validate a job YAML file."""
+    """Read (within the limits of :mod:`spotwise.control.jobfile`) and validate a job file."""
     p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError(f"job file {str(p)!r} does not exist", hint="check the path") from None
-    except OSError as exc:
-        raise ConfigError(f"cannot read job file {str(p)!r}: {exc}") from exc
-    try:
-        doc = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ConfigError(
-            f"{p} is not valid YAML: {exc}", hint="check indentation and quoting"
-        ) from None
-    return parse_spec(doc, base_dir=p.resolve().parent, source=str(p), clock=clock)
+    doc = read_job_file(p)
+    return parse_spec(doc, base_dir=p.resolve().parent, source=printable(str(p)), clock=clock)

@@ -699,6 +699,11 @@ class AwsProvider:
         report = f"{self.job_uri(req.job_id)}/attempts/{req.n}"
         workdir = self.opts.workdir or str(req.workdir)
         setup = "\n".join(self.opts.setup)
+        from spotwise.control.secret_refs import aws_fetch_script
+
+        # env_from's SSM parameters and Secrets Manager secrets, fetched on the instance
+        region = region_of(req.placement.zone or self.features.zones[0])
+        secrets = aws_fetch_script(req.env_from, self.opts.python, region)
         return f"""#!/bin/bash
 # spotwise job {req.job_id} attempt {req.n}: run the command, report its exit, shut down.
 set -u
@@ -708,6 +713,7 @@ STARTED=$(date +%s.%N)
 (
 cd {shlex.quote(workdir)} || exit 1
 {setup}
+{secrets}
 exec {shlex.join(argv)}
 ) >"$LOG" 2>&1 &
 PID=$!

@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import difflib
 import enum
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from spotwise.control.secret_refs import SecretRef
 from spotwise.errors import ConfigError
 
 MARKETS = ("spot", "on-demand")
@@ -49,6 +50,9 @@ class LaunchRequest:
     grace_s: float = 30.0
     nodes: int = 1  # machines of this attempt (job's nodes, or fewer down to min_nodes)
     procs_per_node: int = 1  # training processes per machine (torchrun ranks)
+    # secrets the machine resolves itself (Kubernetes Secret, AWS SSM / Secrets Manager):
+    # references only, see spotwise.control.secret_refs; file references are already in env
+    env_from: Mapping[str, SecretRef] = field(default_factory=dict)
 
     @property
     def key(self) -> str:

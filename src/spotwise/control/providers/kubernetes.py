@@ -331,8 +331,12 @@ class KubernetesProvider:
         local_ckpt = req.env.get("SPOTWISE_CHECKPOINT_DIR", "")
         # the controller expanded $SPOTWISE_CHECKPOINT_DIR to its own path: the pod's differs
         argv = [a.replace(local_ckpt, ckpt) if local_ckpt else a for a in req.argv]
+        from spotwise.control.secret_refs import kubernetes_secret_env
+
+        # env_from's Kubernetes Secrets: secretKeyRef entries, as provider option secret_env
+        refs = {**self.opts.secret_env, **kubernetes_secret_env(req.env_from)}
         return job_manifest(
-            self.opts,
+            self.opts.model_copy(update={"secret_env": refs}),
             name=dns_name(req.key),
             namespace=self.namespace,
             job_id=req.job_id,

@@ -56,6 +56,7 @@ PRICE_SOURCES: Registry[PriceSource] = Registry(
         "csv": "spotwise.market.sources.csvfile:CsvSource",
         "aws": Entry("spotwise.market.sources.aws:AwsSpotPriceSource", extra="s3"),
         "azure": "spotwise.market.sources.azure:AzureRetailSource",
+        "aws-json": "spotwise.market.sources.awsjson:AwsCliJsonSource",
     },
 )
 

@@ -27,7 +27,9 @@ import re
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+from spotwise.echo import printable, shown
 from spotwise.errors import IngestError
 from spotwise.market.catalog import GPU_MEMORY_GB, canonical_gpu, gcp_attached_type, gcp_vm_gpus
 from spotwise.market.sources import PriceRecord, RowError, aws_region_of_zone_id, parse_timestamp
@@ -36,6 +38,7 @@ log = logging.getLogger(__name__)
 
 GCP_N1_GPUS = frozenset({"K80", "P4", "P100", "T4", "V100"})  # attached to N1 hosts
 LINUX = ("Linux/UNIX", "Linux/UNIX (Amazon VPC)")
+MAX_CELL = 1024  # characters of one cell: names, prices and times are a few dozen
 
 _AWS_HISTORY = {"timestamp", "region", "availability_zone", "instance_type",
                 "product_description", "spot_price_usd_per_hour"}  # fmt: skip
@@ -193,15 +196,25 @@ class CsvSource:
                 self.path.name,
             )
         with handle:
-            reader = csv.DictReader(handle)
-            header = list(reader.fieldnames or [])
+            cells = _bounded(csv.reader(handle))
+            first = next(cells, None)
+            header = first[1] if first is not None and not isinstance(first, RowError) else []
             parse, cloud, keys = self._parser(header)
-            rows: Iterator[tuple[int, dict[str, str]]] = ((reader.line_num, r) for r in reader)
+            rows: Iterator[tuple[int, dict[str, str]] | RowError] = (
+                item if isinstance(item, RowError) else (item[0], _as_dict(header, item[1]))
+                for item in cells
+            )
             if cloud == "gcp":  # GPU prices sit on other rows of the file: read it whole
                 listed = list(rows)
-                combine_gcp_rows([r for _, r in listed if None not in r])
+                combine_gcp_rows(
+                    [i[1] for i in listed if not isinstance(i, RowError) and None not in i[1]]
+                )
                 rows = iter(listed)
-            for line, row in rows:
+            for item in rows:
+                if isinstance(item, RowError):
+                    yield RowError(item.line, item.message, self.path.name)
+                    continue
+                line, row = item
                 try:
                     if None in row or any(v is None for v in row.values()):
                         raise IngestError(f"expected {len(header)} fields")
@@ -209,7 +222,8 @@ class CsvSource:
                         raise IngestError(f"empty {', '.join(empty)}")
                     yield from parse(row, line)
                 except (IngestError, ValueError) as exc:
-                    yield RowError(line, str(exc).splitlines()[0], self.path.name)
+                    message = printable(str(exc).splitlines()[0], 200)
+                    yield RowError(line, message, self.path.name)
 
     def _parser(
         self, header: list[str]
@@ -228,12 +242,13 @@ class CsvSource:
             cloud = self.cloud or infer_cloud(self.path, header)
             if cloud is None:
                 raise IngestError(
-                    f"{self.path.name}: a SkyPilot-format file, but which cloud?",
+                    f"{printable(self.path.name, 80)}: a SkyPilot-format file, but which cloud?",
                     hint="pass --cloud aws|gcp|azure|lambda",
                 )
             return (lambda row, line: self._skypilot(row, cloud, line)), cloud, _SKYPILOT_KEYS
         raise IngestError(
-            f"{self.path.name}: unknown CSV format (header: {','.join(header[:8])})",
+            f"{printable(self.path.name, 80)}: unknown CSV format "
+            f"(header: {printable(','.join(header[:8]), 120)})",
             hint="columns cloud,region,zone,instance_type,market,usd_per_hour,timestamp work",
         )
 
@@ -277,6 +292,41 @@ class CsvSource:
         if sky.spot_usd_per_hour is not None:
             yield PriceRecord(cloud, sky.region, sky.zone, sky.instance_type, "spot",
                               _check(sky.spot_usd_per_hour), ts, self.name, line)  # fmt: skip
+
+
+def _bounded(reader: Any) -> Iterator[tuple[int, list[str]] | RowError]:
+    """``(line, cells)`` per record, or a RowError for a record with a cell longer than
+    ``MAX_CELL`` (or one the csv module refuses: over its 128 KiB field limit), after which
+    reading goes on with the next record."""
+    while True:
+        try:
+            cells = next(reader)
+        except StopIteration:
+            return
+        except csv.Error as exc:
+            yield RowError(reader.line_num, f"unreadable row ({printable(str(exc), 120)})")
+            continue
+        line = reader.line_num
+        if not cells:
+            continue  # a blank line, as DictReader skips it
+        long = max(cells, key=len)
+        if len(long) > MAX_CELL:
+            yield RowError(
+                line, f"a cell of {len(long):,} characters (at most {MAX_CELL:,}): {shown(long)}"
+            )
+            continue
+        yield line, cells
+
+
+def _as_dict(header: list[str], cells: list[str]) -> dict[str, str]:
+    """One record as DictReader makes it: missing cells None, extra ones under the key None
+    (both refused per row by ``fetch``)."""
+    row: dict[Any, Any] = dict(zip(header, cells, strict=False))
+    for name in header[len(cells) :]:
+        row[name] = None
+    if len(cells) > len(header):
+        row[None] = cells[len(header) :]
+    return row
 
 
 def _price(text: str) -> float:
