@@ -21,10 +21,16 @@ def shown(value: Any, limit: int = _SHOWN) -> str:
     return f"{text[: limit - 10]}... ({size})"
 
 
+def escape_controls(text: str, keep: str = "") -> str:
+    """``text`` with its control characters (C0, DEL, C1) but those in ``keep`` written as
+    ``\\x1b``-style escapes, so none of them acts on the terminal."""
+    return "".join(
+        f"\\x{ord(c):02x}" if unicodedata.category(c) == "Cc" and c not in keep else c for c in text
+    )
+
+
 def printable(text: str, limit: int = 300) -> str:
     """``text`` (a path, a name) for a terminal: control characters escaped (``\\x1b``),
     cut to ``limit`` characters."""
-    escaped = "".join(
-        f"\\x{ord(c):02x}" if unicodedata.category(c) == "Cc" else c for c in text[: limit + 1]
-    )
+    escaped = escape_controls(text[: limit + 1])
     return escaped if len(text) <= limit else f"{escaped[:limit]}... ({len(text):,} characters)"
