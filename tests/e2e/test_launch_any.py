@@ -1,0 +1,51 @@
+"""The "any framework" job end to end: ``spotwise launch examples/any/job.yaml`` on the sim
+provider, a plain shell job under ``spotwise run``, preempted by a real trace's capacity loss,
+relaunched, resumed from its own state file and finished with the uninterrupted checksum."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from spotwise.control.spec import load_spec
+from spotwise.exitcode import EXIT_INTERRUPTED
+
+from .conftest import cli
+
+ROOT = Path(__file__).resolve().parents[2]
+JOB = ROOT / "examples" / "any" / "job.yaml"
+CHECKSUM = re.compile(r"final-checksum: (\d+)")
+
+
+@pytest.mark.e2e
+def test_shell_job_under_spotwise_run_is_preempted_and_finishes_exactly(tmp_path: Path) -> None:
+    launched = cli("launch", str(JOB), timeout=600)
+    assert launched.returncode == 0, launched.stdout + launched.stderr
+
+    [job] = json.loads(cli("jobs", "--json").stdout)
+    status = json.loads(cli("status", job["id"], "--json").stdout)
+    assert status["state"] == "SUCCEEDED"
+    first, last = status["attempts"][0], status["attempts"][-1]
+    # the notice reached the program through the wrapper: it saved and the attempt said 75
+    assert (first["reason"], first["exit_code"]) == ("preempted", EXIT_INTERRUPTED)
+    assert (last["reason"], last["exit_code"]) == ("succeeded", 0)
+
+    logs = cli("logs", job["id"]).stdout
+    assert "spotwise run: notice from signal (SIGTERM)" in logs
+    assert re.search(r"saved at step \d+ on the notice \(/\S+notice\.json\)", logs)
+    assert "resumed from step" in logs
+
+    alone = subprocess.run(
+        ["sh", str(JOB.parent / "train.sh")],
+        env={**os.environ, **load_spec(JOB).env, "STATE_DIR": str(tmp_path), "STEP_S": "0"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    assert CHECKSUM.findall(logs) == CHECKSUM.findall(alone.stdout)
