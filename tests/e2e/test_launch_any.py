@@ -20,6 +20,13 @@ from .conftest import cli
 ROOT = Path(__file__).resolve().parents[2]
 JOB = ROOT / "examples" / "any" / "job.yaml"
 CHECKSUM = re.compile(r"final-checksum: (\d+)")
+DOC = ROOT / "docs" / "integrations.md"
+
+
+def test_the_docs_show_the_example_as_it_is() -> None:
+    doc = DOC.read_text()
+    for path in (JOB.parent / "train.sh", JOB):
+        assert f"\n{path.read_text()}```" in doc, f"docs/integrations.md shows an old {path.name}"
 
 
 @pytest.mark.e2e
