@@ -230,16 +230,30 @@ def test_second_ctrl_c_kills_the_program_at_once(
 
 
 @pytest.mark.parametrize(
-    ("args", "code", "said"),
+    ("args", "env", "code", "said"),
     [
-        (["sh", "-c", "exit 3"], 3, ""),
-        (["sh", "-c", "kill -KILL $$"], 137, ""),  # killed by a signal: 128 + its number
-        (["no-such-program-xyz"], 127, "cannot start 'no-such-program-xyz'"),
-        (["--signal", "KILL", "--", "true"], 2, "--signal 'KILL' cannot be caught"),
+        (["sh", "-c", "exit 3"], {}, 3, ""),
+        (["sh", "-c", "kill -KILL $$"], {}, 137, ""),  # killed by a signal: 128 + its number
+        (["no-such-program-xyz"], {}, 127, "cannot start 'no-such-program-xyz'"),
+        (["--signal", "KILL", "--", "true"], {}, 2, "--signal 'KILL' cannot be caught"),
+        (
+            ["true"],
+            {"SPOTWISE_NOTICE_FILE": "/proc/no/notice.json"},
+            2,
+            "SPOTWISE_NOTICE_FILE='/proc/no/notice.json' cannot be written",
+        ),
     ],
 )
-def test_exit_codes_and_bad_input(args: list[str], code: int, said: str) -> None:
-    done = subprocess.run([*SPOTWISE, "run", *args], capture_output=True, text=True, timeout=30)
+def test_exit_codes_and_bad_input(
+    args: list[str], env: dict[str, str], code: int, said: str
+) -> None:
+    done = subprocess.run(
+        [*SPOTWISE, "run", *args],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert done.returncode == code, done.stderr
     assert said in done.stderr
     assert "Traceback" not in done.stderr

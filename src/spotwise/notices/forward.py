@@ -85,8 +85,15 @@ class NoticeFile:
         else:
             self._owned = Path(tempfile.mkdtemp(prefix="spotwise-"))
             self.path = self._owned / "notice.json"
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.path.unlink(missing_ok=True)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.path.unlink(missing_ok=True)
+        except OSError as exc:
+            raise ConfigError(
+                f"{NOTICE_FILE_ENV}={given!r} cannot be written: {exc.strerror or exc}",
+                hint="set it to a file in a writable directory, or unset it (then a private "
+                "temporary file is used)",
+            ) from None
         self.written: Notice | None = None
 
     def write(self, notice: Notice, forwarded: signal.Signals | None) -> None:
@@ -290,13 +297,13 @@ class Supervisor:
             return
         if not notice.is_terminate:  # advisory (AWS rebalance): the file only, no signal
             if self.noticed is None:
-                self.notice_file.write(notice, None)
+                self._write_file(notice, None)
                 _say(f"advisory notice from {notice.source} ({notice.action}): {self._file()}")
             return
         if self.noticed is not None:
             return
         self.noticed = notice
-        self.notice_file.write(notice, self.forward)
+        self._write_file(notice, self.forward)
         now = time.monotonic()
         deadline = notice.deadline_monotonic
         if deadline is None:
@@ -348,6 +355,14 @@ class Supervisor:
         if in_group:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(self.pid, sig)
+
+    def _write_file(self, notice: Notice, forwarded: signal.Signals | None) -> None:
+        """The file before the signal (a handler may read it); a full disk must not stop the
+        signal."""
+        try:
+            self.notice_file.write(notice, forwarded)
+        except OSError as exc:
+            _say(f"cannot write {self._file()}: {exc.strerror or exc}")
 
     def _file(self) -> str:
         return f"{NOTICE_FILE_ENV}={self.notice_file.path}"
