@@ -158,6 +158,25 @@ def test_program_that_outlasts_the_grace_is_killed_with_its_children(
     assert not [p for ps in family for p in ps if alive(p)]
 
 
+def test_child_still_saving_when_the_program_dies_of_the_notice_is_not_cut_short(
+    tmp_path: Path, wrapper: Callable[..., Wrapper], wait_for: Wait
+) -> None:
+    """``sh train.sh`` dies at once of the forwarded SIGTERM while its child is still saving:
+    the attempt waits for the child (within the grace), not only for the first process."""
+    w = wrapper(
+        'sh -c \'trap "sleep 1; echo saved > saved; exit 0" TERM; echo $$ > child.pid; '
+        "while :; do sleep 0.05; done' &\necho $$ > leader.pid\nwait\n",
+        SPOTWISE_GRACE_S="20",
+    )
+    assert wait_for(lambda: (tmp_path / "child.pid").exists())
+    assert wait_for(lambda: (tmp_path / "leader.pid").exists())
+    w.proc.send_signal(signal.SIGTERM)
+    code, took, err = w.end()
+    assert code == EXIT_INTERRUPTED, err
+    assert (tmp_path / "saved").read_text().strip() == "saved"
+    assert took < 15 and "SIGKILL" not in err
+
+
 def test_program_that_ends_leaves_no_children_and_its_own_code(
     tmp_path: Path, wrapper: Callable[..., Wrapper]
 ) -> None:
