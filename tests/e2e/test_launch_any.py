@@ -98,9 +98,12 @@ def test_jax_orbax_job_under_spotwise_run_is_preempted_and_finishes_exactly(
 
 
 @pytest.mark.e2e
-def test_keras_backup_and_restore_job_under_spotwise_run_is_preempted_and_finishes() -> None:
+def test_keras_backup_and_restore_job_under_spotwise_run_is_preempted_and_finishes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """Needs ``pip install keras jax``. Keras' resume is not bit-exact (measured: docs), so only
     the relaunch from its backup and the end are checked."""
+    monkeypatch.setenv("KERAS_BACKEND", "jax")  # as the job sets it
     pytest.importorskip("keras")
     pytest.importorskip("jax")
     _, logs = launch_preempted(KERAS_JOB, env=venv_on_path())
