@@ -195,8 +195,12 @@ def test_program_that_ends_leaves_no_children_and_its_own_code(
 def test_sigkilled_wrapper_takes_the_program_group_with_it(
     tmp_path: Path, wrapper: Callable[..., Wrapper], wait_for: Wait
 ) -> None:
-    """Nothing can run after a SIGKILL; the watchdog kills the program's group for it."""
-    w = wrapper("sleep 1000 & echo $! > child.pid\necho $$ > leader.pid\nwait\n")
+    """Nothing can run after a SIGKILL; the watchdog kills the program's group for it, and
+    removes the notice file's private directory."""
+    w = wrapper(
+        'echo "$SPOTWISE_NOTICE_FILE" > notice.path\n'
+        "sleep 1000 & echo $! > child.pid\necho $$ > leader.pid\nwait\n"
+    )
     assert wait_for(lambda: (tmp_path / "leader.pid").exists())
     leader, child = pids(tmp_path / "leader.pid")[0], pids(tmp_path / "child.pid")[0]
     [watchdog] = [p for p in children(w.proc.pid) if p != leader]
@@ -204,6 +208,8 @@ def test_sigkilled_wrapper_takes_the_program_group_with_it(
     w.proc.wait()
     assert wait_for(lambda: not alive(leader) and not alive(child), timeout_s=10)
     assert wait_for(lambda: not alive(watchdog), timeout_s=10)
+    private_dir = Path((tmp_path / "notice.path").read_text().strip()).parent
+    assert private_dir.name.startswith("spotwise-") and not private_dir.exists()
 
 
 def test_aws_notice_forwarded_as_the_chosen_signal_with_the_deadline(

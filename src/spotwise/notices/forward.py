@@ -79,12 +79,12 @@ class NoticeFile:
 
     def __init__(self, env: Mapping[str, str]) -> None:
         given = env.get(NOTICE_FILE_ENV, "").strip()
-        self._owned: Path | None = None
+        self.private_dir: Path | None = None
         if given:
             self.path = Path(given)
         else:
-            self._owned = Path(tempfile.mkdtemp(prefix="spotwise-"))
-            self.path = self._owned / "notice.json"
+            self.private_dir = Path(tempfile.mkdtemp(prefix="spotwise-"))
+            self.path = self.private_dir / "notice.json"
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self.path.unlink(missing_ok=True)
@@ -115,24 +115,32 @@ class NoticeFile:
         self.written = notice
 
     def close(self) -> None:
-        if self._owned is not None:
-            for leftover in self._owned.iterdir():
-                leftover.unlink(missing_ok=True)
-            self._owned.rmdir()
+        remove_private_dir(self.private_dir)
+
+
+def remove_private_dir(path: Path | None) -> None:
+    """Remove the notice file's private directory (it holds only files the wrapper wrote)."""
+    if path is None:
+        return
+    with contextlib.suppress(OSError):
+        for leftover in path.iterdir():
+            leftover.unlink(missing_ok=True)
+        path.rmdir()
 
 
 class Watchdog:
     """Kills the program's process group if the wrapper dies without saying it is done.
 
     Forked before the watcher's threads start; the pipe's write end is close-on-exec and held
-    only by the wrapper, so the kernel closes it when the wrapper dies, however it dies."""
+    only by the wrapper, so the kernel closes it when the wrapper dies, however it dies. It also
+    removes the notice file's private directory the dead wrapper can no longer remove."""
 
-    def __init__(self) -> None:
+    def __init__(self, private_dir: Path | None) -> None:
         read_fd, write_fd = os.pipe()
         pid = os.fork()
         if pid == 0:
             os.close(write_fd)
-            _watch(read_fd)  # never returns
+            _watch(read_fd, private_dir)  # never returns
         os.close(read_fd)
         self.pid = pid
         self._fd = write_fd
@@ -149,7 +157,7 @@ class Watchdog:
             os.waitpid(self.pid, 0)
 
 
-def _watch(read_fd: int) -> None:
+def _watch(read_fd: int, private_dir: Path | None) -> None:
     """The watchdog's whole life (in the forked child): wait for end-of-file, then act."""
     try:
         os.setsid()  # out of the wrapper's group: a group kill of the wrapper must not reach it
@@ -171,6 +179,8 @@ def _watch(read_fd: int) -> None:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(pgid, signal.SIGKILL)
                 os.write(2, f"spotwise run: wrapper gone; killed group {pgid}\n".encode())
+        if not words or words[-1] != b"done":
+            remove_private_dir(private_dir)
     finally:
         os._exit(0)
 
@@ -376,7 +386,7 @@ def run_program(
 
     env = dict(os.environ if env is None else env)
     notice_file = NoticeFile(env)
-    watchdog = Watchdog()  # before any thread exists: it is forked
+    watchdog = Watchdog(notice_file.private_dir)  # before any thread exists: it is forked
     become_subreaper()
     notices = watch_from_environment(
         {**env, "SPOTWISE_SIGNALS": env.get("SPOTWISE_SIGNALS", "").strip() or WRAPPER_SIGNALS}
