@@ -1,7 +1,8 @@
-"""The "any framework" jobs end to end: ``spotwise launch examples/any/job*.yaml`` on the sim
-provider, a plain shell job and a JAX/Flax/Orbax script under ``spotwise run``, preempted by a
-real trace's capacity loss, relaunched, resumed from their own checkpoints and finished with the
-uninterrupted result."""
+"""The "any framework" job end to end: ``spotwise launch examples/any/job.yaml`` on the sim
+provider, a plain shell job under ``spotwise run``, preempted by a real trace's capacity loss,
+relaunched, resumed from its own checkpoint and finished with the uninterrupted result. (The JAX
+and Keras examples beside it need packages the dev install does not have: they were measured by
+hand, docs/integrations.md.)"""
 
 from __future__ import annotations
 
@@ -9,7 +10,6 @@ import json
 import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -22,11 +22,7 @@ from .conftest import cli
 
 ROOT = Path(__file__).resolve().parents[2]
 JOB = ROOT / "examples" / "any" / "job.yaml"
-JAX_JOB = ROOT / "examples" / "any" / "job-jax.yaml"
-KERAS_JOB = ROOT / "examples" / "any" / "job-keras.yaml"
 CHECKSUM = re.compile(r"final-checksum: (\d+)")
-PARAMS = re.compile(r"final-params-sha256: ([0-9a-f]{64})")
-WEIGHTS = re.compile(r"final-weights-sha256: ([0-9a-f]{64})")
 DOC = ROOT / "docs" / "integrations.md"
 
 
@@ -67,45 +63,3 @@ def test_shell_job_under_spotwise_run_is_preempted_and_finishes_exactly(tmp_path
         check=True,
     )
     assert CHECKSUM.findall(logs) == CHECKSUM.findall(alone.stdout)
-
-
-def venv_on_path() -> dict[str, str]:
-    """The environment with this interpreter's directory first on PATH, as in an active venv
-    (the jobs' inner ``python`` is the one on PATH)."""
-    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
-    return {**os.environ, "PATH": path}
-
-
-@pytest.mark.e2e
-def test_jax_orbax_job_under_spotwise_run_is_preempted_and_finishes_exactly(
-    tmp_path: Path,
-) -> None:
-    """Needs ``pip install jax flax orbax-checkpoint`` (not in the dev requirements yet)."""
-    pytest.importorskip("orbax.checkpoint")
-    pytest.importorskip("flax")
-    command = load_spec(JAX_JOB).command
-    argv = command[command.index("--") + 2 :]  # jax_train.py and its arguments
-    argv = [a.replace("$SPOTWISE_CHECKPOINT_DIR", str(tmp_path / "alone")) for a in argv]
-    alone = subprocess.Popen(
-        [sys.executable, *argv], cwd=JAX_JOB.parent, stdout=subprocess.PIPE, text=True
-    )
-    _, logs = launch_preempted(JAX_JOB, env=venv_on_path())
-    assert re.search(r"saved at step \d+ on the notice", logs)
-    assert "resumed from step" in logs
-    out, _ = alone.communicate(timeout=600)
-    assert alone.returncode == 0
-    assert PARAMS.findall(logs) == PARAMS.findall(out) != []
-
-
-@pytest.mark.e2e
-def test_keras_backup_and_restore_job_under_spotwise_run_is_preempted_and_finishes(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """Needs ``pip install keras jax``. Keras' resume is not bit-exact (measured: docs), so only
-    the relaunch from its backup and the end are checked."""
-    monkeypatch.setenv("KERAS_BACKEND", "jax")  # as the job sets it
-    pytest.importorskip("keras")
-    pytest.importorskip("jax")
-    _, logs = launch_preempted(KERAS_JOB, env=venv_on_path())
-    assert "resumed from the backup at epoch" in logs
-    assert len(WEIGHTS.findall(logs)) == 1
