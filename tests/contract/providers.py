@@ -54,7 +54,8 @@ class Backend:
             job_id=self.job_id,
             n=n,
             argv=(sys.executable, "-c", ATTEMPT, str(code), str(run_s)),
-            workdir=self.tmp,
+            # a remote machine has its image's directories, none of this host's
+            workdir=self.tmp if self.provider.features.same_host else Path("/"),
             env=env,
             log_path=self.tmp / "job.log",
             attempt_dir=self.attempts_dir / str(n),

@@ -16,6 +16,7 @@ import boto3
 import pytest
 
 from spotwise.cli.emulate import parse_ec2_fault
+from spotwise.control.controller import launch_request, submit
 from spotwise.control.providers import LaunchRequest, Placement, make_provider
 from spotwise.control.spec import parse_spec
 from spotwise.emulators.fault_proxy import FaultProxy
@@ -104,7 +105,18 @@ def test_a_spot_launch_asks_ec2_for_what_the_issue_lists(aws, tmp_path: Path):
         "spot_max_usd_per_hour": 0.4,
     }
     p = make_provider("aws", options, epoch=0.0, preflight=True)
-    req = _req(tmp_path)
+    spec = parse_spec(
+        {
+            "command": "python train.py --run-dir $SPOTWISE_CHECKPOINT_DIR --steps 3 "
+            "--tag '$$SPOTWISE_ATTEMPT-$HOME-${SPOTWISE_ATTEMPT}x'",
+            "provider": {"name": "aws", **options},
+        },
+        base_dir=tmp_path,
+    )
+    job_dir = tmp_path / "home" / "jobs" / "j1"
+    req = launch_request(
+        spec, p, "j1", 1, Placement("spot", "us-east-1b"), job_dir=job_dir, log_path=tmp_path / "l"
+    )
     handle = p.launch(req)
     [inst] = ec2.describe_instances(InstanceIds=[handle["id"]])["Reservations"][0]["Instances"]
     assert inst["InstanceLifecycle"] == "spot" and inst["SubnetId"] == subnet
@@ -125,7 +137,19 @@ def test_a_spot_launch_asks_ec2_for_what_the_issue_lists(aws, tmp_path: Path):
     ).decode()
     uri = f"s3://{aws['bucket']}/jobs/{req.job_id}"
     assert f"SPOTWISE_CHECKPOINT_DIR={uri}/checkpoint" in user_data
-    assert f"aws report {uri}/attempts/1" in user_data and "exec python3 train.py" in user_data
+    assert f"aws report {uri}/attempts/1" in user_data
+    # $SPOTWISE_CHECKPOINT_DIR is expanded by the instance's bash, to the S3 URI it exports;
+    # the controller's job directory is nowhere (it is on a disk the instance cannot see)
+    assert str(job_dir) not in user_data
+    exports = [line for line in user_data.splitlines() if line.startswith("export ")]
+    [command] = [line for line in user_data.splitlines() if line.startswith("exec ")]
+    assert command.startswith('exec python3 train.py --run-dir "${SPOTWISE_CHECKPOINT_DIR}"')
+    script = "\n".join([*exports, command.replace("exec python3", "printf '%s\\n'", 1)])
+    printed = subprocess.run(["bash", "-c", script], capture_output=True, text=True, env={})
+    assert printed.stdout.splitlines() == [
+        "train.py", "--run-dir", f"{uri}/checkpoint", "--steps", "3",
+        "--tag", "$SPOTWISE_ATTEMPT-$HOME-1x",  # as string.Template reads it: $$ and unknowns
+    ]  # fmt: skip
     assert "testing" not in user_data and "AWS_" not in user_data  # no credentials in it
     # found by its tags after a crash, and terminated with its volume
     assert [(h["n"], h["id"]) for h in p.find(req.job_id, tmp_path)] == [(1, handle["id"])]
@@ -137,6 +161,29 @@ def test_a_spot_launch_asks_ec2_for_what_the_issue_lists(aws, tmp_path: Path):
         ]
         == []
     )
+
+
+def test_a_checkpoint_dir_the_instance_loses_is_refused_at_submit(aws, tmp_path):
+    """A local path is on the instance's own disk, gone with it: every attempt would start
+    again from step 0. Refused at submit, naming the key and the fix."""
+    from spotwise.control.store import Store
+
+    spec = parse_spec(
+        {
+            "command": "python train.py --run-dir $SPOTWISE_CHECKPOINT_DIR",
+            "checkpoint_dir": "/data/ckpt",
+            "provider": {"name": "aws", **aws["options"]},
+        },
+        base_dir=tmp_path,
+    )
+    store = Store()
+    with pytest.raises(ConfigError) as info:
+        submit(store, spec)
+    assert "checkpoint_dir:" in info.value.message and "on the machine's own disk" in str(
+        info.value
+    )
+    assert f"checkpoints to s3://{aws['bucket']}/jobs/<job id>/checkpoint" in str(info.value)
+    assert store.jobs() == []
 
 
 def test_credentials_in_the_job_env_are_refused_before_launch(aws, tmp_path: Path):

@@ -19,12 +19,15 @@ from spotwise.control.providers.kubernetes import KubernetesProvider
 from spotwise.control.spec import Resources, parse_spec
 from spotwise.emulators.kubelet import NodeSpec
 from spotwise.emulators.kubernetes import KubernetesEmulator, pool_nodes
-from spotwise.errors import ConfigError, ProviderError, ProviderUnavailableError
+from spotwise.errors import ConfigError, ProviderUnavailableError
 
 SAVER = (
     "import os, signal, sys, time\n"
     "signal.signal(signal.SIGTERM, lambda *a: (print('saving', flush=True), sys.exit(75)))\n"
-    "print('ckpt', os.environ['SPOTWISE_CHECKPOINT_DIR'], flush=True)\n"
+    "ckpt = os.environ['SPOTWISE_CHECKPOINT_DIR']\n"
+    "os.makedirs(ckpt, exist_ok=True)\n"
+    "open(os.path.join(ckpt, 'saved'), 'w').write(os.environ['SPOTWISE_ATTEMPT'])\n"
+    "print('ckpt', ckpt, flush=True)\n"
     "time.sleep(60)\n"
 )
 STUBBORN = "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\ntime.sleep(60)\n"
@@ -105,9 +108,10 @@ def test_an_evicted_attempt_that_saved_reports_exit_75_and_leaves_nothing(emu, t
     assert running.running_at is not None and abs(running.running_at - time.time()) < 5
     ended = wait_phase(p, handle, {Phase.EXITED, Phase.LOST})
     assert (ended.phase, ended.exit_code) == (Phase.EXITED, 75)
-    log = req.log_path.read_text()
-    # /checkpoints/<job> on the claim (the loopback kubelet maps the mount to a directory)
-    assert "volumes/default/spotwise-checkpoints/digits-0a1b2c\n" in log and "saving" in log
+    assert "saving" in req.log_path.read_text()
+    # $SPOTWISE_CHECKPOINT_DIR is /checkpoints/<job> in the pod: on the claim, which outlives it
+    claim = emu.state_dir / "volumes" / "default" / "spotwise-checkpoints"
+    assert (claim / "digits-0a1b2c" / "saved").read_text() == "1"
     assert p.status(handle) == ended  # the outcome outlives the deleted Job
     deadline = time.monotonic() + 10
     while emu.leftovers() != {"jobs": [], "pods": [], "processes": []}:
@@ -282,8 +286,51 @@ def test_checkpoints_go_to_s3_or_the_claim_and_nowhere_else(emu, tmp_path):
     )
     manifest = p.manifest(req)
     pod = manifest["spec"]["template"]["spec"]
-    assert pod["containers"][0]["command"][-1] == "s3://bucket/runs/digits"
+    # expanded by the kubelet, from the pod's env: never the controller's own path
+    assert pod["containers"][0]["command"][-1] == "$(SPOTWISE_CHECKPOINT_DIR)"
+    env = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
+    assert env["SPOTWISE_CHECKPOINT_DIR"] == "s3://bucket/runs/digits"
     assert "volumes" not in pod and "volumeMounts" not in pod["containers"][0]
-    with pytest.raises(ProviderError, match="checkpoint_pvc"):
-        p.launch(request(p, tmp_path, "pass"))  # a local path would die with the pod
+    with pytest.raises(ConfigError, match="checkpoint_pvc") as info:
+        request(p, tmp_path, "pass")  # no claim, no object store: it would die with the pod
+    assert "checkpoint_dir is not set" in info.value.message
     assert emu.leftovers()["jobs"] == []
+
+
+@pytest.mark.parametrize(
+    ("given", "fine"),
+    [
+        ("/checkpoints/mine", True),
+        ("s3://b/x", True),
+        ("/data/mine", False),
+        ("/checkpointsX", False),
+    ],
+)
+def test_a_checkpoint_dir_off_the_claim_is_refused_at_submit(emu, tmp_path, given, fine):
+    from spotwise.control.controller import submit
+    from spotwise.control.store import Store
+
+    spec = parse_spec(
+        {
+            "command": "python train.py --run-dir $SPOTWISE_CHECKPOINT_DIR",
+            "checkpoint_dir": given,
+            "resources": {"gpu": "T4", "gpu_count": 1},
+            "provider": {
+                "name": "kubernetes",
+                "image": "python:3.11",
+                "flavour": "gke",
+                "kubeconfig": str(emu.kubeconfig),
+                "checkpoint_pvc": "spotwise-checkpoints",
+            },
+        },
+        base_dir=tmp_path,
+    )
+    store = Store()
+    if fine:
+        assert submit(store, spec).spec["checkpoint_dir"] == given
+        return
+    with pytest.raises(ConfigError) as info:
+        submit(store, spec)
+    assert f"checkpoint_dir: {given!r} is on the machine's own disk" in info.value.message
+    assert "under /checkpoints/ (the volume claim 'spotwise-checkpoints'" in str(info.value)
+    assert store.jobs() == []

@@ -1,19 +1,27 @@
-"""``spotwise launch examples/digits/job-aws.yaml`` on loopback AWS: ``spotwise emulate ec2``
-(moto's EC2 + S3 with the data-plane emulator running each instance's user-data) in one
-process, the controller in another, real training, a real IMDS spot notice and kill."""
+"""``spotwise launch examples/digits/job-aws.yaml`` on loopback AWS: what ``spotwise emulate
+ec2`` runs (moto's EC2 + S3, a fault proxy, the data plane running each instance's user-data in
+a root directory of its own) in the test's process, the controller in another, real training,
+a real IMDS spot notice and kill, and the resume from S3."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
+import boto3
 import pytest
+
+from spotwise.cli.emulate import parse_ec2_fault
+from spotwise.emulators.ec2 import Ec2DataPlane
+from spotwise.emulators.fault_proxy import FaultProxy
 
 from .conftest import HASH, SPOTWISE, cli
 
@@ -23,70 +31,77 @@ JOB = ROOT / "examples" / "digits" / "job-aws.yaml"
 pytestmark = pytest.mark.e2e
 
 
+@dataclass
+class Ec2:
+    env: dict[str, str]  # what `spotwise emulate ec2` says to export
+    plane: Ec2DataPlane
+
+
 @pytest.fixture(scope="module")
-def ec2(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
-    """The emulator as a user starts it; yields the environment it says to export."""
-    home = tmp_path_factory.mktemp("ec2")
-    # the first instance gets a spot notice 12 s after it starts, and is killed 5 s later;
-    # RunInstances answers InsufficientInstanceCapacity twice (the dry run and one launch)
-    proc = subprocess.Popen(
-        [
-            *SPOTWISE,
-            "emulate",
-            "ec2",
-            "--port",
-            "0",
-            "--bucket",
-            "spotwise-digits",
-            "--interrupt-after",
-            "12",
-            "--notice-lead",
-            "5",
-            "--stop-grace",
-            "10",
-            "--fault",
-            "RunInstances=InsufficientInstanceCapacity:2",
-            "--workdir",
-            str(home),
-        ],
-        stdout=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    assert proc.stdout is not None
-    env = {**os.environ}
-    assert "ec2 emulator listening on http://127.0.0.1:" in proc.stdout.readline()
-    for _ in range(5):
-        name, _, value = proc.stdout.readline().strip().removeprefix("export ").partition("=")
-        env[name] = value
+def ec2(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ec2]:
+    """What `spotwise emulate ec2` runs, in this process so that a test can reclaim an
+    instance when it has saved (an interruption on a fixed schedule races the instance's
+    start on a loaded machine): moto's EC2 + S3, the data plane whose instances see only this
+    checkout, this Python and S3, and a fault proxy whose RunInstances answers
+    InsufficientInstanceCapacity twice (the dry run and one launch)."""
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    moto = f"http://{host}:{port}"
+    proxy = FaultProxy(moto)
+    proxy.add(parse_ec2_fault("RunInstances=InsufficientInstanceCapacity:2"))
+    env = {
+        **os.environ,
+        "AWS_ENDPOINT_URL": proxy.url,
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_EC2_METADATA_DISABLED": "true",
+    }
     for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN"):
         env.pop(name, None)
-    import boto3
+    _client("s3", env).create_bucket(Bucket="spotwise-digits")
+    _client("iam", env).create_instance_profile(InstanceProfileName="spotwise-digits")
+    plane = Ec2DataPlane(
+        moto,
+        workdir=tmp_path_factory.mktemp("ec2"),
+        notice_lead_s=5,
+        stop_grace_s=10,
+        image=[ROOT],
+    ).start()
+    try:
+        yield Ec2(env, plane)
+    finally:
+        plane.stop()
+        proxy.close()
+        server.stop()
 
-    boto3.client(
-        "iam",
+
+def _client(service: str, env: dict[str, str]):
+    return boto3.client(
+        service,
         endpoint_url=env["AWS_ENDPOINT_URL"],
         region_name="us-east-1",
         aws_access_key_id="testing",
         aws_secret_access_key="testing",
-    ).create_instance_profile(InstanceProfileName="spotwise-digits")
-    try:
-        yield env
-    finally:
-        proc.send_signal(signal.SIGINT)
-        proc.wait(30)
+    )
+
+
+def _checkpoints(env: dict[str, str]) -> dict[str, set[int]]:
+    """The steps of each job's checkpoints in S3 (where its instances save them)."""
+    listed = _client("s3", env).list_objects_v2(Bucket="spotwise-digits", Prefix="jobs/")
+    found: dict[str, set[int]] = {}
+    for key in (o["Key"] for o in listed.get("Contents", [])):
+        m = re.fullmatch(r"jobs/([^/]+)/checkpoint/step-(\d+)/.*", key)
+        if m:
+            found.setdefault(m.group(1), set()).add(int(m.group(2)))
+    return found
 
 
 def _ec2_client(env: dict[str, str]):
-    import boto3
-
-    return boto3.client(
-        "ec2",
-        endpoint_url=env["AWS_ENDPOINT_URL"],
-        region_name="us-east-1",
-        aws_access_key_id="testing",
-        aws_secret_access_key="testing",
-    )
+    return _client("ec2", env)
 
 
 def _instances(env: dict[str, str], job_id: str, live_only: bool) -> list[dict]:
@@ -113,9 +128,13 @@ def _volumes(env: dict[str, str], job_id: str) -> list[dict]:
 
 
 def test_digits_on_ec2_spot_survives_an_interruption_with_identical_weights(
-    ec2: dict[str, str], tmp_path: Path
+    ec2: Ec2, tmp_path: Path
 ):
+    """The first instance is reclaimed once it has saved; the next one resumes from S3 (each
+    instance has its own disk, gone with it, and the controller's is not on it) and ends with
+    the weights of a run never interrupted."""
     from spotwise.control.spec import load_spec
+    from spotwise.control.store import Store
 
     spec = load_spec(JOB)
     argv = [
@@ -128,9 +147,23 @@ def test_digits_on_ec2_spot_survives_an_interruption_with_identical_weights(
         stdout=subprocess.PIPE,
         text=True,
     )
-    env = {**ec2, "SPOTWISE_HOME": str(tmp_path / "home")}
-    launched = cli("launch", str(JOB), timeout=600, env=env)
-    assert launched.returncode == 0, launched.stdout + launched.stderr
+    env = {**ec2.env, "SPOTWISE_HOME": str(tmp_path / "home")}
+    launch = subprocess.Popen(
+        [*SPOTWISE, "launch", str(JOB)],
+        env=env,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    deadline = time.monotonic() + 300
+    while not (saved := _checkpoints(env)):  # the first instance has saved to S3
+        assert launch.poll() is None and time.monotonic() < deadline, "no checkpoint in S3"
+        time.sleep(0.5)
+    [(job_id, steps)] = saved.items()
+    [first] = _instances(env, job_id, live_only=True)
+    ec2.plane.interrupt(first["InstanceId"])  # spot notice now, killed 5 s later
+    out, _ = launch.communicate(timeout=600)
+    assert launch.returncode == 0, out
 
     [job] = json.loads(cli("jobs", "--json", env=env).stdout)
     status = json.loads(cli("status", job["id"], "--json", env=env).stdout)
@@ -138,8 +171,6 @@ def test_digits_on_ec2_spot_survives_an_interruption_with_identical_weights(
     assert status["state"] == "SUCCEEDED", status
     assert status["preemptions"] >= 1 and reasons[-1] == "succeeded", reasons
     assert all(a["market"] == "spot" and a["provider"] == "aws" for a in status["attempts"])
-    from spotwise.control.store import Store
-
     refused = [
         e["message"]
         for e in Store(tmp_path / "home").events(job["id"])
@@ -148,7 +179,12 @@ def test_digits_on_ec2_spot_survives_an_interruption_with_identical_weights(
     assert len(refused) == 1 and "InsufficientInstanceCapacity" in refused[0]  # next placement
 
     logs = cli("logs", job["id"], env=env).stdout
-    assert "resumed from step" in logs
+    # the next instance resumed from what the first saved to S3: the only place it could
+    resumed = [int(step) for step in re.findall(r"resumed from step (\d+)", logs)]
+    assert resumed and resumed[0] > 0, logs[-3000:]
+    assert resumed[0] >= min(steps)  # from S3: it saved there before it was reclaimed
+    local = tmp_path / "home" / "jobs" / job["id"] / "checkpoint"
+    assert not local.exists()  # nothing was written on the controller's disk
     got = HASH.findall(logs)
     out, _ = baseline.communicate(timeout=300)
     assert baseline.returncode == 0 and len(got) == 1
@@ -164,15 +200,16 @@ def test_digits_on_ec2_spot_survives_an_interruption_with_identical_weights(
 
 
 def test_controller_killed_mid_launch_then_resumed_leaves_no_orphan_or_duplicate(
-    ec2: dict[str, str], tmp_path: Path
+    ec2: Ec2, tmp_path: Path
 ):
     import yaml
 
     doc = yaml.safe_load(JOB.read_text())  # the same provider settings, a short command
-    doc.update(command="python -c 'import time; time.sleep(3)'", workdir=str(tmp_path))
+    # (the workdir is on the instances' image: this checkout)
+    doc.update(command="python -c 'import time; time.sleep(3)'", workdir=str(JOB.parent))
     job_file = tmp_path / "job.yaml"
     job_file.write_text(yaml.safe_dump(doc))
-    env = {**ec2, "SPOTWISE_HOME": str(tmp_path / "home")}
+    env = {**ec2.env, "SPOTWISE_HOME": str(tmp_path / "home")}
     first = subprocess.Popen(
         [*SPOTWISE, "launch", str(job_file)],
         env=env,

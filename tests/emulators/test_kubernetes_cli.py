@@ -82,6 +82,10 @@ def test_launch_dry_run_prints_the_job_and_creates_nothing(tmp_path: Path):
     container = manifest["spec"]["template"]["spec"]["containers"][0]
     assert container["command"][:2] == ["python", "train.py"]
     assert "controller-only" not in done.stdout and jobs == []
+    # the pod expands it (kubelet, from its env): the claim's path, not the controller's
+    assert container["command"][2:4] == ["--run-dir", "$(SPOTWISE_CHECKPOINT_DIR)"]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["SPOTWISE_CHECKPOINT_DIR"] == "/checkpoints/digits-k8s-dryrun"
 
 
 def test_dry_run_of_a_provider_without_manifests_says_so(tmp_path: Path):

@@ -6,6 +6,7 @@ reference, logs, and the API's own error documents."""
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -14,6 +15,7 @@ from typing import Any
 import pytest
 from kubernetes import client, config, watch
 
+from spotwise.emulators import machine_root
 from spotwise.emulators.kubelet import NodeSpec
 from spotwise.emulators.kubernetes import KubernetesEmulator
 
@@ -331,3 +333,57 @@ def test_pvc_volumes_are_host_directories_and_mount_paths_are_rewritten(cluster)
     assert (
         emu.state_dir / "volumes" / NS / "spotwise-checkpoints" / "run" / "f"
     ).read_text() == "x"
+
+
+# what a pod tries: read the controller's files, leave something on its disk, on its volume
+PROBE = """
+import json, os, sys
+canary = sys.argv[1]
+try:
+    seen = open(canary).read()
+except OSError as exc:
+    seen = type(exc).__name__
+found = {p: os.path.exists(p) for p in ("left-in-cwd", os.path.expanduser("~/left-in-home"))}
+print(json.dumps({"canary": seen, "found": found, "cwd": os.getcwd(),
+                  "volume": sorted(os.listdir("/checkpoints"))}), flush=True)
+open("left-in-cwd", "w").write("x")
+open(os.path.expanduser("~/left-in-home"), "w").write("x")
+open("/checkpoints/" + os.environ["ATTEMPT"], "w").write("kept")
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a mount namespace needs root (as here and in CI)")
+def test_each_pod_has_its_own_root_where_only_the_volume_outlives_it(cluster, tmp_path):
+    """The controller's SPOTWISE_HOME is unreachable from a pod; what a pod writes to its
+    working directory or HOME is gone for the next pod; what it writes on its volume stays."""
+    home = tmp_path / "controller-home"
+    home.mkdir()
+    (home / "canary").write_text("controller secret")
+    emu, core, batch = cluster()
+    assert machine_root.isolated()
+    logs = []
+    for attempt in ("1", "2"):
+        body = job(f"probe-{attempt}", PROBE, env=[{"name": "ATTEMPT", "value": attempt}])
+        spec = body["spec"]["template"]["spec"]
+        spec["containers"][0]["command"] += [str(home / "canary")]
+        spec["containers"][0]["workingDir"] = "/work/run"
+        spec["containers"][0]["volumeMounts"] = [{"name": "c", "mountPath": "/checkpoints"}]
+        spec["volumes"] = [
+            {"name": "c", "persistentVolumeClaim": {"claimName": "spotwise-checkpoints"}}
+        ]
+        batch.create_namespaced_job(NS, body)
+        pod = wait_for(
+            lambda a=attempt: (
+                (p := the_pod(core, f"probe-{a}")) is not None
+                and p.status.phase == "Succeeded"
+                and p
+            )
+        )
+        logs.append(json.loads(pod_log(core, pod.metadata.name)))
+    first, second = logs
+    assert first["canary"] == second["canary"] == "FileNotFoundError"
+    assert second["found"] == {"left-in-cwd": False, "/root/left-in-home": False}
+    assert first["cwd"] == "/work/run" and first["volume"] == [] and second["volume"] == ["1"]
+    claim = emu.state_dir / "volumes" / NS / "spotwise-checkpoints"
+    assert sorted(p.name for p in claim.iterdir()) == ["1", "2"]
+    assert not Path("/work/run").exists()  # nothing of the pod's disk reached the host

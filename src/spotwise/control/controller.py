@@ -56,7 +56,7 @@ from spotwise.control.providers import (
     Provider,
     make_provider,
 )
-from spotwise.control.providers.base import adoptable, orphans
+from spotwise.control.providers.base import adoptable, checkpoint_dir, orphans
 from spotwise.control.secret_refs import file_values
 from spotwise.control.spec import JobSpec
 from spotwise.control.store import Attempt, Job, JobState, Store, spotwise_home
@@ -149,6 +149,7 @@ def submit(store: Store, spec: JobSpec, spec_path: str | None = None) -> Job:
         resources=spec.resources,
     )
     check_world(spec, provider)
+    checkpoint_dir(spec.provider.name, provider.features, spec.checkpoint_dir, "<job id>")
     if spec.budget_usd is not None and spec.expected_runtime_s is not None:
         zone = provider.features.zones[0]
         market = "on-demand" if spec.market == "on-demand" or not provider.features.spot else "spot"
@@ -253,6 +254,13 @@ def attempts_dir(job_dir: Path) -> Path:
     return job_dir / "attempts"
 
 
+def job_checkpoint_dir(spec: JobSpec, provider: Provider, job_id: str, job_dir: Path) -> str:
+    """``$SPOTWISE_CHECKPOINT_DIR`` on the job's machines: durable for the provider (its rule,
+    ``checkpoint_dir``), else on the controller's host, the job directory."""
+    chosen = checkpoint_dir(spec.provider.name, provider.features, spec.checkpoint_dir, job_id)
+    return chosen or str(job_dir / "checkpoint")
+
+
 def launch_request(
     spec: JobSpec,
     provider: Provider,
@@ -267,7 +275,7 @@ def launch_request(
     """What attempt ``n`` of the job runs: command, environment, directories, placement
     (also what ``launch --dry-run`` shows, without ``reveal``ing secret files' contents, so it
     is built in this one place)."""
-    ckpt = spec.checkpoint_dir or str(job_dir / "checkpoint")
+    ckpt = job_checkpoint_dir(spec, provider, job_id, job_dir)
     features = provider.features
     env = dict(os.environ) if features.same_host else {}
     if features.platform is not None:
@@ -280,9 +288,11 @@ def launch_request(
         SPOTWISE_CHECKPOINT_DIR=ckpt,
         SPOTWISE_GRACE_S=f"{features.grace_s:g}",
     )
-    argv = [string.Template(a).safe_substitute(env) for a in spec.command]
-    if argv[0] in ("python", "python3") and features.same_host:
-        argv[0] = sys.executable  # the interpreter spotwise runs in (its virtualenv)
+    argv = list(spec.command)  # a remote machine expands $NAME itself, with its own values
+    if features.same_host:
+        argv = [string.Template(a).safe_substitute(env) for a in argv]
+        if argv[0] in ("python", "python3"):
+            argv[0] = sys.executable  # the interpreter spotwise runs in (its virtualenv)
     return LaunchRequest(
         job_id=job_id,
         n=n,
@@ -694,7 +704,11 @@ class Controller:
         return job.created_at + tick * self._tick_wall_s()
 
     def _checkpoint_dir(self, job: Job) -> str:
-        return self.spec.checkpoint_dir or str(job.dir / "checkpoint")
+        """Where the job's progress is read: its machines' checkpoints, where this host can
+        reach them (its own disk, an object store; not a pod's volume)."""
+        ckpt = job_checkpoint_dir(self.spec, self.provider, job.id, job.dir)
+        reachable = self.provider.features.same_host or "://" in ckpt
+        return ckpt if reachable else str(job.dir / "checkpoint")
 
     def _load_driver(self, job: Job) -> PolicyDriver | None:
         """The job's one policy object: restored from the store, else created once the job's

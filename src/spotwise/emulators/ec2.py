@@ -2,8 +2,10 @@
 
 moto answers ``RunInstances`` but runs nothing. This emulator watches the moto endpoint (with
 the real boto3) for instances tagged ``spotwise:job``, and plays each one's machine: it fetches
-the instance's user-data and runs it as a local process in its own process group, pointed at its
-own IMDS emulator (IMDSv2 required, as the provider asks). It then behaves as EC2 does:
+the instance's user-data and runs it as a local process in its own process group and its own
+root directory (``machine_root``: the image, a fresh disk lost with the instance, none of the
+controller's files), pointed at its own IMDS emulator (IMDSv2 required, as the provider asks).
+It then behaves as EC2 does:
 
 - the script exits: the instance shuts itself down (``InstanceInitiatedShutdownBehavior``
   terminate), so it is marked terminated;
@@ -33,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from spotwise.emulators import machine_root
 from spotwise.emulators.aws import AwsImdsEmulator
 
 JOB_TAG = "spotwise:job"
@@ -70,7 +73,9 @@ class Ec2DataPlane:
     appears (None or missing: never). ``instance_endpoint``: the AWS endpoint the instances'
     processes use (default ``endpoint``; a test puts a fault proxy in front of the controller
     only). ``python_bin``: a directory put first on the machines' PATH (default: this
-    interpreter's), standing for an AMI with the job's environment installed.
+    interpreter's), standing for an AMI with the job's environment installed. ``image``: the
+    job's code on that AMI (default: this process's working directory), beside this Python
+    and spotwise; nothing else of this host is on the machines' disk.
     """
 
     endpoint: str
@@ -82,6 +87,7 @@ class Ec2DataPlane:
     poll_s: float = 0.2
     instance_endpoint: str | None = None
     python_bin: str | None = None
+    image: Sequence[Path] | None = None
     machines: dict[str, Machine] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -99,6 +105,7 @@ class Ec2DataPlane:
         self._lock = threading.Lock()
         self._foreign: set[str] = set()
         self.errors: list[str] = []
+        self._image = machine_root.machine_image(self.image)
 
     # --- lifecycle -------------------------------------------------------------------------
     def start(self) -> Ec2DataPlane:
@@ -125,6 +132,14 @@ class Ec2DataPlane:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+    def interrupt(self, instance_id: str, now: float | None = None) -> None:
+        """Reclaim a running instance now: its spot notice, then the kill ``notice_lead_s``
+        later (what ``interrupt_after_s`` schedules, for a test that waits for an event)."""
+        with self._lock:
+            m = self.machines[instance_id]
+            m.notice_at = time.time() if now is None else now
+            m.kill_at = m.notice_at + self.notice_lead_s
 
     def _loop(self) -> None:
         while not self._stop.is_set():
@@ -165,15 +180,14 @@ class Ec2DataPlane:
             port=0, lead_s=self.notice_lead_s, imdsv2_required=True, instance_id=instance_id
         )
         env = self._machine_env(imds.start())
-        with open(home / "console.log", "ab") as console:
-            proc = subprocess.Popen(
-                ["/bin/bash", str(home / "user-data")],
-                cwd=home,
+        with open(home / "console.log", "ab") as console:  # (as cloud-init runs user-data)
+            proc = machine_root.start(
+                ["/bin/bash", "-c", script.decode(errors="replace"), "user-data"],
+                machine_dir=home / "machine",
+                image=self._image,
                 env=env,
-                stdin=subprocess.DEVNULL,
+                hide=[self.workdir],
                 stdout=console,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
             )
         index = len(self.machines)
         m = Machine(instance_id, index, proc, imds)
@@ -189,7 +203,6 @@ class Ec2DataPlane:
         bin_dir = self.python_bin or os.path.dirname(sys.executable)
         env = {
             "PATH": f"{bin_dir}:/usr/local/bin:/usr/bin:/bin",
-            "HOME": str(self.workdir),
             "LANG": "C.UTF-8",
             "AWS_ACCESS_KEY_ID": "testing",
             "AWS_SECRET_ACCESS_KEY": "testing",
@@ -210,6 +223,7 @@ class Ec2DataPlane:
             m.exit_code = code
             m.ended = "terminated" if m.stopped_by_api else "exited"
             m.imds.stop()
+            machine_root.discard(self.workdir / m.instance_id / "machine")
             if not m.stopped_by_api:
                 self._mark_terminated(m.instance_id, SHUTDOWN_REASON)
             return
@@ -233,6 +247,7 @@ class Ec2DataPlane:
             _killpg(m.proc.pid, signal.SIGKILL)
             m.exit_code = m.proc.wait()
             m.imds.stop()
+            machine_root.discard(self.workdir / m.instance_id / "machine")
             if m.interrupted and not m.stopped_by_api:
                 m.ended = "interrupted"
                 self._mark_terminated(m.instance_id, SPOT_REASON)

@@ -9,11 +9,13 @@ containers are local processes.
   ``onPodConditions``; FailJob / Ignore / Count), Complete / Failed conditions, and deletion with
   the batch API's propagation policies (the API default for Jobs is ``Orphan``: pods survive).
 - Kubelet: runs the container's ``command`` + ``args`` (``$(VAR)`` expanded) as a local process
-  in its own process group with the container's ``env`` (values, secret and field references),
-  ``workingDir`` and stdout/stderr kept for ``/log``. A local process has no mount namespace, so
-  a PVC volume is a host directory and paths under its ``mountPath`` are rewritten to it.
-  The image is ignored: the "image" is this machine's environment (``python`` is the running
-  interpreter).
+  in its own process group and its own root directory (``machine_root``) with the container's
+  ``env`` (values, secret and field references), ``workingDir`` and stdout/stderr kept for
+  ``/log``. The image is not pulled: the "image" is this machine's Python, spotwise and the
+  job's code (``image``), as copy-on-write layers; a PVC volume is a host directory mounted at
+  its ``mountPath``; whatever else the pod writes is gone with it. Where no mount namespace can
+  be made (not root), the pod gets a fresh HOME on the host and paths under a ``mountPath``
+  are rewritten to the volume's host directory.
 - Evictions on a schedule, the way a spot node is reclaimed: the pod gets the
   ``DisruptionTarget`` condition, SIGTERM to its process group, SIGKILL after its grace period,
   then phase Failed (``shutdown``: graceful node shutdown, the pod object stays) or, in
@@ -33,6 +35,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from spotwise.emulators import machine_root
 from spotwise.emulators.kube_api import Obj, ObjectStore, rfc3339
 
 GPU = "nvidia.com/gpu"
@@ -149,6 +152,7 @@ class Cluster:
         evict_mode: str = "shutdown",
         shutdown_grace_s: float | None = None,
         tick_s: float = 0.05,
+        image: list[Path] | None = None,
     ) -> None:
         if evict_mode not in ("shutdown", "delete"):
             raise ValueError(f"evict_mode must be 'shutdown' or 'delete', not {evict_mode!r}")
@@ -158,6 +162,8 @@ class Cluster:
         self.evict_mode = evict_mode
         self.shutdown_grace_s = shutdown_grace_s
         self.tick_s = tick_s
+        # what every container has besides the system: this Python, spotwise, the job's code
+        self.image = machine_root.machine_image(image)
         self.evictions: list[str] = []  # names of the pods evicted, in order
         self._started = 0  # pods that reached Running
         self._evict_at: dict[str, float] = {}  # pod uid -> monotonic eviction time
@@ -516,6 +522,9 @@ class Cluster:
             f"{pod['metadata']['name']} to {node}",
         )
 
+    def _machine_dir(self, pod: Obj) -> Path:
+        return self.state_dir / "machines" / pod["metadata"]["uid"]
+
     def _log_path(self, pod: Obj) -> Path:
         meta = pod["metadata"]
         return self.state_dir / "logs" / f"{meta['namespace']}_{meta['name']}_{meta['uid']}.log"
@@ -542,7 +551,6 @@ class Cluster:
         interpreter = str(Path(sys.executable).parent)
         env = {
             "PATH": f"{interpreter}:{os.environ.get('PATH', '/usr/bin:/bin')}",
-            "HOME": os.environ.get("HOME", "/tmp"),
             "HOSTNAME": pod["metadata"]["name"],
         }
         if "PYTHONPATH" in os.environ:  # the "image" is this environment, imports included
@@ -599,24 +607,25 @@ class Cluster:
                 self._event(pod, "Failed", f"Error: {missing}", warning=True)
             return
         mounts = self._volumes(pod)
-        env = {k: _remap(v, mounts) for k, v in env.items()}
-        argv = [
-            _remap(_expand(a, env), mounts)
-            for a in [*(spec.get("command") or []), *(spec.get("args") or [])]
-        ]
-        cwd = _remap(spec.get("workingDir") or str(self.state_dir), mounts)
+        argv = [_expand(a, env) for a in [*(spec.get("command") or []), *(spec.get("args") or [])]]
+        cwd = spec.get("workingDir")
+        if not machine_root.isolated():  # no mount namespace: the volumes' host paths instead
+            env = {k: _remap(v, mounts) for k, v in env.items()}
+            argv = [_remap(a, mounts) for a in argv]
+            cwd = cwd and _remap(cwd, mounts)
         log = self._log_path(pod)
         log.parent.mkdir(parents=True, exist_ok=True)
         with open(log, "ab") as out:
             try:
-                proc = subprocess.Popen(
+                proc = machine_root.start(
                     argv,
-                    cwd=cwd,
+                    machine_dir=self._machine_dir(pod),
+                    image=self.image,
                     env=env,
+                    volumes=mounts,
+                    hide=[self.state_dir],
+                    cwd=cwd,
                     stdout=out,
-                    stderr=subprocess.STDOUT,
-                    stdin=subprocess.DEVNULL,
-                    start_new_session=True,
                 )
             except OSError as exc:
                 self._end_pod(pod, 128, reason="StartError", message=str(exc))
@@ -656,6 +665,7 @@ class Cluster:
         if code is not None:
             del self._containers[meta["uid"]]
             self._evict_at.pop(meta["uid"], None)
+            machine_root.discard(self._machine_dir(pod))
             exit_code = code if code >= 0 else 128 - code
             evicted = has_condition(pod, "DisruptionTarget")
             self._end_pod(

@@ -67,7 +67,10 @@ def pool_nodes(
 
 
 class KubernetesEmulator:
-    """API server + cluster + kubeconfig under ``state_dir``; bound to 127.0.0.1 by default."""
+    """API server + cluster + kubeconfig under ``state_dir``; bound to 127.0.0.1 by default.
+
+    ``image``: the job's code in the pods' image (default: this process's working directory),
+    beside this Python and spotwise; nothing else of this host is in a pod (``machine_root``)."""
 
     def __init__(
         self,
@@ -84,6 +87,7 @@ class KubernetesEmulator:
         port: int = 0,
         token: str | None = None,
         history: int = 5000,
+        image: list[Path] | None = None,
     ) -> None:
         self.state_dir = Path(state_dir)
         self.namespace = namespace
@@ -97,6 +101,7 @@ class KubernetesEmulator:
             evict_after_s=list(evict_after_s),
             evict_mode=evict_mode,
             shutdown_grace_s=shutdown_grace_s,
+            image=image,
         )
         self.api = KubeApiServer(
             self.store,

@@ -41,6 +41,7 @@ from spotwise.control.providers.aws_placement import AwsPlacement, choose_placem
 from spotwise.control.providers.base import (
     MARKETS,
     AttemptStatus,
+    CheckpointHome,
     Features,
     Handle,
     LaunchRequest,
@@ -50,6 +51,7 @@ from spotwise.control.providers.base import (
     Prices,
     Pricing,
     parse_options,
+    remote_words,
 )
 from spotwise.errors import (
     CapacityError,
@@ -202,6 +204,9 @@ class AwsProvider:
         stray = sorted(set(self.opts.subnets) - set(zones))
         if stray:
             raise ConfigError(f"provider.aws.subnets: zones {stray} are not in provider.aws.zones")
+        from spotwise.storage.s3 import RetryPolicy, parse_s3_uri
+
+        self.bucket, self.prefix = parse_s3_uri(self.opts.s3)
         self.features = Features(
             zones=zones,
             spot=True,
@@ -209,10 +214,13 @@ class AwsProvider:
             poll_s=self.opts.poll_s,
             grace_s=self.opts.grace_s,
             same_host=False,
+            checkpoints=CheckpointHome(
+                default=f"{self.job_uri('{job_id}')}/checkpoint",
+                durable=("s3://",),
+                hint="give checkpoint_dir as an s3:// URI, or leave it out: each job then "
+                f"checkpoints to {self.opts.s3.rstrip('/')}/<job id>/checkpoint",
+            ),
         )
-        from spotwise.storage.s3 import RetryPolicy, parse_s3_uri
-
-        self.bucket, self.prefix = parse_s3_uri(self.opts.s3)
         self.retry = RetryPolicy.from_env()
         self._sleep, self._rand = sleep, random.Random()
         # one EC2 client per region (an instance is launched, watched and found in its zone's
@@ -688,11 +696,11 @@ class AwsProvider:
 
     def user_data(self, req: LaunchRequest) -> str:
         """The cloud-init script of one attempt (bash; no credentials in it)."""
-        env = dict(req.env)
-        if not env.get("SPOTWISE_CHECKPOINT_DIR", "").startswith("s3://"):
-            env["SPOTWISE_CHECKPOINT_DIR"] = f"{self.job_uri(req.job_id)}/checkpoint"
-        argv = [
-            self.opts.python if a in ("python", "python3") and i == 0 else a
+        env = req.env
+        words = [
+            shlex.quote(self.opts.python)
+            if a in ("python", "python3") and i == 0
+            else _bash_word(a, env)
             for i, a in enumerate(req.argv)
         ]
         exports = "\n".join(f"export {k}={shlex.quote(v)}" for k, v in sorted(env.items()))
@@ -714,7 +722,7 @@ STARTED=$(date +%s.%N)
 cd {shlex.quote(workdir)} || exit 1
 {setup}
 {secrets}
-exec {shlex.join(argv)}
+exec {" ".join(words)}
 ) >"$LOG" 2>&1 &
 PID=$!
 STOPPING=0  # the platform signals every process; this shell must live on to report
@@ -763,6 +771,17 @@ fi
         with open(log, "ab") as f:
             f.write(f"[spotwise] attempt {handle['n']} on aws {handle['id']}\n".encode() + text)
         marker.touch()
+
+
+def _bash_word(word: str, env: dict[str, str]) -> str:
+    """One command word for the instance's bash: its ``$NAME`` references to the exported
+    variables expanded there (quoted: one word, as written), everything else literal."""
+    return (
+        "".join(
+            f'"${{{text}}}"' if var else shlex.quote(text) for text, var in remote_words(word, env)
+        )
+        or "''"
+    )
 
 
 def report(argv: list[str] | None = None) -> int:

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import difflib
 import enum
-from collections.abc import Callable, Mapping
+import string
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, TypeVar, runtime_checkable
@@ -41,6 +42,8 @@ class LaunchRequest:
 
     job_id: str
     n: int
+    # a remote provider's (``same_host=False``) argv is the job's command as written: its
+    # machine expands the ``$NAME`` references in ``env`` (``remote_words``)
     argv: tuple[str, ...]
     workdir: Path
     env: dict[str, str]
@@ -100,6 +103,17 @@ class NoticeKind(str, enum.Enum):
 
 
 @dataclass(frozen=True)
+class CheckpointHome:
+    """Where a provider's machines keep checkpoints that outlive them (an object store, a
+    volume): a machine's own disk is lost with it, so a checkpoint directory anywhere else
+    would make every attempt start again from step 0."""
+
+    default: str | None  # a job's directory there ("{job_id}" is its id); None: none by default
+    durable: tuple[str, ...]  # what a job's own checkpoint_dir may start with
+    hint: str  # the fix, in the job file's words
+
+
+@dataclass(frozen=True)
 class Features:
     zones: tuple[str, ...]  # where attempts can be placed; never empty
     spot: bool = False  # can run on an interruptible market
@@ -116,10 +130,59 @@ class Features:
     # remote machine gets only the job's ``env`` and SPOTWISE_* (never the controller's
     # credentials) and runs ``python`` as found there.
     same_host: bool = True
+    # Where checkpoints survive the machine; None where the machine is the controller's host
+    # (any path lasts: the job directory by default)
+    checkpoints: CheckpointHome | None = None
 
     def __post_init__(self) -> None:
         if not self.zones:
             raise ValueError("a provider has at least one zone")
+
+
+def checkpoint_dir(provider: str, features: Features, given: str | None, job_id: str) -> str | None:
+    """The checkpoint directory a job's machines use (``$SPOTWISE_CHECKPOINT_DIR``): the job
+    file's, else the provider's durable default; None: the controller's job directory.
+
+    A directory the machine cannot reach after it is gone (a local path on a cloud instance,
+    a path outside the pod's volume) is refused: the job would never resume."""
+    home = features.checkpoints
+    if home is None:
+        return given
+    if given is None and home.default is not None:
+        return home.default.replace("{job_id}", job_id)
+    if given is not None and any(given.startswith(p) for p in home.durable):
+        return given
+    what = (
+        f"checkpoint_dir: {given!r} is on the machine's own disk"
+        if given is not None
+        else "checkpoint_dir is not set and there is no default"
+    )
+    raise ConfigError(
+        f"{what}: a {provider} machine's disk is lost with it, so every attempt would start "
+        "again from step 0",
+        hint=home.hint,
+    )
+
+
+def remote_words(word: str, names: Collection[str]) -> list[tuple[str, bool]]:
+    """One command word as ``(text, is_variable)`` parts, read as
+    ``string.Template.safe_substitute`` reads it: ``$NAME`` / ``${NAME}`` of ``names`` are
+    variables, anything else literal (``$$`` is ``$``, unknown names stay as written). A remote
+    provider renders the variables in its machine's own syntax, so a reference such as
+    ``$SPOTWISE_CHECKPOINT_DIR`` is expanded on the machine with the machine's value, and
+    expands to exactly what the controller would have expanded on its own host."""
+    parts: list[tuple[str, bool]] = []
+    at = 0
+    for m in string.Template.pattern.finditer(word):
+        name = m.group("named") or m.group("braced")
+        literal = "$" if m.group("escaped") is not None else None
+        if literal is None and name not in names:
+            continue  # not a reference we expand: stays in the literal text
+        parts.append((word[at : m.start()], False))
+        parts.append((literal, False) if literal is not None else (name, True))
+        at = m.end()
+    parts.append((word[at:], False))
+    return [(text, var) for text, var in parts if text or var]
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from spotwise.control.providers.base import (
     AttemptStatus,
+    CheckpointHome,
     Features,
     Handle,
     LaunchRequest,
@@ -36,6 +37,7 @@ from spotwise.control.providers.base import (
     Prices,
     Pricing,
     parse_options,
+    remote_words,
 )
 from spotwise.control.providers.kube_manifest import (
     GPU,
@@ -179,6 +181,7 @@ class KubernetesProvider:
             grace_s=self.opts.grace,
             platform="kubernetes",
             same_host=False,
+            checkpoints=self._checkpoint_home(),
         )
         self._informers: dict[str, tuple[_Informer, _Informer]] = {}
         self._log_copied: dict[str, float] = {}  # Job name -> when its pod's log was copied
@@ -327,10 +330,7 @@ class KubernetesProvider:
     # --- the four methods ---------------------------------------------------------------------
     def manifest(self, req: LaunchRequest) -> dict[str, Any]:
         """The Job of attempt ``req`` (what ``launch`` creates and ``--dry-run`` prints)."""
-        ckpt = self._pod_checkpoint_dir(req)
-        local_ckpt = req.env.get("SPOTWISE_CHECKPOINT_DIR", "")
-        # the controller expanded $SPOTWISE_CHECKPOINT_DIR to its own path: the pod's differs
-        argv = [a.replace(local_ckpt, ckpt) if local_ckpt else a for a in req.argv]
+        argv = [_kube_word(a, req.env) for a in req.argv]  # expanded in the pod
         from spotwise.control.secret_refs import kubernetes_secret_env
 
         # env_from's Kubernetes Secrets: secretKeyRef entries, as provider option secret_env
@@ -342,7 +342,7 @@ class KubernetesProvider:
             job_id=req.job_id,
             n=req.n,
             argv=argv,
-            env={**req.env, "SPOTWISE_CHECKPOINT_DIR": ckpt},
+            env=req.env,
             workdir=str(req.workdir),
             market=req.placement.market,
             gpu_count=self.gpu_count,
@@ -593,17 +593,22 @@ class KubernetesProvider:
                 raise ProviderError(f"cannot delete Job {name}: {_api_message(exc)}") from None
 
     # --- the pod's checkpoints ---------------------------------------------------------------
-    def _pod_checkpoint_dir(self, req: LaunchRequest) -> str:
-        local = req.env.get("SPOTWISE_CHECKPOINT_DIR", "")
-        if local.startswith("s3://"):
-            return local
+    def _checkpoint_home(self) -> CheckpointHome:
+        """The claim's mount (one directory per job), or an object store: what outlives a pod."""
+        mount = self.opts.checkpoint_mount
         if self.opts.checkpoint_pvc:
-            return f"{self.opts.checkpoint_mount}/{req.job_id}"
-        # a ProviderError, not a ConfigError: the controller ends the attempt with this message
-        raise ProviderError(
-            "provider.kubernetes: a pod's checkpoints need somewhere to live after the pod is gone",
-            hint="set provider.kubernetes.checkpoint_pvc (a PersistentVolumeClaim)"
-            " or an s3:// checkpoint_dir",
+            return CheckpointHome(
+                default=f"{mount}/{{job_id}}",
+                durable=(f"{mount}/", "s3://"),
+                hint=f"give checkpoint_dir under {mount}/ (the volume claim "
+                f"{self.opts.checkpoint_pvc!r} is mounted there) or as an s3:// URI, or leave "
+                f"it out: each job then checkpoints to {mount}/<job id>",
+            )
+        return CheckpointHome(
+            default=None,
+            durable=("s3://",),
+            hint="set provider.kubernetes.checkpoint_pvc (a PersistentVolumeClaim, mounted at "
+            f"{mount}) or give checkpoint_dir as an s3:// URI",
         )
 
 
@@ -618,6 +623,14 @@ def _condition(obj: Any, ctype: str, status: str = "True") -> Any:
         if cond.type == ctype and cond.status == status:
             return cond
     return None
+
+
+def _kube_word(word: str, env: dict[str, str]) -> str:
+    """One command word with its ``$NAME`` references to the container's env as Kubernetes'
+    ``$(NAME)``, which the kubelet expands in the pod; other ``$`` are escaped (``$$``)."""
+    return "".join(
+        f"$({text})" if var else text.replace("$", "$$") for text, var in remote_words(word, env)
+    )
 
 
 def _api_message(exc: Any) -> str:
