@@ -72,7 +72,7 @@ def acquire(run_dir: Path) -> int:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             return fd
         except BlockingIOError as exc:
-            holder = holder_pid(fd)
+            holder = _holder_pid(fd)
             if holder == os.getpid() or (deadline is not None and time.monotonic() >= deadline):
                 release(fd)
                 here = holder == os.getpid()
@@ -95,7 +95,7 @@ def acquire(run_dir: Path) -> int:
         time.sleep(_RETRY_S)
 
 
-def holder_pid(fd: int) -> int | None:
+def _holder_pid(fd: int) -> int | None:
     """The pid of the process holding an flock on ``fd``'s file, from ``/proc/locks`` (Linux;
     None where it is not readable or the holder is outside this pid namespace)."""
     stat = os.fstat(fd)
