@@ -25,11 +25,16 @@ SAVED = re.compile(r"saved step (\d+) in \S+; exiting with code 75")
 
 
 def launch(
-    nproc: int, script: str | Path, *args: str, env: dict[str, str] | None = None
+    nproc: int,
+    script: str | Path,
+    *args: str,
+    env: dict[str, str] | None = None,
+    launcher: str = "torch.distributed.run",
 ) -> subprocess.Popen[str]:
     """``torchrun --standalone`` of ``script`` with ``nproc`` ranks, the agent in a process
-    group of its own (torch elastic puts each worker in one of its own too)."""
-    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    group of its own (torch elastic puts each worker in one of its own too); ``launcher`` may
+    be ``spotwise.runtime.launch`` (same arguments, exit 75 kept)."""
+    argv = [sys.executable, "-m", launcher, "--standalone"]
     argv += [f"--nproc-per-node={nproc}", str(script), *args]
     env = {**os.environ, "SPOTWISE_PLATFORM": "none", "OMP_NUM_THREADS": "1", **(env or {})}
     return subprocess.Popen(
@@ -80,11 +85,16 @@ def wait_for(path: Path, proc: subprocess.Popen[str], timeout: float = 90) -> No
 
 
 def torchrun(
-    nproc: int, run_dir: Path, steps: int, *args: str, env: dict[str, str] | None = None
+    nproc: int,
+    run_dir: Path,
+    steps: int,
+    *args: str,
+    env: dict[str, str] | None = None,
+    launcher: str = "torch.distributed.run",
 ) -> subprocess.Popen[str]:
     """``torchrun --standalone`` of the digits example, in its own process group."""
     args = ("--run-dir", str(run_dir), "--steps", str(steps), "--save-every", "10", *args)
-    return launch(nproc, SCRIPT, *args, env=env)
+    return launch(nproc, SCRIPT, *args, env=env, launcher=launcher)
 
 
 def completed(nproc: int, run_dir: Path, steps: int, *args: str) -> tuple[str, list[int]]:
@@ -94,6 +104,12 @@ def completed(nproc: int, run_dir: Path, steps: int, *args: str) -> tuple[str, l
     hashes = HASH.findall(out)
     assert len(hashes) == 1, out[-3000:]  # rank 0 alone prints it
     return hashes[0], [int(s) for s in RESUMED.findall(out)]
+
+
+@pytest.fixture(scope="session")
+def digits_reference(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The final hash of an uninterrupted 40-step digits run on two ranks (run once)."""
+    return completed(2, tmp_path_factory.mktemp("reference"), 40)[0]
 
 
 def rank_pid(proc: subprocess.Popen[str], rank: int, timeout: float = 60) -> int:

@@ -55,8 +55,9 @@ def steps_in(run_dir: Path) -> list[int]:
     return sorted(int(p.name[5:]) for p in run_dir.glob("step-*"))
 
 
-def test_ddp_survives_kills_and_notices_and_a_corrupt_shard(tmp_path: Path) -> None:
-    reference, _ = completed(2, tmp_path / "reference", 40)
+def test_ddp_survives_kills_and_notices_and_a_corrupt_shard(
+    tmp_path: Path, digits_reference: str
+) -> None:
     run_dir = tmp_path / "run"
 
     # the machine lost (every process, DataLoader workers too, SIGKILLed at once), while one port
@@ -107,7 +108,7 @@ def test_ddp_survives_kills_and_notices_and_a_corrupt_shard(tmp_path: Path) -> N
     older = [s for s in steps_in(run_dir) if s < newest][-1]
     final, resumed = completed(2, run_dir, 40)
     assert resumed == [older, older]
-    assert final == reference
+    assert final == digits_reference
 
 
 def test_fsdp2_state_reshards_between_world_sizes(tmp_path: Path) -> None:

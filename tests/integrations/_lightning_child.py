@@ -2,10 +2,12 @@
 LightningDataModule, appending one JSON line per training step to TRACE and printing
 ``final-weights-sha256: ...`` at the end.
 
-argv: RUN_DIR TRACE MODE WORKERS
+argv: RUN_DIR TRACE MODE WORKERS [DATA]
   spotwise  SpotwiseCallback(RUN_DIR, every=3); fit(model, datamodule)
   plain     Lightning's own resume: ModelCheckpoint(every_n_train_steps=2, save_last=True) and
             fit(model, datamodule, ckpt_path="last") (what Lightning's docs say to do)
+  DATA      "datamodule" (default: its loader keeps persistent workers) or "loaders": the same
+            loader without persistent workers, passed as fit(model, train_dataloaders=...)
 """
 
 from __future__ import annotations
@@ -38,13 +40,13 @@ class Data(L.LightningDataModule):
         x = torch.randn(SIZE, 6, generator=g)
         self.train = TensorDataset(x, (x.sum(1) > 0).long())
 
-    def train_dataloader(self) -> DataLoader:
+    def train_dataloader(self, persistent: bool = True) -> DataLoader:
         return DataLoader(
             self.train,
             batch_size=BATCH,
             shuffle=True,
             num_workers=self.workers,
-            persistent_workers=self.workers > 0,
+            persistent_workers=persistent and self.workers > 0,
         )
 
 
@@ -95,7 +97,12 @@ def main() -> None:
         enable_model_summary=False,
         default_root_dir=run_dir + "-logs",
     )
-    trainer.fit(model, Data(workers), **kwargs)
+    data = Data(workers)
+    if sys.argv[5:] == ["loaders"]:
+        data.setup("fit")
+        trainer.fit(model, train_dataloaders=data.train_dataloader(persistent=False), **kwargs)
+    else:
+        trainer.fit(model, data, **kwargs)
     resumed = callbacks[0].run.resumed_from if mode == "spotwise" else kwargs.get("ckpt_path")
     if resumed is not None:
         print(f"resumed-from: {getattr(resumed, 'step', resumed)}", flush=True)

@@ -25,9 +25,11 @@ WORKERS = 2
 pytestmark = pytest.mark.e2e
 
 
-def launch(run_dir: Path, trace: Path, mode: str) -> subprocess.Popen[str]:
+def launch(
+    run_dir: Path, trace: Path, mode: str, data: str = "datamodule"
+) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, str(CHILD), str(run_dir), str(trace), mode, str(WORKERS)],
+        [sys.executable, str(CHILD), str(run_dir), str(trace), mode, str(WORKERS), data],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -78,13 +80,43 @@ def interrupted(
 STRIKES = (4, 9, 13)
 
 
-def test_killed_fit_ends_like_the_uninterrupted_one(tmp_path: Path) -> None:
-    reference = finish(launch(tmp_path / "ref", tmp_path / "ref.jsonl", "spotwise"))
-    expected = per_step(lines(tmp_path / "ref.jsonl"))
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, dict]:
+    """The uninterrupted run's final hash and (loss, batch sum) per step."""
+    tmp = tmp_path_factory.mktemp("reference")
+    out = finish(launch(tmp / "ref", tmp / "ref.jsonl", "spotwise"))
+    return final_hash(out), per_step(lines(tmp / "ref.jsonl"))
+
+
+def test_killed_fit_ends_like_the_uninterrupted_one(
+    tmp_path: Path, reference: tuple[str, dict]
+) -> None:
     digest, records = interrupted(tmp_path, "spotwise", STRIKES)
-    assert per_step(records) == expected
-    assert digest == final_hash(reference)
-    assert len(records) > len(expected)  # the kills really replayed steps
+    assert per_step(records) == reference[1]
+    assert digest == reference[0]
+    assert len(records) > len(reference[1])  # the kills really replayed steps
+
+
+@pytest.mark.parametrize("data", ["datamodule", "loaders"])
+def test_a_group_sigterm_saves_despite_the_loader_workers(
+    tmp_path: Path, reference: tuple[str, dict], data: str
+) -> None:
+    """SIGTERM to the whole process group (a container stop, SLURM signalling every process):
+    the loader's two workers get it too, and must leave the notice to the training process,
+    with persistent workers (the datamodule's) and without (``train_dataloaders=``)."""
+    run_dir, trace = tmp_path / "run", tmp_path / "run.jsonl"
+    child = launch(run_dir, trace, "spotwise", data)
+    while len(lines(trace)) < 6:  # mid-epoch, past the first checkpoints
+        assert child.poll() is None, child.communicate()[1][-3000:]
+        time.sleep(0.005)
+    os.killpg(child.pid, signal.SIGTERM)
+    _, err = child.communicate(timeout=60)
+    assert child.returncode == EXIT_INTERRUPTED, err[-3000:]
+    assert f"exiting with code {EXIT_INTERRUPTED}" in err and "DataLoader worker" not in err
+    out = finish(launch(run_dir, trace, "spotwise", data))
+    assert "resumed-from: " in out
+    assert per_step(lines(trace)) == reference[1]
+    assert final_hash(out) == reference[0]
 
 
 def test_plain_lightning_resume_differs_on_the_same_script(tmp_path: Path) -> None:

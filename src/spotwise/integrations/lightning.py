@@ -9,7 +9,9 @@ optimizers, schedulers, precision plugin, loops' progress, callbacks, datamodule
 ``dump_checkpoint`` and handed back to Lightning's checkpoint connector before it restores, plus
 the position of the train loader, which the callback replaces by one around spotwise's
 resumable batch sampler (Lightning replays a plain loader from its start after a mid-epoch
-resume), and Run's RNGs.
+resume), and Run's RNGs. Its workers are forked as Run forks its own
+(:mod:`spotwise.runtime.workers`): a SIGTERM to the whole process group reaches only the
+training process, which saves and exits 75.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from spotwise.notices.signals import SignalDetector
 from spotwise.registry import require
 from spotwise.runtime.run import Run
 from spotwise.runtime.sampler import ResumableBatchSampler, derive_seed, make_resumable
+from spotwise.runtime.workers import LoaderWorkers
 
 _lightning = require("lightning", "lightning", "the Lightning integration")
 _Callback: Any = _lightning.Callback
@@ -153,6 +156,9 @@ class SpotwiseCallback(_Callback):
                 hint="return a single torch DataLoader from train_dataloader()",
             )
         resumable, sampler = make_resumable(loader, run.seed)
+        # Lightning iterates it: its workers must still ignore a notice sent to the whole
+        # process group (a container stop), or they die and fail the step or the save
+        LoaderWorkers(resumable).protect_iterators()
         self._loader, self._position.sampler = resumable, sampler
         if self._position.loaded is not None:
             sampler.load_state_dict(self._position.loaded)

@@ -55,7 +55,7 @@ from spotwise.errors import (
 from spotwise.exitcode import EXIT_INTERRUPTED
 from spotwise.notices.base import Notice, NoticeSource
 from spotwise.notices.watcher import open_notices
-from spotwise.runtime import dirlock, distributed
+from spotwise.runtime import agent, dirlock, distributed
 from spotwise.runtime.commit import (
     CheckpointInfo,
     LoadedCheckpoint,
@@ -273,6 +273,8 @@ class Run:
             self._resume()
             restore_s = time.monotonic() - restore_started
             self._notices = open_notices(notices)
+            if self._ranks is not None:  # a rank whose torchrun agent is gone: one more notice
+                self._notices = agent.watch_agent(self._notices)
             self.telemetry = RunTelemetry(
                 self, metrics_port=metrics_port, gpu_sample_s=gpu_sample_s
             )

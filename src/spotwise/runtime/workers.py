@@ -15,9 +15,10 @@ emergency save included: exit 1, no checkpoint. Three measures keep the notice p
   worker handler does, because ``multiprocessing`` stops the workers of an iterator still alive
   at exit (persistent workers, say) with ``terminate()`` and then waits for them. SIGTERM stays
   blocked in the worker and a thread reads each one with its sender (``sigwaitinfo``);
-- workers are forked with those signals blocked (:meth:`LoaderWorkers.start`), so a group signal
-  that comes before a new worker has reached its init stays pending and is then discarded by
-  SIG_IGN, instead of killing the worker in its first milliseconds;
+- workers are forked with those signals blocked (:meth:`LoaderWorkers.start`, or
+  :meth:`LoaderWorkers.protect_iterators` for a loader that other code iterates, as Lightning
+  does), so a group signal that comes before a new worker has reached its init stays pending
+  and is then discarded by SIG_IGN, instead of killing the worker in its first milliseconds;
 - torch's worker-failure check may raise only inside the call that fetches the next batch
   (:meth:`LoaderWorkers.next`); anywhere else its error is held until that call. A worker that
   dies anyway (the OOM killer, a SIGKILL) thus surfaces as :class:`DataLoaderError` between two
@@ -31,6 +32,7 @@ training process can neither block nor touch the restart.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import threading
@@ -158,14 +160,38 @@ class LoaderWorkers:
             return iter(self.loader)
         if self._guard is None and not self._closed:
             self._guard = _acquire_guard()
-        signals = watched_signals()
-        before = signal.pthread_sigmask(signal.SIG_BLOCK, signals)
-        self.init.ignore = signals
-        self.init.unblock = tuple(s for s in signals if s not in before)
-        self.init.parent = os.getpid()
-        try:
+        with self._forking(self.init):
             self._current = iter(self.loader)
             return self._current
+
+    def protect_iterators(self) -> None:
+        """For a loader that other code iterates (Lightning's fit loop): every iterator the
+        loader creates forks its workers as :meth:`start` does, so they ignore the notice
+        signals. ``DataLoader.__iter__`` creates them through ``_get_iterator``, which is
+        wrapped on this loader alone. A worker that dies anyway (the OOM killer) raises torch's
+        own error: its batches are not read through :meth:`next`, so no guard holds it."""
+        init = self.init
+        if init is None:
+            return
+        create = self.loader._get_iterator
+
+        def forked() -> Iterator[Any]:
+            with self._forking(init):
+                return create()
+
+        self.loader._get_iterator = forked  # type: ignore[method-assign,assignment]
+
+    @staticmethod
+    @contextlib.contextmanager
+    def _forking(init: WorkerInit) -> Iterator[None]:
+        """The notice signals blocked while workers are forked, and ignored in them."""
+        signals = watched_signals()
+        before = signal.pthread_sigmask(signal.SIG_BLOCK, signals)
+        init.ignore = signals
+        init.unblock = tuple(s for s in signals if s not in before)
+        init.parent = os.getpid()
+        try:
+            yield
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, before)
 
