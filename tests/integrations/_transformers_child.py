@@ -8,7 +8,8 @@ argv: RUN_DIR TRACE MODE MODEL PRECISION WORKERS
   MODE       spotwise: SpotwiseCallback(RUN_DIR, every=2); trainer.train()
              plain: the Trainer's own checkpoints every 2 steps in RUN_DIR and
              train(resume_from_checkpoint=True) once one exists (what its docs say to do)
-  MODEL      gpt2 (causal LM) or bert (masked LM, masks drawn in the dataset, so in workers)
+  MODEL      gpt2 (causal LM), bert (masked LM, masks drawn in the dataset, so in workers) or
+             gpt2-sft (the GPT-2 trained by TRL's SFTTrainer)
   PRECISION  fp32 or bf16
 """
 
@@ -61,8 +62,34 @@ class Tokens(Dataset):
         return {"input_ids": torch.where(masked, torch.full_like(ids, 3), ids), "labels": labels}
 
 
+def sft_trainer(model: torch.nn.Module, args: TrainingArguments, callbacks: list[Any]) -> Trainer:
+    """TRL's SFTTrainer on the same token ids, pre-tokenized, with a word-level tokenizer made
+    here (its collator pads and makes the labels)."""
+    import datasets
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+    from trl import SFTConfig, SFTTrainer
+
+    vocab = {f"t{i}": i for i in range(VOCAB)}
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=Tokenizer(models.WordLevel(vocab, unk_token="t3")),
+        pad_token="t0",
+        eos_token="t2",
+        unk_token="t3",
+    )
+    config = SFTConfig(**{**args.to_dict(), "max_length": LENGTH, "dataset_num_proc": None})
+    rows = {"input_ids": Tokens("gpt2").ids.tolist()}
+    return SFTTrainer(
+        model=model,
+        args=config,
+        train_dataset=datasets.Dataset.from_dict(rows),
+        processing_class=tokenizer,
+        callbacks=callbacks,
+    )
+
+
 def build(model: str) -> torch.nn.Module:
-    if model == "gpt2":
+    if model.startswith("gpt2"):
         config = GPT2Config(
             vocab_size=VOCAB,
             n_positions=LENGTH,
@@ -131,7 +158,12 @@ def main() -> None:
         from spotwise.integrations.transformers import SpotwiseCallback
 
         callbacks.append(SpotwiseCallback(run_dir, every=2))
-    trainer = Trainer(model=model, args=args, train_dataset=Tokens(model_name), callbacks=callbacks)
+    if model_name == "gpt2-sft":  # TRL's SFTTrainer, a Trainer subclass with the same loop
+        trainer = sft_trainer(model, args, callbacks)
+    else:
+        trainer = Trainer(
+            model=model, args=args, train_dataset=Tokens(model_name), callbacks=callbacks
+        )
     trace_losses(model, trainer, trace)
     resume = mode == "plain" and any(Path(run_dir).glob("checkpoint-*"))
     trainer.train(resume_from_checkpoint=True if resume else None)

@@ -6,6 +6,7 @@ main PID and SIGTERM to the process group for GPT-2, SIGKILL and SIGTERM to the 
 for BERT; a SIGTERM ends with exit 75 after a committed checkpoint) and restarted at once each
 time, a run ends with the uninterrupted run's weights and the same loss at every micro-batch.
 The Trainer's own ``resume_from_checkpoint`` on the same script is measured too, and does not.
+TRL's ``SFTTrainer`` is checked the same way on the GPT-2 script.
 """
 
 from __future__ import annotations
@@ -159,6 +160,22 @@ def test_the_trainers_own_resume_differs_on_the_same_script(
     print(f"trainer-own-resume: {len(differing)} of {len(reference)} micro-batch losses differ")
     assert final != digest
     assert differing
+
+
+def test_trls_sft_trainer_resumes_exactly(tmp_path: Path) -> None:
+    """TRL's ``SFTTrainer`` (a Trainer subclass with its own loss, collator and tokenized
+    dataset, the same loop) on the GPT-2 script: killed by SIGKILL and a group SIGTERM, it
+    ends like the uninterrupted run."""
+    pytest.importorskip("trl")
+    reference = tmp_path / "reference"
+    digest = final_hash(
+        finish(launch(reference, tmp_path / "reference.jsonl", "spotwise", "gpt2-sft", "fp32"))
+    )
+    patterns = ("SIGKILL main", "SIGTERM group")
+    final, records = interrupted(tmp_path, "spotwise", "gpt2-sft", "fp32", patterns, seed=5)
+    assert per_micro(records) == per_micro(lines(tmp_path / "reference.jsonl"))
+    assert final == digest
+    assert len(records) > len(lines(tmp_path / "reference.jsonl"))
 
 
 # --- settings spotwise cannot make exact: refused before training, naming the setting ---------
