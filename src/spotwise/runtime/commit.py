@@ -75,7 +75,7 @@ from spotwise.runtime.format import (
     tensor_views,
 )
 from spotwise.runtime.retention import RetentionPolicy, choose_deletions
-from spotwise.runtime.state import decode
+from spotwise.runtime.state import RUN_KIND, check_run_state, decode
 
 log = logging.getLogger(__name__)
 
@@ -271,8 +271,10 @@ def write_checkpoint(
     *,
     metrics: Mapping[str, float] | None = None,
     wall_time: float | None = None,
+    kind: str | None = None,
 ) -> CheckpointInfo:
     """Durably write and commit checkpoint ``step``; returns its info once it is visible.
+    ``kind`` (``state.RUN_KIND`` from Run) has every reader check the state's structure.
 
     Raises SaveError (naming the cause: disk full, read-only...) with the temporary directory
     removed and every earlier checkpoint untouched.
@@ -298,10 +300,12 @@ def write_checkpoint(
                 for n, c in contents.items()
             }
         files: dict[str, dict[str, Any]] = {n: w.result() for n, w in writes.items()}
+        for i, part in enumerate(parts):  # the record of each file's tensors
+            files[tensor_file_name(i)]["header_crc32c"] = f"{crc32c.crc32c(part.layout.header):08x}"
         delay = float(os.environ.get(_WRITE_DELAY_ENV, "0") or 0)
         if delay > 0:
             time.sleep(delay)
-        raw = manifest_bytes(step, wall, metrics, files)
+        raw = manifest_bytes(step, wall, metrics, files, kind=kind)
         _write_file(tmp / MANIFEST, (raw,), opened)
         _publish(tmp, final, opened)
     except BaseException as exc:
@@ -316,7 +320,12 @@ def write_checkpoint(
 
 
 def manifest_bytes(
-    step: int, wall: float, metrics: Mapping[str, float] | None, files: Mapping[str, Any]
+    step: int,
+    wall: float,
+    metrics: Mapping[str, float] | None,
+    files: Mapping[str, Any],
+    *,
+    kind: str | None = None,
 ) -> bytes:
     """The manifest of step ``step`` listing ``files`` (name -> size and CRC32C): the one
     writer of manifests, local or remote."""
@@ -328,6 +337,8 @@ def manifest_bytes(
         "metrics": dict(metrics or {}),
         "files": dict(files),
     }
+    if kind is not None:
+        manifest["kind"] = kind
     return json.dumps(manifest, indent=1).encode()
 
 
@@ -594,10 +605,20 @@ def _check_crc(crc: int, entry: FileEntry, file: Path) -> None:
         )
 
 
-def _tensor_header(fd: int, size: int, file: Path) -> Header:
-    length = header_length(_pread_exact(fd, min(size, 8), 0, file), size, str(file))
+def _tensor_header(fd: int, size: int, entry: FileEntry, file: Path) -> Header:
+    """The parsed header of a tensor file, checked against the manifest's record of it."""
+    first8 = _pread_exact(fd, min(size, 8), 0, file)
+    length = header_length(first8, size, str(file))
     raw = _pread_exact(fd, length, 8, file)
-    return Header(length, raw, parse_header(raw, size - 8 - length, str(file)))
+    header = Header(length, raw, parse_header(raw, size - 8 - length, str(file)))
+    if entry.header_crc32c is not None:
+        crc = crc32c.crc32c(raw, crc32c.crc32c(first8))
+        if f"{crc:08x}" != entry.header_crc32c:
+            raise CorruptCheckpointError(
+                f"{file}: its tensors (names, dtypes, shapes or byte ranges) differ from the "
+                "manifest's record of them"
+            )
+    return header
 
 
 def fresh_buffer(size: int, *, zeroed: bool = False) -> torch.Tensor:
@@ -685,7 +706,8 @@ def _inspect(path: Path, step: int | None, depth: Depth, share: Share | None = N
                 )
         # the headers next, from their few bytes: a bad one is refused before any big read
         headers = {
-            name: _tensor_header(*opened[name], path / name) for name in manifest.tensor_files
+            name: _tensor_header(*opened[name], manifest.files[name], path / name)
+            for name in manifest.tensor_files
         }
         read = _Read(manifest, raw)
         mine = None if share is None or depth != Depth.LOAD else frozenset(share(manifest))
@@ -709,6 +731,13 @@ def _inspect(path: Path, step: int | None, depth: Depth, share: Share | None = N
                 _check_crc(_stream_crc(fd, size, file), entry, file)
         if depth == Depth.LOAD:
             read.doc = _decoded(read.state, read.tensors, path / STATE_FILE)
+            if manifest.kind == RUN_KIND:
+                try:
+                    check_run_state(read.doc, manifest.step)
+                except CorruptCheckpointError as exc:
+                    raise CorruptCheckpointError(
+                        f"{path / STATE_FILE}: {exc.message}", hint=exc.hint
+                    ) from exc
         return read
     finally:
         for fd, _ in opened.values():
