@@ -55,7 +55,12 @@ def test_large_state_is_spread_over_listed_files_each_checked(tmp_path: Path) ->
     for name in parts:
         data = (info.path / name).read_bytes()
         crc = f"{crc32c.crc32c(data):08x}"
-        assert manifest["files"][name] == {"size": len(data), "crc32c": crc}
+        header = data[: 8 + int.from_bytes(data[:8], "little")]  # each file's record of it
+        assert manifest["files"][name] == {
+            "size": len(data),
+            "crc32c": crc,
+            "header_crc32c": f"{crc32c.crc32c(header):08x}",
+        }
         assert len(data) >= 128 * MiB  # dealt out evenly (9 and 8 tensors + 1 small one)
         part = load_file(info.path / name)  # each is a standard safetensors file
         assert not set(part) & set(seen)

@@ -15,7 +15,9 @@ cannot hang it and a device cannot feed it, and parses everything within the lim
 
 Removing (retention, temporaries, the replaced copy of a step): nothing is ever followed out of
 the run directory; a link is removed as a link, and the manifest goes first so a half-deleted
-checkpoint is never mistaken for a valid one.
+checkpoint is never mistaken for a valid one. Every removal and rename, and every open of a
+checkpoint's directory, is relative to a descriptor of the directory holding the entry
+(:mod:`spotwise.dirfd`).
 """
 
 from __future__ import annotations
@@ -25,7 +27,6 @@ import json
 import logging
 import mmap
 import os
-import shutil
 import stat
 import time
 import uuid
@@ -41,6 +42,16 @@ from typing import Any
 import crc32c
 import torch
 
+from spotwise.dirfd import (
+    NOFOLLOW,
+    entry_mode,
+    open_dir,
+    open_subdir,
+    opened_dir,
+    remove_entry,
+    remove_path,
+    rename_entry,
+)
 from spotwise.errors import CorruptCheckpointError, SaveError
 from spotwise.runtime.format import (
     FORMAT,
@@ -64,7 +75,7 @@ from spotwise.runtime.format import (
     tensor_views,
 )
 from spotwise.runtime.retention import RetentionPolicy, choose_deletions
-from spotwise.runtime.state import decode
+from spotwise.runtime.state import RUN_KIND, check_run_state, decode
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +96,7 @@ _PART_BYTES = 128 << 20
 # Failpoint for crash tests: seconds to sleep after the tensor file is written and before the
 # manifest, so that a test can SIGKILL the process while a save is half done.
 _WRITE_DELAY_ENV = "SPOTWISE_TEST_WRITE_DELAY_S"
-_NOFOLLOW = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
+_NOFOLLOW = os.O_RDONLY | NOFOLLOW
 _helpers: tuple[int, ThreadPoolExecutor] | None = None  # see _helper_pool
 
 
@@ -125,11 +136,8 @@ class CheckpointInfo:
 
 # --- durable-file primitives (also used by storage/local.py) -----------------------------------
 def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
+    with opened_dir(path) as fd:
         os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def disk_problem(exc: OSError) -> str | None:
@@ -168,14 +176,11 @@ def _save_error(exc: OSError, step: int, run_dir: Path) -> SaveError:
 
 
 def remove_tree(path: Path) -> None:
-    """Remove ``path`` without following links: a link (or a stray file) is unlinked itself,
-    a directory is removed with ``shutil.rmtree``, which never follows links inside it."""
+    """Remove ``path`` without following links (:func:`~spotwise.dirfd.remove_path`):
+    a link (or a stray file) is unlinked itself, a directory's contents are removed by
+    descriptors. Failures are logged: a leftover costs disk space, not correctness."""
     try:
-        mode = os.lstat(path).st_mode
-        if stat.S_ISDIR(mode):
-            shutil.rmtree(path)
-        else:
-            os.unlink(path)
+        remove_path(path)
     except FileNotFoundError:
         pass
     except OSError as exc:
@@ -253,7 +258,8 @@ def _write_file(
 def temporary_dir(run_dir: Path, step: int) -> Path:
     """A new hidden directory next to the checkpoints, to build step ``step`` in."""
     tmp = run_dir / f"{TMP_PREFIX}{step:08d}-{uuid.uuid4().hex[:8]}"
-    tmp.mkdir()
+    with opened_dir(run_dir) as parent:
+        os.mkdir(tmp.name, dir_fd=parent)
     return tmp
 
 
@@ -265,8 +271,10 @@ def write_checkpoint(
     *,
     metrics: Mapping[str, float] | None = None,
     wall_time: float | None = None,
+    kind: str | None = None,
 ) -> CheckpointInfo:
     """Durably write and commit checkpoint ``step``; returns its info once it is visible.
+    ``kind`` (``state.RUN_KIND`` from Run) has every reader check the state's structure.
 
     Raises SaveError (naming the cause: disk full, read-only...) with the temporary directory
     removed and every earlier checkpoint untouched.
@@ -292,10 +300,12 @@ def write_checkpoint(
                 for n, c in contents.items()
             }
         files: dict[str, dict[str, Any]] = {n: w.result() for n, w in writes.items()}
+        for i, part in enumerate(parts):  # the record of each file's tensors
+            files[tensor_file_name(i)]["header_crc32c"] = f"{crc32c.crc32c(part.layout.header):08x}"
         delay = float(os.environ.get(_WRITE_DELAY_ENV, "0") or 0)
         if delay > 0:
             time.sleep(delay)
-        raw = manifest_bytes(step, wall, metrics, files)
+        raw = manifest_bytes(step, wall, metrics, files, kind=kind)
         _write_file(tmp / MANIFEST, (raw,), opened)
         _publish(tmp, final, opened)
     except BaseException as exc:
@@ -310,7 +320,12 @@ def write_checkpoint(
 
 
 def manifest_bytes(
-    step: int, wall: float, metrics: Mapping[str, float] | None, files: Mapping[str, Any]
+    step: int,
+    wall: float,
+    metrics: Mapping[str, float] | None,
+    files: Mapping[str, Any],
+    *,
+    kind: str | None = None,
 ) -> bytes:
     """The manifest of step ``step`` listing ``files`` (name -> size and CRC32C): the one
     writer of manifests, local or remote."""
@@ -322,6 +337,8 @@ def manifest_bytes(
         "metrics": dict(metrics or {}),
         "files": dict(files),
     }
+    if kind is not None:
+        manifest["kind"] = kind
     return json.dumps(manifest, indent=1).encode()
 
 
@@ -399,8 +416,9 @@ def commit_staged(tmp: Path, final: Path) -> None:
     and the directory, rename into place, fsync the parent."""
     opened: list[int] = []
     try:
-        for name in os.listdir(tmp):
-            opened.append(os.open(tmp / name, _NOFOLLOW))
+        with opened_dir(tmp, follow=False) as staged:
+            for name in os.listdir(staged):
+                opened.append(os.open(name, _NOFOLLOW, dir_fd=staged))
         _publish(tmp, final, opened)
     finally:
         _close_all(opened)
@@ -410,20 +428,23 @@ def _publish(tmp: Path, final: Path, opened: list[int]) -> None:
     # The rename is the commit, so the files and their directory may be fsynced concurrently
     # (the file system groups them into one journal commit instead of one per file), as long as
     # all of them are durable before the directory becomes visible.
-    opened.append(os.open(tmp, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC))
-    list(_helper_pool().map(os.fsync, opened))
-    _close_all(opened)
-    if os.path.lexists(final):
-        if verify_checkpoint(final).valid:  # a valid one holds the same step's state: keep it
-            remove_tree(tmp)
-            return
-        trash = final.with_name(f"{TRASH_PREFIX}{final.name}-{uuid.uuid4().hex[:8]}")
-        os.rename(final, trash)  # renames a link itself, never its target
-        os.rename(tmp, final)
-        remove_tree(trash)
-    else:
-        os.rename(tmp, final)
-    fsync_dir(final.parent)
+    # Every step is relative to the run directory's descriptor: a link planted in place of
+    # ``final`` is renamed and removed as the link, never followed.
+    with opened_dir(tmp.parent) as parent:
+        opened.append(open_subdir(parent, tmp.name))
+        list(_helper_pool().map(os.fsync, opened))
+        _close_all(opened)
+        if entry_mode(parent, final.name) is not None:
+            if verify_checkpoint(final).valid:  # a valid one holds the same step's state: keep it
+                _remove_logged(parent, tmp.name, tmp.parent)
+                return
+            trash = f"{TRASH_PREFIX}{final.name}-{uuid.uuid4().hex[:8]}"
+            rename_entry(parent, final.name, trash)
+            rename_entry(parent, tmp.name, final.name)
+            _remove_logged(parent, trash, final.parent)
+        else:
+            rename_entry(parent, tmp.name, final.name)
+        os.fsync(parent)
 
 
 def _close_all(fds: list[int]) -> None:
@@ -481,13 +502,22 @@ def _lstat_mode(path: str | Path, shown: Path, dir_fd: int | None = None) -> int
 
 
 def _open_dir(path: Path) -> int:
-    mode = _lstat_mode(path, path)
-    if not stat.S_ISDIR(mode):
-        raise CorruptCheckpointError(f"{path} is {_kind(mode)}, not a checkpoint directory")
+    """The checkpoint directory ``path``, opened relative to its parent without following a
+    link in its place."""
     try:
-        return os.open(path, _NOFOLLOW | os.O_DIRECTORY)
-    except OSError as exc:  # replaced by a link between the lstat and the open
-        raise CorruptCheckpointError(f"cannot open {path}: {exc.strerror}") from exc
+        parent = open_dir(path.parent)
+    except OSError as exc:
+        raise CorruptCheckpointError(f"cannot open {path.parent}: {exc.strerror}") from exc
+    try:
+        mode = _lstat_mode(path.name, path, parent)
+        if not stat.S_ISDIR(mode):
+            raise CorruptCheckpointError(f"{path} is {_kind(mode)}, not a checkpoint directory")
+        try:
+            return open_subdir(parent, path.name)
+        except OSError as exc:  # replaced by a link between the lstat and the open
+            raise CorruptCheckpointError(f"cannot open {path}: {exc.strerror}") from exc
+    finally:
+        os.close(parent)
 
 
 def _open_member(dir_fd: int, name: str, where: Path) -> tuple[int, int]:
@@ -575,10 +605,20 @@ def _check_crc(crc: int, entry: FileEntry, file: Path) -> None:
         )
 
 
-def _tensor_header(fd: int, size: int, file: Path) -> Header:
-    length = header_length(_pread_exact(fd, min(size, 8), 0, file), size, str(file))
+def _tensor_header(fd: int, size: int, entry: FileEntry, file: Path) -> Header:
+    """The parsed header of a tensor file, checked against the manifest's record of it."""
+    first8 = _pread_exact(fd, min(size, 8), 0, file)
+    length = header_length(first8, size, str(file))
     raw = _pread_exact(fd, length, 8, file)
-    return Header(length, raw, parse_header(raw, size - 8 - length, str(file)))
+    header = Header(length, raw, parse_header(raw, size - 8 - length, str(file)))
+    if entry.header_crc32c is not None:
+        crc = crc32c.crc32c(raw, crc32c.crc32c(first8))
+        if f"{crc:08x}" != entry.header_crc32c:
+            raise CorruptCheckpointError(
+                f"{file}: its tensors (names, dtypes, shapes or byte ranges) differ from the "
+                "manifest's record of them"
+            )
+    return header
 
 
 def fresh_buffer(size: int, *, zeroed: bool = False) -> torch.Tensor:
@@ -642,7 +682,7 @@ def _inspect(path: Path, step: int | None, depth: Depth, share: Share | None = N
         try:
             fd, size = _open_member(dir_fd, MANIFEST, path)
         except CorruptCheckpointError as exc:
-            if os.path.lexists(path / MANIFEST):
+            if entry_mode(dir_fd, MANIFEST) is not None:
                 raise
             raise CorruptCheckpointError(
                 f"{path} has no {MANIFEST}: the save never committed",
@@ -666,7 +706,8 @@ def _inspect(path: Path, step: int | None, depth: Depth, share: Share | None = N
                 )
         # the headers next, from their few bytes: a bad one is refused before any big read
         headers = {
-            name: _tensor_header(*opened[name], path / name) for name in manifest.tensor_files
+            name: _tensor_header(*opened[name], manifest.files[name], path / name)
+            for name in manifest.tensor_files
         }
         read = _Read(manifest, raw)
         mine = None if share is None or depth != Depth.LOAD else frozenset(share(manifest))
@@ -690,6 +731,13 @@ def _inspect(path: Path, step: int | None, depth: Depth, share: Share | None = N
                 _check_crc(_stream_crc(fd, size, file), entry, file)
         if depth == Depth.LOAD:
             read.doc = _decoded(read.state, read.tensors, path / STATE_FILE)
+            if manifest.kind == RUN_KIND:
+                try:
+                    check_run_state(read.doc, manifest.step)
+                except CorruptCheckpointError as exc:
+                    raise CorruptCheckpointError(
+                        f"{path / STATE_FILE}: {exc.message}", hint=exc.hint
+                    ) from exc
         return read
     finally:
         for fd, _ in opened.values():
@@ -806,33 +854,51 @@ def clean_temporaries(run_dir: str | os.PathLike[str]) -> list[Path]:
     """Remove the leftovers of saves that a crash interrupted (call only while no save runs)."""
     run_dir = Path(run_dir)
     try:
-        names = os.listdir(run_dir)
+        parent = open_dir(run_dir)
     except (FileNotFoundError, NotADirectoryError):
         return []
-    removed = [run_dir / n for n in names if n.startswith((TMP_PREFIX, TRASH_PREFIX))]
-    for path in removed:
-        remove_tree(path)
-    return removed
+    try:
+        names = [n for n in os.listdir(parent) if n.startswith((TMP_PREFIX, TRASH_PREFIX))]
+        for name in names:
+            _remove_logged(parent, name, run_dir)
+    finally:
+        os.close(parent)
+    return [run_dir / n for n in names]
+
+
+def _remove_logged(parent: int, name: str, where: Path) -> None:
+    try:
+        remove_entry(parent, name)
+    except OSError as exc:
+        log.warning("could not remove %s: %s", where / name, exc)
 
 
 def delete_checkpoint(path: Path) -> None:
     """Remove the manifest first, so a half-deleted directory is never mistaken for valid. The
-    manifest is unlinked relative to the directory opened without following links, so a link in
-    place of the directory is removed itself and nothing it points to is touched."""
+    directory is opened relative to the run directory without following links, so a link in
+    its place is removed itself and nothing it points to is touched."""
     try:
-        dir_fd = os.open(path, _NOFOLLOW | os.O_DIRECTORY)
-    except OSError:  # gone, or not a real directory: remove_tree removes just the entry
-        remove_tree(path)
+        parent = open_dir(path.parent)
+    except OSError as exc:
+        log.warning("could not remove %s: %s", path, exc)
         return
     try:
-        os.unlink(MANIFEST, dir_fd=dir_fd)
-    except FileNotFoundError:
-        pass
-    except OSError as exc:
-        log.warning("could not remove %s: %s", path / MANIFEST, exc)
+        try:
+            dir_fd = open_subdir(parent, path.name)
+        except OSError:  # gone, or not a real directory: just the entry goes
+            _remove_logged(parent, path.name, path.parent)
+            return
+        try:
+            os.unlink(MANIFEST, dir_fd=dir_fd)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            log.warning("could not remove %s: %s", path / MANIFEST, exc)
+        finally:
+            os.close(dir_fd)
+        _remove_logged(parent, path.name, path.parent)
     finally:
-        os.close(dir_fd)
-    remove_tree(path)
+        os.close(parent)
 
 
 def retain(run_dir: str | os.PathLike[str], policy: RetentionPolicy) -> list[CheckpointInfo]:

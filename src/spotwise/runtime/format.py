@@ -11,7 +11,11 @@ Layout of one checkpoint (``run_dir/step-00001200/``):
 - ``state.json``: everything else (counters, hyper-parameters, RNG words), referring to tensors by
   name.
 - ``manifest.json``: written last; each file's size and CRC32C, the format version, the step, the
-  wall time and user metrics.
+  wall time and user metrics. Optional records (older readers ignore them): each tensor file's
+  ``header_crc32c``, the CRC32C of its safetensors header, which is the record of its tensors'
+  names, dtypes, shapes and byte ranges; and ``kind``, ``"spotwise.Run"`` when ``state.json`` is
+  Run's document, whose structure every reader then checks. With them, a checkpoint whose files
+  were changed and their CRCs recomputed is refused alike by ``ckpt verify`` and by loading.
 
 Everything read back is treated as hostile: a run directory may be shared, and a buggy or
 malicious writer must cost a skipped checkpoint, never a hang, a traceback, unbounded memory or
@@ -288,6 +292,7 @@ def check_file_name(name: Any) -> str | None:
 class FileEntry:
     size: int
     crc32c: str  # 8 lower-case hex digits
+    header_crc32c: str | None = None  # a tensor file's record of its header (None: not kept)
 
 
 @dataclass(frozen=True)
@@ -297,6 +302,7 @@ class Manifest:
     metrics: dict[str, float]
     files: dict[str, FileEntry]
     tensor_files: tuple[str, ...] = (TENSORS_FILE,)  # the listed files that hold the tensors
+    kind: str | None = None  # what state.json holds: RUN_KIND (spotwise.runtime.state) or None
 
     @property
     def data_bytes(self) -> int:
@@ -334,6 +340,9 @@ def parse_manifest(raw: bytes | memoryview, where: str) -> Manifest:
     metrics = doc.get("metrics", {})
     if not isinstance(metrics, dict) or not all(_is_number(v) for v in metrics.values()):
         raise CorruptCheckpointError(f"{where}: metrics must map names to numbers")
+    kind = doc.get("kind")
+    if kind is not None and not (isinstance(kind, str) and len(kind) <= MAX_NAME_CHARS):
+        raise CorruptCheckpointError(f"{where}: kind {kind!r} is not a name")
     files = _parse_files(doc.get("files"), where)
     parts = [n for n in files if version >= 2 and TENSOR_PART.match(n)]
     return Manifest(
@@ -342,6 +351,7 @@ def parse_manifest(raw: bytes | memoryview, where: str) -> Manifest:
         metrics={k: float(v) for k, v in metrics.items()},
         files=files,
         tensor_files=(TENSORS_FILE, *parts),
+        kind=kind,
     )
 
 
@@ -362,7 +372,12 @@ def _parse_files(files: Any, where: str) -> dict[str, FileEntry]:
             raise CorruptCheckpointError(f"{where}: size {size!r} of {name!r} is not a size")
         if not isinstance(crc, str) or not _CRC.match(crc):
             raise CorruptCheckpointError(f"{where}: crc32c {crc!r} of {name!r} is not a CRC32C")
-        out[name] = FileEntry(size, crc)
+        header = entry.get("header_crc32c")
+        if header is not None and not (isinstance(header, str) and _CRC.match(header)):
+            raise CorruptCheckpointError(
+                f"{where}: header_crc32c {header!r} of {name!r} is not a CRC32C"
+            )
+        out[name] = FileEntry(size, crc, header)
     missing = [n for n in REQUIRED_FILES if n not in out]
     if missing:
         raise CorruptCheckpointError(f"{where} does not list {', '.join(missing)}")

@@ -48,6 +48,7 @@ from torch.utils.data import DataLoader
 from spotwise.errors import (
     CheckpointError,
     ConfigError,
+    CorruptCheckpointError,
     DataLoaderError,
     SaveError,
     StateMismatchError,
@@ -76,9 +77,12 @@ from spotwise.runtime.sampler import (
 )
 from spotwise.runtime.snapshot import SnapshotBuffer
 from spotwise.runtime.state import (
+    RUN_KIND,
+    STATE_VERSION,
     StateEncoder,
     capture_rng,
     check_module_state,
+    check_run_state,
     restore_rng,
 )
 from spotwise.runtime.tiered import (
@@ -99,7 +103,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-STATE_VERSION = 2  # 2: one "state" mapping instead of models/optimizers/schedulers/scalers
 # a loader whose workers die this often at one position has a problem a restart does not fix
 MAX_LOADER_RESTARTS = 2
 _OURS = (dirlock.LOCK_FILE, EVENTS_FILE, "step-", ".tmp-step-", ".trash-step-")
@@ -726,7 +729,7 @@ class Run:
     ) -> None:
         started = time.perf_counter()
         text = json.dumps(state).encode()
-        info = write_checkpoint(self.run_dir, step, blob, text, metrics=metrics)
+        info = write_checkpoint(self.run_dir, step, blob, text, metrics=metrics, kind=RUN_KIND)
         self._committed_step = step
         took = time.perf_counter() - started
         self.write_s = _smooth(self.write_s, took)
@@ -836,14 +839,11 @@ class Run:
         re-applies every object completely."""
         where = loaded.info.path
         doc = _upgrade_v1(loaded.doc)
-        meta = doc.get("spotwise") if isinstance(doc, dict) else None
-        if not isinstance(meta, dict) or not isinstance(doc.get("state"), dict):
-            raise StateMismatchError(
-                f"{where} was not written by spotwise.Run (no run state in it)",
-                hint="point Run at a directory of its own",
-            )
-        if meta.get("version") != STATE_VERSION:
-            raise StateMismatchError(f"{where} has run-state version {meta.get('version')!r}")
+        try:  # the checks that need no objects: a checkpoint Run wrote had them at loading
+            counters = check_run_state(doc, loaded.info.step)
+        except CorruptCheckpointError as exc:
+            raise StateMismatchError(f"{where}: {exc.message}", hint=exc.hint) from exc
+        meta = doc["spotwise"]
         if self._ranks is None and "world" in meta:
             raise StateMismatchError(
                 f"{where} was written by {meta['world']!r} ranks under torch.distributed",
@@ -851,14 +851,6 @@ class Run:
             )
         if self._ranks is not None:
             _sharded().check_fits(where, doc, self._sharded)
-        found = {k: meta.get(k) for k in ("step", "epoch", "batch_in_epoch", "seed", "accumulate")}
-        counters = {k: v for k, v in found.items() if type(v) is int and v >= 0}
-        if len(counters) != len(found):
-            raise StateMismatchError(f"{where} has malformed run counters {found!r}")
-        if counters["step"] != loaded.info.step:
-            raise StateMismatchError(
-                f"{where} holds run state of step {counters['step']}, not {loaded.info.step}"
-            )
         if counters["accumulate"] != self.accumulate:
             raise StateMismatchError(
                 f"{where} was written with accumulate={counters['accumulate']}, this Run has "
@@ -888,9 +880,6 @@ class Run:
                 f"{where} holds no state of a stateful data loader",
                 hint="resume with the loader the run was started with, or a new run directory",
             )
-        extras = doc.get("extras")
-        if not isinstance(doc.get("rng"), dict) or not (extras is None or isinstance(extras, dict)):
-            raise StateMismatchError(f"{where} has malformed RNG or extras state")
         try:
             if self._batches is not None:
                 self._batches.load_state_dict(doc["sampler"])

@@ -25,6 +25,11 @@ _MARKERS = {_TENSOR, _NDARRAY, _TUPLE, _DICT, _TORCH_GEN, _NUMPY_GEN}
 _BIT_GENERATORS = {"PCG64", "PCG64DXSM", "Philox", "SFC64", "MT19937"}
 _LEAVES = (int, float, str, bool, type(None))  # exactly these types are copied as they are
 
+STATE_VERSION = 2  # of Run's document: 2: one "state" mapping instead of models/optimizers/...
+RUN_KIND = "spotwise.Run"  # a manifest's "kind" when its state is Run's document
+_COUNTERS = ("step", "epoch", "batch_in_epoch", "seed", "accumulate")
+_POSITIONS = ("sampler", "loader")  # the data order: Run's sampler or a stateful loader's own
+
 
 class StateEncoder:
     """Turns nested state into JSON-able values, collecting tensors under unique names."""
@@ -150,6 +155,43 @@ def _hashable(key: Any) -> Any:
     return tuple(_hashable(k) for k in key) if isinstance(key, (list, tuple)) else key
 
 
+# --- the run state ---------------------------------------------------------------------------
+def check_run_state(doc: Any, step: int) -> dict[str, int]:
+    """The counters of Run's decoded document for checkpoint ``step``, after checking all of it
+    that does not depend on the objects it will be loaded into: the one check of its structure
+    for ``ckpt verify``, loading and ``Run``'s restore, so they give one verdict. Raises
+    CorruptCheckpointError naming the first problem."""
+    meta = doc.get("spotwise") if isinstance(doc, dict) else None
+    if not isinstance(meta, dict) or not isinstance(doc.get("state"), dict):
+        raise CorruptCheckpointError(
+            "not written by spotwise.Run (no run state in it)",
+            hint="point Run at a directory of its own",
+        )
+    if meta.get("version") != STATE_VERSION:
+        raise CorruptCheckpointError(f"run-state version {meta.get('version')!r}")
+    found = {k: meta.get(k) for k in _COUNTERS}
+    counters = {k: v for k, v in found.items() if type(v) is int and v >= 0}
+    if len(counters) != len(found):
+        raise CorruptCheckpointError(f"malformed run counters {found!r}")
+    if counters["step"] != step:
+        raise CorruptCheckpointError(f"run state of step {counters['step']}, not {step}")
+    if counters["accumulate"] < 1:
+        raise CorruptCheckpointError(f"accumulate={counters['accumulate']} (at least 1)")
+    if any(doc.get(k) is not None and not isinstance(doc.get(k), dict) for k in _POSITIONS):
+        raise CorruptCheckpointError("malformed data-loader position")
+    rng, extras = doc.get("rng"), doc.get("extras")
+    per_rank = "world" in meta  # a distributed run keeps RNGs and extras in each rank's files
+    if (
+        "extras" not in doc
+        or not (isinstance(rng, dict) or (per_rank and rng is None))
+        or not (extras is None or isinstance(extras, dict))
+    ):
+        raise CorruptCheckpointError("malformed RNG or extras state")
+    if rng is not None:
+        check_rng(rng)
+    return counters
+
+
 # --- random number generators ------------------------------------------------------------------
 def capture_rng() -> dict[str, Any]:
     """Python, NumPy (legacy global) and torch CPU/CUDA generator states."""
@@ -166,6 +208,26 @@ def capture_rng() -> dict[str, Any]:
 def _numpy_state() -> tuple[Any, ...]:
     kind, keys, pos, has_gauss, cached = np.random.get_state()
     return (kind, [int(k) for k in keys], int(pos), int(has_gauss), float(cached))
+
+
+def check_rng(state: Mapping[str, Any]) -> None:
+    """Refuse what :func:`restore_rng` would fail on, by setting the states on new generators
+    (the global ones are untouched). CUDA states are checked for their type only: setting one
+    needs the devices."""
+    try:
+        version, internal, gauss = state["python"]
+        random.Random().setstate((version, tuple(internal), gauss))
+        kind, keys, pos, has_gauss, cached = state["numpy"]
+        legacy = (kind, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached)
+        np.random.RandomState().set_state(legacy)
+        torch.Generator().set_state(state["torch"].clone())
+        cuda = state.get("cuda", [])
+        if not isinstance(cuda, list) or not all(
+            isinstance(t, torch.Tensor) and t.dtype == torch.uint8 for t in cuda
+        ):
+            raise TypeError("CUDA RNG states must be byte tensors")
+    except (KeyError, TypeError, ValueError, RuntimeError, AttributeError, OverflowError) as exc:
+        raise CorruptCheckpointError(f"invalid RNG state ({type(exc).__name__}: {exc})") from exc
 
 
 def restore_rng(state: Mapping[str, Any]) -> None:

@@ -196,7 +196,11 @@ def _looks_encrypted(raw: bytes | None) -> bool:
 # --- moving checkpoints between tiers ----------------------------------------------------------
 def push_files(storage: Storage, step: int, directory: Path, names: Iterable[str]) -> None:
     """Upload the data files ``names`` of ``directory`` as files of remote step ``step``. Until
-    its manifest goes up (last), they are no checkpoint."""
+    its manifest goes up (last), they are no checkpoint. A manifest already standing for this
+    step (a step saved again after a fallback) is deleted first, so no file it lists is ever
+    overwritten while it stands: a crash in between leaves no step ``step``, never one that
+    fails its CRCs."""
+    storage.delete(f"{step_dir_name(step)}/{MANIFEST}")
     for fname in names:
         storage.put_file(f"{step_dir_name(step)}/{fname}", directory / fname)
 

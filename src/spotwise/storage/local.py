@@ -2,18 +2,23 @@
 
 Every put writes a hidden temporary file next to the destination, fsyncs it, renames it into
 place and fsyncs the directory, so a reader (or a crash) sees the whole object or none of it.
+A key is reached one directory at a time from the root's descriptor without following links
+(:mod:`spotwise.dirfd`): a link planted under the root (``step-00000070 -> /elsewhere``) is
+neither listed, read, written nor deleted through.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import stat
 import uuid
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
+from spotwise.dirfd import open_entry, opened_path
 from spotwise.errors import (
     StorageError,
     StorageFullError,
@@ -59,26 +64,41 @@ class LocalStorage:
     def from_uri(cls, uri: str, **_: Any) -> LocalStorage:
         return cls(uri[len("file://") :] if uri.startswith("file://") else uri)
 
-    def _path(self, key: str) -> Path:
-        return self.root / validate_key(key)
+    def _parts(self, key: str) -> tuple[list[str], str]:
+        """The directories and the file name of ``key`` (validated: no escape by name)."""
+        *dirs, name = validate_key(key).split("/")
+        return dirs, name
+
+    @contextmanager
+    def _opened(self, key: str, flags: int) -> Iterator[IO[bytes]]:
+        """Object ``key`` opened for reading, never through a link."""
+        dirs, name = self._parts(key)
+        with opened_path(self.root, dirs) as fds:
+            fd = open_entry(fds[-1], name, flags | os.O_NONBLOCK)
+        with open(fd, "rb") as file:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise FileNotFoundError(f"{self.root / key} is not a regular file")
+            yield file
 
     def _atomic_write(self, key: str, fill: Any) -> None:
-        dest = self._path(key)
+        dirs, name = self._parts(key)
         with _translated(f"cannot store {key!r} in {self.root}"):
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            tmp = dest.with_name(f"{TMP_PREFIX}{dest.name}-{uuid.uuid4().hex[:8]}")
-            try:
-                with open(tmp, "xb") as out:
-                    fill(out)
-                    out.flush()
-                    os.fsync(out.fileno())
-                os.replace(tmp, dest)
-            except BaseException:
-                tmp.unlink(missing_ok=True)
-                raise
-            from spotwise.runtime.commit import fsync_dir  # the one directory fsync
-
-            fsync_dir(dest.parent)
+            self.root.mkdir(parents=True, exist_ok=True)
+            with opened_path(self.root, dirs, create=True) as fds:
+                parent = fds[-1]
+                tmp = f"{TMP_PREFIX}{name}-{uuid.uuid4().hex[:8]}"
+                try:
+                    fd = open_entry(parent, tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+                    with open(fd, "wb") as out:
+                        fill(out)
+                        out.flush()
+                        os.fsync(out.fileno())
+                    os.replace(tmp, name, src_dir_fd=parent, dst_dir_fd=parent)
+                except BaseException:
+                    with suppress(FileNotFoundError):
+                        os.unlink(tmp, dir_fd=parent)
+                    raise
+                os.fsync(parent)
 
     def put_file(self, key: str, source: Path) -> None:
         with _translated(f"cannot read {source}"), open(source, "rb") as src:
@@ -88,23 +108,30 @@ class LocalStorage:
         self._atomic_write(key, lambda out: out.write(data))
 
     def get_file(self, key: str, dest: Path) -> None:
-        source = self._path(key)
         dest = Path(dest)
         tmp = dest.with_name(f"{TMP_PREFIX}{dest.name}-{uuid.uuid4().hex[:8]}")
         with _translated(f"cannot fetch {key!r} from {self.root}"):
             try:
-                shutil.copyfile(source, tmp)
+                with self._opened(key, os.O_RDONLY) as src, open(tmp, "xb") as out:
+                    shutil.copyfileobj(src, out, 16 << 20)
                 os.replace(tmp, dest)
             finally:
                 tmp.unlink(missing_ok=True)
 
     def get_bytes(self, key: str) -> bytes:
-        with _translated(f"cannot fetch {key!r} from {self.root}"):
-            return self._path(key).read_bytes()
+        with (
+            _translated(f"cannot fetch {key!r} from {self.root}"),
+            self._opened(key, os.O_RDONLY) as src,
+        ):
+            return src.read()
 
     def list(self, prefix: str = "") -> list[ObjectInfo]:
-        found = []
-        for dirpath, dirnames, filenames in os.walk(self.root):
+        """Every regular file under the root; a link (to a file or a directory) is no object
+        and is not descended into."""
+        found: list[ObjectInfo] = []
+        if not self.root.is_dir():
+            return found
+        for dirpath, dirnames, filenames, dir_fd in os.fwalk(self.root):
             dirnames[:] = [d for d in dirnames if not d.startswith(TMP_PREFIX)]
             rel = os.path.relpath(dirpath, self.root)
             base = "" if rel == "." else rel.replace(os.sep, "/") + "/"
@@ -113,16 +140,23 @@ class LocalStorage:
                 if name.startswith(TMP_PREFIX) or not key.startswith(prefix):
                     continue
                 try:
-                    found.append(ObjectInfo(key, os.stat(os.path.join(dirpath, name)).st_size))
+                    st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
                 except FileNotFoundError:
                     continue  # deleted while listing
+                if stat.S_ISREG(st.st_mode):
+                    found.append(ObjectInfo(key, st.st_size))
         return sorted(found, key=lambda o: o.key)
 
     def delete(self, key: str) -> None:
-        path = self._path(key)
+        dirs, name = self._parts(key)
         with _translated(f"cannot delete {key!r} from {self.root}"):
-            path.unlink(missing_ok=True)
-            parent = path.parent
-            while parent != self.root and parent.is_dir() and not any(parent.iterdir()):
-                parent.rmdir()  # keep the tree free of empty directories
-                parent = parent.parent
+            try:
+                with opened_path(self.root, dirs) as fds:
+                    os.unlink(name, dir_fd=fds[-1])
+                    for parent, below in zip(reversed(fds[:-1]), reversed(dirs), strict=True):
+                        try:  # keep the tree free of empty directories
+                            os.rmdir(below, dir_fd=parent)
+                        except OSError:
+                            break
+            except FileNotFoundError:
+                pass

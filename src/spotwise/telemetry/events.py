@@ -2,7 +2,9 @@
 
 Each event is a single ``write`` on a file opened with O_APPEND, so concurrent writers (the
 training loop and its background saver, or several processes) never interleave within a line,
-and a crash loses at most the event being written.
+and a crash loses at most the event being written. The file is opened relative to its
+directory without following a link (a planted ``events.jsonl -> elsewhere`` is not written
+through, nor read) and non-blocking (a planted FIFO cannot hang the run).
 """
 
 from __future__ import annotations
@@ -15,15 +17,19 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from spotwise.dirfd import open_entry, opened_dir
+
 log = logging.getLogger(__name__)
 
 EVENTS_FILE = "events.jsonl"  # the runtime's event log, in its run directory
+_APPEND = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK
 
 
 class EventLog:
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
         self._listeners: list[Callable[[dict[str, Any]], None]] = []
+        self._warned = False  # a failing log is reported once, not once per event
 
     def subscribe(self, listener: Callable[[dict[str, Any]], None]) -> None:
         """Also hand every event emitted from now on to ``listener`` (live metrics use it)."""
@@ -40,20 +46,30 @@ class EventLog:
         line = (json.dumps(record, default=str, separators=(",", ":")) + "\n").encode()
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            with opened_dir(self.path.parent) as parent:
+                fd = open_entry(parent, self.path.name, _APPEND)
             try:
                 os.write(fd, line)
             finally:
                 os.close(fd)
         except OSError as exc:
-            log.warning("could not record event %s in %s: %s", kind, self.path, exc)
+            level = logging.DEBUG if self._warned else logging.WARNING
+            self._warned = True
+            log.log(level, "could not record event %s in %s: %s", kind, self.path, exc)
 
 
 def read_events(path: str | os.PathLike[str], kind: str | None = None) -> list[dict[str, Any]]:
     """All events in the log (optionally of one kind), skipping a torn last line."""
+    path = Path(path)
     try:
-        text = Path(path).read_text()
+        with opened_dir(path.parent) as parent:
+            fd = open_entry(parent, path.name, os.O_RDONLY | os.O_NONBLOCK)
+        with open(fd, "rb") as file:
+            text = file.read().decode(errors="replace")
     except FileNotFoundError:
+        return []
+    except OSError as exc:  # a link (never followed) or no regular file
+        log.warning("not reading events from %s: %s", path, exc.strerror)
         return []
     events = []
     for line in text.splitlines():
