@@ -115,7 +115,7 @@ def train(kind: str, root: Path, args: argparse.Namespace) -> float:
 
     from spotwise.integrations.transformers import SpotwiseCallback
 
-    class TrainerClock(TrainerCallback):  # type: ignore[misc]
+    class TrainerClock(TrainerCallback):
         def on_train_begin(self, *_: Any, **__: Any) -> None:
             self.started = time.perf_counter()
 
