@@ -35,7 +35,7 @@ NOW = 1_800_000_000.0
 
 def test_registry_names_the_sources():
     assert PRICE_SOURCES.load("aws") is AwsSpotPriceSource
-    assert set(PRICE_SOURCES.names()) == {"aws", "azure", "csv"}
+    assert set(PRICE_SOURCES.names()) == {"aws", "aws-json", "azure", "csv"}
 
 
 def test_moto_endpoint_regions_are_listed_then_each_queried(aws_env, tmp_path):
