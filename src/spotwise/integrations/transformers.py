@@ -38,6 +38,7 @@ from typing import Any, cast
 from torch.utils.data import DataLoader, IterableDataset, RandomSampler
 
 from spotwise.errors import ConfigError
+from spotwise.integrations._options import callback_run_options
 from spotwise.notices.signals import watched_signals
 from spotwise.registry import require
 from spotwise.runtime.run import Run
@@ -154,14 +155,8 @@ class SpotwiseCallback(_Callback):
         keep_last: int = 3,
         **options: Any,
     ) -> None:
-        for key in ("state", "model", "optimizer", "scheduler", "scaler", "loader", "steps"):
-            if key in options:
-                raise ConfigError(
-                    f"SpotwiseCallback takes no {key}=: it checkpoints the Trainer's own objects",
-                    hint=f"remove {key}= from SpotwiseCallback(...)",
-                )
         self.run_dir = run_dir
-        self.options = {"every": every, "keep_last": keep_last, **options}
+        self.options = callback_run_options(every, keep_last, options)
         self.run: Run | None = None
         self.trainer: Any = None
         self._loader: _TrainLoader | None = None
