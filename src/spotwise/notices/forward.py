@@ -40,6 +40,7 @@ from spotwise.errors import ConfigError
 from spotwise.exitcode import EXIT_INTERRUPTED
 from spotwise.notices.base import Notice, NoticeSource
 from spotwise.notices.signals import grace_from_env
+from spotwise.proctree import descendants, proc_state
 
 NOTICE_FILE_ENV = "SPOTWISE_NOTICE_FILE"
 # The wrapper's own notices: SIGUSR1 too (SLURM's ``--signal``), which would otherwise kill it
@@ -193,31 +194,6 @@ def become_subreaper() -> bool:
     return bool(libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0)
 
 
-def _state(pid: int) -> tuple[str, int] | None:
-    """(state letter, process group) of a live process from ``/proc/PID/stat``; None if gone."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = stat.rsplit(")", 1)[1].split()
-    return fields[0], int(fields[2])
-
-
-def descendants(pid: int) -> list[int]:
-    """Every process below ``pid`` that is still running (zombies left out)."""
-    found: list[int] = []
-    todo = [pid]
-    while todo:
-        for task in Path(f"/proc/{todo.pop()}/task").glob("*"):
-            try:
-                kids = [int(k) for k in (task / "children").read_text().split()]
-            except OSError:
-                continue
-            todo += kids
-            found += [k for k in kids if (s := _state(k)) is not None and s[0] not in "ZX"]
-    return found
-
-
 def exit_code(status: int) -> int:
     """A wait status as a shell reports it: the exit code, or 128 + the killing signal."""
     code = os.waitstatus_to_exitcode(status)
@@ -285,7 +261,7 @@ class Supervisor:
 
     def remaining(self) -> list[int]:
         """The program's processes still running (the watchdog is not one of them)."""
-        return [p for p in descendants(os.getpid()) if p != self.watchdog.pid]
+        return [p for p in descendants(os.getpid(), running=True) if p != self.watchdog.pid]
 
     # --- steps -----------------------------------------------------------------------------------
     def _reap(self) -> None:
@@ -356,7 +332,7 @@ class Supervisor:
         process of it runs: its id is the first process's pid, which is reused once it is empty."""
         in_group = self.status is None  # its first process is still there (maybe a zombie)
         for pid in self.remaining():
-            state = _state(pid)
+            state = proc_state(pid)
             if state is not None and state[1] == self.pid:
                 in_group = True
             else:

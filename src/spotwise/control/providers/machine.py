@@ -29,6 +29,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from spotwise.proctree import descendants
+
 
 def proc_start_ticks(pid: int) -> int | None:
     """The process's start time in clock ticks since boot (``/proc/PID/stat`` field 22), which
@@ -56,25 +58,9 @@ def _kill_group(pgid: int, sig: int) -> None:
         return
 
 
-def _descendants(pid: int) -> list[int]:
-    """Every process below ``pid`` (``/proc/PID/task/*/children``), e.g. torch's workers,
-    which its launcher starts in sessions of their own, out of reach of a group kill."""
-    found: list[int] = []
-    todo = [pid]
-    while todo:
-        for task in Path(f"/proc/{todo.pop()}/task").glob("*"):
-            try:
-                kids = [int(k) for k in (task / "children").read_text().split()]
-            except OSError:
-                continue
-            found += kids
-            todo += kids
-    return found
-
-
 def _kill_tree(pid: int) -> None:
     """Take the machine away: SIGKILL the command's group and everything it started."""
-    below = _descendants(pid)  # before the kill: orphans would leave the tree
+    below = descendants(pid)  # before the kill: orphans would leave the tree
     _kill_group(pid, signal.SIGKILL)
     for p in below:
         _kill_group(p, signal.SIGKILL)

@@ -1,0 +1,38 @@
+"""The processes below a process, read from ``/proc`` (Linux): what a group kill misses when a
+launcher (torch's agent, a user's program) starts children in sessions of their own. Standard
+library only, for the sim/local machines and ``spotwise run`` alike."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def proc_state(pid: int) -> tuple[str, int] | None:
+    """(state letter, process group) of a live process from ``/proc/PID/stat``; None if gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat.rsplit(")", 1)[1].split()
+    return fields[0], int(fields[2])
+
+
+def descendants(pid: int, *, running: bool = False) -> list[int]:
+    """Every process below ``pid`` (``/proc/PID/task/*/children``); with ``running``, the
+    zombies (ended, not yet reaped) are left out."""
+    found: list[int] = []
+    todo = [pid]
+    while todo:
+        for task in Path(f"/proc/{todo.pop()}/task").glob("*"):
+            try:
+                kids = [int(k) for k in (task / "children").read_text().split()]
+            except OSError:
+                continue
+            todo += kids
+            found += [k for k in kids if not running or _running(k)]
+    return found
+
+
+def _running(pid: int) -> bool:
+    state = proc_state(pid)
+    return state is not None and state[0] not in "ZX"
