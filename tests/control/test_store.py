@@ -171,3 +171,31 @@ def test_stores_opened_at_once_share_one_database():
     assert len(set(created)) == n * 5
     assert {j.id for j in store.jobs()} == {*created, *shared}
     assert [a.n for a in store.attempts(shared[0])] == [1]
+
+
+def test_a_second_store_in_one_process_loses_no_commit_when_another_process_closes():
+    """``spotwise launch`` opens a store to submit and another to drive the job, while
+    ``spotwise jobs`` runs in other processes. Opening the second store must not drop the
+    first one's SQLite locks: the next process to close the database would then delete the WAL
+    that the first store still appends to, and every later commit (the launched attempt) would
+    be lost, as the controller-killed AWS e2e test saw."""
+    import subprocess
+    import sys
+
+    first = Store()
+    job = first.create_job("wal", {}, None)
+    first.event(job.id, "one", "before the second store")
+    second = Store()
+    peek = "from spotwise.control.store import Store; s = Store(); print(len(s.jobs())); s.close()"
+    assert subprocess.run(
+        [sys.executable, "-c", peek], capture_output=True, text=True, check=True
+    ).stdout.split() == ["1"]
+    first.event(job.id, "two", "after another process closed the database")
+    read = (
+        "from spotwise.control.store import Store; s = Store(); "
+        f"print(' '.join(e['kind'] for e in s.events({job.id!r}))); s.close()"
+    )
+    kinds = subprocess.run([sys.executable, "-c", read], capture_output=True, text=True, check=True)
+    assert kinds.stdout.split() == ["created", "one", "two"]
+    second.close()
+    first.close()

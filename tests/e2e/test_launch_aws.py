@@ -199,13 +199,6 @@ def test_digits_on_ec2_spot_survives_an_interruption_with_identical_weights(
     assert _volumes(env, job["id"]) == []  # encrypted roots went with their instances
 
 
-@pytest.mark.xfail(
-    reason="known defect found at the end of this stop, not fixed: in some runs an instance of "
-    "attempt 1 exists before the killed controller recorded the attempt, and the resumed one "
-    "launches attempt 1 again (seen after the SQLAlchemy store and the isolated EC2 machines "
-    "were merged; it passes alone on most runs)",
-    strict=False,
-)
 def test_controller_killed_mid_launch_then_resumed_leaves_no_orphan_or_duplicate(
     ec2: Ec2, tmp_path: Path
 ):

@@ -3,6 +3,7 @@ that behaves alike on both, and the 0700/0600 modes that keep the files private.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
 from pathlib import Path
@@ -93,8 +94,14 @@ def private_dir(path: Path) -> None:
 
 def private_file(path: Path) -> None:
     """Create the database file 0600 before SQLite does (its WAL and SHM files copy the
-    database's mode) and take group and other access away from any written before."""
-    os.close(os.open(path, os.O_RDONLY | os.O_CREAT, 0o600))
+    database's mode) and take group and other access away from any written before.
+
+    An existing file is never opened here: closing any descriptor of it drops every POSIX lock
+    this process holds on it, including those of a store already open in this process, and then
+    another process closing the database deletes the WAL that store is still appending to (its
+    later commits lost)."""
+    with contextlib.suppress(FileExistsError):
+        os.close(os.open(path, os.O_RDONLY | os.O_CREAT | os.O_EXCL, 0o600))
     for p in (path, *(path.with_name(path.name + s) for s in _SQLITE_SIDE_FILES)):
         _tighten(p, 0o600)
 
