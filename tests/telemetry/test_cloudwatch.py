@@ -12,7 +12,7 @@ from pathlib import Path
 import boto3
 from botocore.stub import Stubber
 
-from spotwise.telemetry.cloudwatch import MAX_BYTES, MAX_EVENTS, CloudWatchSink, batches
+from spotwise.telemetry.cloudwatch import MAX_BYTES, MAX_EVENTS, CloudWatchSink, batches, message
 from spotwise.telemetry.events import read_events
 
 from .tools import TRAIN
@@ -99,3 +99,18 @@ def test_a_refused_sequence_token_is_retried_with_the_expected_one() -> None:
         sink({"time": 6, "kind": "b"})  # the next batch carries the token of the last answer
         sink.close()
         stub.assert_no_pending_responses()
+
+
+def test_a_diverged_loss_is_shipped_as_strict_json() -> None:
+    """CloudWatch Logs Insights and every JSON consumer reject ``NaN``; a diverged run's loss
+    is shipped as null, as every other view writes it."""
+
+    def refuse(name: str) -> None:
+        raise AssertionError(f"{name} is not JSON")
+
+    record = {"kind": "step", "loss": float("nan"), "grad": [float("inf"), -float("inf"), 1.5]}
+    assert json.loads(message(record), parse_constant=refuse) == {
+        "kind": "step",
+        "loss": None,
+        "grad": [None, None, 1.5],
+    }

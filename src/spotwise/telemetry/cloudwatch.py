@@ -14,7 +14,6 @@ to ship is logged, never raised: monitoring must not stop training.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import threading
@@ -23,6 +22,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from spotwise.registry import require
+from spotwise.telemetry.jsonsafe import dumps
 
 log = logging.getLogger(__name__)
 
@@ -57,8 +57,10 @@ def batches(events: Sequence[dict[str, Any]]) -> list[list[dict[str, Any]]]:
     return out
 
 
-def _message(record: dict[str, Any]) -> str:
-    text = json.dumps(record, default=str, separators=(",", ":"))
+def message(record: dict[str, Any]) -> str:
+    """One event as CloudWatch stores it: strict JSON (a NaN loss is null, as in every view),
+    cut to the service's size limit."""
+    text = dumps(record, default=str, separators=(",", ":"))
     raw = text.encode()
     return (
         text if len(raw) <= MAX_MESSAGE_BYTES else raw[:MAX_MESSAGE_BYTES].decode(errors="ignore")
@@ -116,7 +118,7 @@ class CloudWatchSink:
     def __call__(self, record: dict[str, Any]) -> None:
         event = {
             "timestamp": int(float(record.get("time", time.time())) * 1000),
-            "message": _message(record),
+            "message": message(record),
         }
         with self._lock:
             self._pending.append(event)
