@@ -132,6 +132,10 @@ class JobNotFoundError(ControlError):
     """No job with that id."""
 
 
+class ServerError(ControlError):
+    """A spotwise server did not answer, or refused the caller."""
+
+
 class BudgetError(ControlError):
     """The job cannot be done within its budget."""
 

@@ -32,6 +32,23 @@ def _store():
     return Store()
 
 
+def _remote() -> Any:
+    """The server's client when one is configured (``SPOTWISE_SERVER`` or ``spotwise login``),
+    else None: the commands then drive jobs here (the embedded mode)."""
+    from spotwise.client import Client, configured_server
+
+    server = configured_server()
+    return None if server is None else Client(server)
+
+
+def _follow(client: Any, job_id: str) -> str:
+    """Print a server's job output until the job ends; its final state."""
+    for chunk in client.logs(job_id, follow=True):
+        sys.stdout.write(chunk.decode(errors="replace"))
+        sys.stdout.flush()
+    return str(client.job(job_id)["state"])
+
+
 def _progress(log: Path) -> str:
     """Last ``step N/M`` the training printed (the digits example and most loops do)."""
     try:
@@ -160,12 +177,19 @@ def register(app: typer.Typer) -> None:
         dry_run: bool = typer.Option(
             False, "--dry-run", help="print the first attempt's manifests (YAML), create nothing"
         ),
+        follow: bool = typer.Option(
+            False, "--follow", help="with a server: print the job's output until it ends"
+        ),
     ) -> None:
         """Run a job to completion across preemptions: relaunch, resume, stay on budget.
 
         Blocks (with a live view of state, attempt, placement, progress and cost) until the job
         ends; exits 0 when it succeeded. With --detach, prints the job id and returns. With
         --dry-run, prints what the provider would create (kubectl-compatible YAML) and returns.
+
+        With a server (SPOTWISE_SERVER, or `spotwise login URL`), the server runs the job:
+        launch returns once it is accepted and prints the job id as its last line (--follow
+        prints its output until it ends); closing this command never affects the job.
         """
         from spotwise.control.controller import submit
         from spotwise.control.spec import load_spec
@@ -177,6 +201,16 @@ def register(app: typer.Typer) -> None:
             from spotwise.control.controller import dry_run as manifests
 
             typer.echo(yaml.safe_dump_all(manifests(spec), sort_keys=False), nl=False)
+            return
+        client = _remote()
+        if client is not None:
+            accepted = client.submit(job_file)
+            if follow:
+                state = _follow(client, accepted["id"])
+                typer.echo(f"job {accepted['id']} {state}")
+                raise typer.Exit(0 if state == "SUCCEEDED" else 1)
+            typer.echo(f"job submitted to {client.server.url}")
+            typer.echo(accepted["id"])
             return
         job = submit(_store(), spec, str(job_file.resolve()))
         if detach:
@@ -198,17 +232,28 @@ def register(app: typer.Typer) -> None:
         job_id: str = typer.Argument(..., help="job id (or a unique prefix)"),
         quiet: bool = typer.Option(False, "--quiet", help="no live view"),
     ) -> None:
-        """Restart the controller of a job whose controller died (it picks up where it was)."""
+        """Restart the controller of a job whose controller died (it picks up where it was).
+
+        With a server, asks it to drive the job now (it adopts unfinished jobs by itself)."""
+        client = _remote()
+        if client is not None:
+            summary = client.resume(job_id)
+            typer.echo(f"job {summary['id']} {summary['state']} (driven by {client.server.url})")
+            return
         state = _run_controller(_store().job(job_id).id, quiet=quiet)
         raise typer.Exit(0 if state == "SUCCEEDED" else 1)
 
     @app.command("jobs")
     def jobs_cmd(as_json: bool = typer.Option(False, "--json", help="machine-readable")) -> None:
         """List jobs: state, attempts, cost."""
-        from spotwise.control.controller import job_summary
+        client = _remote()
+        if client is not None:
+            rows = client.jobs()
+        else:
+            from spotwise.control.controller import job_summary
 
-        store = _store()
-        rows = [job_summary(store, j) for j in store.jobs()]
+            store = _store()
+            rows = [job_summary(store, j) for j in store.jobs()]
         if as_json:
             typer.echo(dumps(rows, indent=2))
             return
@@ -253,10 +298,14 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="machine-readable"),
     ) -> None:
         """One job: state, every attempt (start, end, reason, market, zone, cost), total cost."""
-        from spotwise.control.controller import job_summary
+        client = _remote()
+        if client is not None:
+            summary = client.job(job_id)
+        else:
+            from spotwise.control.controller import job_summary
 
-        store = _store()
-        summary = job_summary(store, store.job(job_id))
+            store = _store()
+            summary = job_summary(store, store.job(job_id))
         if as_json:
             typer.echo(dumps(summary, indent=2))
             return
@@ -283,6 +332,12 @@ def register(app: typer.Typer) -> None:
         follow: bool = typer.Option(False, "--follow", "-f", help="keep printing until it ends"),
     ) -> None:
         """Print the job's output (every attempt, in order)."""
+        client = _remote()
+        if client is not None:
+            for chunk in client.logs(job_id, follow=follow):
+                sys.stdout.write(chunk.decode(errors="replace"))
+                sys.stdout.flush()
+            return
         store = _store()
         job = store.job(job_id)
         pos = 0
@@ -305,6 +360,17 @@ def register(app: typer.Typer) -> None:
     def cancel(job_id: str = typer.Argument(..., help="job id (or a unique prefix)")) -> None:
         """Stop a job: the attempt gets a notice (so it saves), then its machine is freed."""
         from spotwise.control.controller import controller_alive
+
+        client = _remote()
+        if client is not None:
+            job_id = client.cancel(job_id)["id"]
+            for _ in range(1200):  # as embedded: wait (up to 2 min) for the job to end
+                state = client.job(job_id)["state"]
+                if state in ("SUCCEEDED", "FAILED", "CANCELLED"):
+                    break
+                time.sleep(0.1)
+            typer.echo(f"job {job_id} {state}")
+            return
 
         store = _store()
         job = store.job(job_id)

@@ -1,0 +1,199 @@
+"""The CLI's way to a ``spotwise server``: where it is, the caller's token, and its JSON API.
+
+``SPOTWISE_SERVER`` (with ``SPOTWISE_TOKEN``) wins; else what ``spotwise login URL`` stored in
+``$SPOTWISE_HOME/login.json`` (0600); else there is no server and the CLI drives jobs itself
+(the embedded mode, the default). Standard library only: the client must work in the smallest
+install, and its requests are few and small. Errors name the URL and the fix; a token is never
+part of one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from spotwise.control.store.models import spotwise_home
+from spotwise.errors import ConfigError, JobNotFoundError, ServerError
+
+SERVER_ENV = "SPOTWISE_SERVER"
+TOKEN_ENV = "SPOTWISE_TOKEN"
+LOGIN_FILE = "login.json"
+API = "/api/v1"
+TIMEOUT_S = 30.0  # one request; a followed log stream waits between chunks, never this long
+
+
+@dataclass(frozen=True)
+class Server:
+    """A server to talk to and the token to show it."""
+
+    url: str
+    token: str
+    origin: str  # where these came from, for messages: "SPOTWISE_SERVER" or the login file
+
+
+def login_path() -> Path:
+    return spotwise_home() / LOGIN_FILE
+
+
+def configured_server() -> Server | None:
+    """The server the CLI should use, or None for the embedded mode."""
+    url = os.environ.get(SERVER_ENV, "").strip()
+    if url:
+        token = os.environ.get(TOKEN_ENV, "").strip()
+        if not token:
+            stored = _stored()
+            token = stored.token if stored is not None and stored.url == base_url(url) else ""
+        if not token:
+            raise ConfigError(
+                f"{SERVER_ENV}={url} is set but no token is",
+                hint=f"set {TOKEN_ENV}, or run: spotwise login {url}",
+            )
+        return Server(base_url(url), token, SERVER_ENV)
+    return _stored()
+
+
+def _stored() -> Server | None:
+    path = login_path()
+    try:
+        doc = json.loads(path.read_text())
+        return Server(base_url(str(doc["url"])), str(doc["token"]), str(path))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ConfigError(
+            f"the login file {path} is unreadable: {type(exc).__name__}",
+            hint="log in again with: spotwise login URL (or delete the file)",
+        ) from None
+
+
+def save_login(url: str, token: str) -> Path:
+    """Store the server and token for later commands: a file only its owner can read."""
+    path = login_path()
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    tmp = path.with_name(f".{LOGIN_FILE}.{os.getpid()}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump({"url": base_url(url), "token": token}, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    return path
+
+
+def base_url(url: str) -> str:
+    """``url`` as the API's base: scheme and host checked, no trailing slash."""
+    parts = urllib.parse.urlsplit(url.strip())
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise ConfigError(
+            f"server URL {url!r} is not an http(s) URL",
+            hint="e.g. http://127.0.0.1:8642 (what `spotwise server` prints)",
+        )
+    return urllib.parse.urlunsplit((parts.scheme, parts.netloc, parts.path.rstrip("/"), "", ""))
+
+
+class Client:
+    """The API calls the CLI makes; each answer is the server's JSON document."""
+
+    def __init__(self, server: Server) -> None:
+        self.server = server
+
+    def jobs(self) -> list[dict[str, Any]]:
+        return list(self._json("GET", "/jobs"))
+
+    def job(self, job_id: str) -> dict[str, Any]:
+        """One job by its id or a unique prefix of it (as the embedded CLI accepts)."""
+        return dict(self._json("GET", f"/jobs/{self.resolve(job_id)}"))
+
+    def resolve(self, job_id: str) -> str:
+        ids = [j["id"] for j in self.jobs()]
+        if job_id in ids:
+            return job_id
+        matches = [i for i in ids if i.startswith(job_id)]
+        if len(matches) == 1:
+            return matches[0]
+        if matches:
+            raise JobNotFoundError(
+                f"job id prefix {job_id!r} is ambiguous: {', '.join(sorted(matches)[:10])}",
+                hint="give more of the id",
+            )
+        raise JobNotFoundError(f"no job {job_id!r} on {self.server.url}", hint="spotwise jobs")
+
+    def submit(self, job_file: Path) -> dict[str, Any]:
+        query = urllib.parse.urlencode({"base_dir": str(job_file.resolve().parent)})
+        return dict(self._json("POST", f"/jobs?{query}", job_file.read_bytes(), "application/yaml"))
+
+    def cancel(self, job_id: str) -> dict[str, Any]:
+        return dict(self._json("POST", f"/jobs/{self.resolve(job_id)}/cancel", b""))
+
+    def resume(self, job_id: str) -> dict[str, Any]:
+        return dict(self._json("POST", f"/jobs/{self.resolve(job_id)}/resume", b""))
+
+    def logs(self, job_id: str, follow: bool) -> Iterator[bytes]:
+        """The job's output; with ``follow``, until the job ends (a stream quiet for longer
+        than a request's timeout is asked for again from where it stopped)."""
+        job_id, offset = self.resolve(job_id), 0
+        while True:
+            query = urllib.parse.urlencode({"follow": int(follow), "offset": offset})
+            try:
+                with self._open("GET", f"/jobs/{job_id}/logs?{query}", None, None) as r:
+                    while chunk := r.read1(65536):
+                        offset += len(chunk)
+                        yield chunk
+                return
+            except TimeoutError:
+                if not follow:
+                    raise ServerError(
+                        f"{self.server.url} stopped sending the logs of {job_id}",
+                        hint="try again",
+                    ) from None
+
+    def _json(
+        self, method: str, path: str, body: bytes | None = None, content_type: str | None = None
+    ) -> Any:
+        with self._open(method, path, body, content_type or "application/json") as r:
+            return json.loads(r.read())
+
+    def _open(self, method: str, path: str, body: bytes | None, content_type: str | None) -> Any:
+        url = self.server.url + API + path
+        request = urllib.request.Request(url, data=body, method=method)
+        request.add_header("Authorization", f"Bearer {self.server.token}")
+        request.add_header("Accept", "application/json")
+        if content_type and body is not None:
+            request.add_header("Content-Type", content_type)
+        try:
+            # no proxy for a server the user named: a loopback one must stay on loopback
+            opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+            return opener.open(request, timeout=TIMEOUT_S)
+        except urllib.error.HTTPError as exc:
+            raise self._refusal(exc) from None
+        except (TimeoutError, urllib.error.URLError, ConnectionError) as exc:
+            reason = getattr(exc, "reason", exc)
+            raise ServerError(
+                f"the spotwise server at {self.server.url} does not answer: {reason}",
+                hint=f"check the URL ({self.server.origin}) and that `spotwise server` runs there",
+            ) from None
+
+    def _refusal(self, exc: urllib.error.HTTPError) -> Exception:
+        try:
+            doc = json.loads(exc.read() or b"{}")
+        except ValueError:
+            doc = {}
+        message = str(doc.get("error") or exc.reason)
+        hint = doc.get("hint")
+        if exc.code == 401:
+            return ServerError(
+                f"{self.server.url} refused the token ({self.server.origin}): {message}",
+                hint=f"log in again with: spotwise login {self.server.url}",
+            )
+        if exc.code == 404:
+            return JobNotFoundError(message, hint=hint)
+        if exc.code in (400, 422):
+            return ConfigError(message, hint=hint)
+        return ServerError(f"{self.server.url}: {exc.code} {message}", hint=hint)
