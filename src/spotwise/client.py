@@ -46,16 +46,17 @@ def configured_server() -> Server | None:
     """The server the CLI should use, or None for the embedded mode."""
     url = os.environ.get(SERVER_ENV, "").strip()
     if url:
+        url = base_url(url)
         token = os.environ.get(TOKEN_ENV, "").strip()
         if not token:
             stored = _stored()
-            token = stored.token if stored is not None and stored.url == base_url(url) else ""
+            token = stored.token if stored is not None and stored.url == url else ""
         if not token:
             raise ConfigError(
                 f"{SERVER_ENV}={url} is set but no token is",
                 hint=f"set {TOKEN_ENV}, or run: spotwise login {url}",
             )
-        return Server(base_url(url), token, SERVER_ENV)
+        return Server(url, token, SERVER_ENV)
     return _stored()
 
 
