@@ -27,7 +27,8 @@ from spotwise.notices.signals import SignalDetector
 
 log = logging.getLogger("spotwise.notices")
 
-PLATFORMS = ("auto", "aws", "gcp", "azure", "slurm", "kubernetes", "none")
+# the platforms whose notices are not a metadata service's: scheduler and cluster signals
+SIGNAL_PLATFORMS = ("slurm", "kubernetes")
 PROBE_BUDGET_S = 2.0  # total wall time auto-detection may spend (in the background)
 PROBE_TIMEOUT_S = 0.5  # per-request connect/read timeout of a probe
 
@@ -40,12 +41,20 @@ class Plan:
     discover: Callable[[], list[Detector]] | None = None
 
 
+def platforms() -> tuple[str, ...]:
+    """Every value ``SPOTWISE_PLATFORM`` takes: the registered clouds and signal platforms."""
+    from spotwise.notices import CLOUDS
+
+    return ("auto", *CLOUDS.names(), *SIGNAL_PLATFORMS, "none")
+
+
 def platform_from_env(env: Mapping[str, str]) -> str:
     raw = env.get("SPOTWISE_PLATFORM", "").strip().lower() or "auto"
-    if raw not in PLATFORMS:
+    known = platforms()
+    if raw not in known:
         raise NoticeError(
             f"SPOTWISE_PLATFORM={raw!r} is not a platform spotwise knows",
-            hint=f"use one of {', '.join(PLATFORMS)}",
+            hint=f"use one of {', '.join(known)}",
         )
     return raw
 
@@ -57,16 +66,19 @@ def cloud(name: str) -> CloudPlatform:
 
 
 def signal_detector(platform: str, env: Mapping[str, str]) -> SignalDetector:
-    """The signal detector with this platform's deadline rules."""
-    if platform == "slurm" or (platform == "auto" and env.get("SLURM_JOB_ID")):
-        from spotwise.notices.slurm import SlurmDetector
+    """The signal detector with this platform's deadline rules (from :data:`DETECTORS`)."""
+    from spotwise.notices import DETECTORS
 
-        return SlurmDetector(env=env)
-    if platform == "kubernetes" or (platform == "auto" and env.get("KUBERNETES_SERVICE_HOST")):
-        from spotwise.notices.kubernetes import KubernetesDetector
-
-        return KubernetesDetector(env=env)
-    return SignalDetector(env=env)
+    if platform == "auto":  # what the scheduler or the cluster says about this process
+        platform = (
+            "slurm"
+            if env.get("SLURM_JOB_ID")
+            else "kubernetes"
+            if env.get("KUBERNETES_SERVICE_HOST")
+            else "signal"
+        )
+    name = platform if platform in SIGNAL_PLATFORMS else "signal"
+    return cast(SignalDetector, DETECTORS.load(name)(env=env))
 
 
 def plan_from_environment(env: Mapping[str, str] | None = None) -> Plan:
