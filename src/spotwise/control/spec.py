@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import difflib
 import logging
-import math
 import os
 import re
 import shlex
@@ -32,36 +31,14 @@ from pydantic import (
 
 from spotwise.control.jobfile import printable, read_job_file, shown, value_problems
 from spotwise.control.secret_refs import SecretRef, check_refs, missing_files, plain_secret_keys
+from spotwise.durations import DURATION, parse_duration_s
 from spotwise.errors import ConfigError, UnknownBackendError
 
 log = logging.getLogger(__name__)
 
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|sec|m|min|h|hr|d)?\s*$", re.IGNORECASE)
-_UNIT_S = {"ms": 0.001, "s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600, "hr": 3600, "d": 86400}
 MARKETS = ("spot", "on-demand", "auto")
-MAX_DURATION_S = 10 * 365 * 86400.0  # ten years: beyond it a number is a typo, not a duration
 _MAX_DETAIL = 400  # characters of one error's explanation
 _MAX_LINES = 20  # error lines shown for one file (a generated file may have thousands)
-
-
-def parse_duration_s(value: Any) -> float:
-    """``90``, ``"90s"``, ``"15m"``, ``"2h"``, ``"1.5d"`` -> seconds."""
-    if isinstance(value, bool):
-        raise ValueError("expected a duration such as 90s, 15m or 2h")
-    if isinstance(value, int) and abs(value) > MAX_DURATION_S:
-        value = math.inf  # (float() of a 400-digit int raises OverflowError)
-    if isinstance(value, (int, float)):
-        seconds = float(value)
-    else:
-        match = _DURATION.match(str(value))
-        if not match:
-            raise ValueError(f"{value!r} is not a duration; use e.g. 90s, 15m, 2h or 1d")
-        seconds = float(match.group(1)) * _UNIT_S[(match.group(2) or "s").lower()]
-    if not math.isfinite(seconds) or seconds > MAX_DURATION_S:
-        raise ValueError("a duration must be a finite number of at most 10 years (3650d)")
-    if seconds < 0:
-        raise ValueError("a duration must be >= 0")
-    return seconds
 
 
 def _utc(seconds: float) -> str:
@@ -81,7 +58,7 @@ def parse_deadline_s(value: Any, now_s: float) -> float:
     elif isinstance(value, date) or (isinstance(value, str) and _is_date(value)):
         day = value.isoformat() if isinstance(value, date) else value.strip()
         raise ValueError(f"{day} is a date without a time of day; write e.g. {day}T18:00:00Z")
-    elif isinstance(value, str) and not _DURATION.match(value):
+    elif isinstance(value, str) and not DURATION.match(value):
         try:
             when = datetime.fromisoformat(value.strip())
         except ValueError:

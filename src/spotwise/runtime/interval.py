@@ -17,10 +17,11 @@ work. Set ``SPOTWISE_MTBI_S`` or ``Run(mtbi_s=...)`` from your own history.
 
 from __future__ import annotations
 
+import contextlib
 import math
-import re
 from dataclasses import dataclass
 
+from spotwise.durations import has_unit, parse_duration_s
 from spotwise.errors import ConfigError
 
 DEFAULT_MTBI_S = 3600.0
@@ -31,8 +32,6 @@ MIN_AUTO_INTERVAL_S = 1.0  # never save more often than this in auto mode
 # deadline is that close (plus the save estimate), which pays for long notices.
 DEFAULT_NOTICE_MARGIN_S = math.inf
 NOTICE_MARGIN_ENV = "SPOTWISE_NOTICE_MARGIN_S"
-
-_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0}
 
 
 @dataclass(frozen=True)
@@ -59,9 +58,10 @@ def parse_every(every: int | str | None) -> Schedule:
         text = every.strip().lower()
         if text == "auto":
             return Schedule(auto=True)
-        match = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([smh])", text)
-        if match and float(match.group(1)) > 0:
-            return Schedule(seconds=float(match.group(1)) * _UNITS[match.group(2)])
+        if has_unit(text):
+            with contextlib.suppress(ValueError):  # (over ten years: refused below)
+                if (seconds := parse_duration_s(text)) > 0:
+                    return Schedule(seconds=seconds)
     raise ConfigError(
         f"invalid checkpoint interval every={every!r}",
         hint="use a number of steps (500), a duration ('90s', '10m', '1h'), 'auto' or None",
