@@ -17,7 +17,7 @@ import random
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from enum import Enum
@@ -35,6 +35,7 @@ from spotwise.errors import (
     TransientStorageError,
 )
 from spotwise.registry import require
+from spotwise.retry import RetryPolicy
 from spotwise.storage.base import ObjectInfo, validate_key
 
 log = logging.getLogger(__name__)
@@ -49,36 +50,6 @@ T = TypeVar("T")
 
 
 # --- pure decisions ----------------------------------------------------------------------------
-@dataclass(frozen=True)
-class RetryPolicy:
-    """Exponential backoff with full jitter (the AWS-recommended shape)."""
-
-    max_attempts: int = 8
-    base_delay_s: float = 0.2
-    max_delay_s: float = 10.0
-
-    @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None) -> RetryPolicy:
-        """Defaults, with ``AWS_MAX_ATTEMPTS`` honoured as the AWS SDKs do."""
-        value = (os.environ if env is None else env).get("AWS_MAX_ATTEMPTS")
-        if not value:
-            return cls()
-        try:
-            attempts = int(value)
-        except ValueError:
-            attempts = 0
-        if attempts < 1:
-            raise ConfigError(
-                f"AWS_MAX_ATTEMPTS={value!r} is not a positive integer",
-                hint="unset it or use e.g. AWS_MAX_ATTEMPTS=8",
-            )
-        return cls(max_attempts=attempts)
-
-    def delay_s(self, attempt: int, rand: float) -> float:
-        """Seconds to wait after failed attempt number ``attempt`` (1-based); ``rand`` in [0, 1)."""
-        return rand * min(self.max_delay_s, self.base_delay_s * (2 ** (attempt - 1)))
-
-
 @dataclass(frozen=True)
 class TransferSettings:
     """Sizes for large objects: above the threshold, parts go up/down in parallel."""

@@ -204,7 +204,8 @@ class AwsProvider:
         stray = sorted(set(self.opts.subnets) - set(zones))
         if stray:
             raise ConfigError(f"provider.aws.subnets: zones {stray} are not in provider.aws.zones")
-        from spotwise.storage.s3 import RetryPolicy, parse_s3_uri
+        from spotwise.retry import RetryPolicy
+        from spotwise.storage.s3 import parse_s3_uri
 
         self.bucket, self.prefix = parse_s3_uri(self.opts.s3)
         self.features = Features(
