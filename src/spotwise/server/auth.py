@@ -1,0 +1,129 @@
+"""API tokens: how one is made, how a request's ``Authorization: Bearer`` header is checked,
+and the admin token a new server creates for its first user.
+
+A token reads ``spw_<id>_<secret>``: the prefix lets secret scanners and people recognise it,
+the id (public: listed, revoked by) finds its row exactly, and only the SHA-256 of the whole
+token is stored, compared in constant time. A token is never logged or echoed; the only copy is
+the one printed (or written 0600) when it is made.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+import re
+import secrets
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, cast
+
+from spotwise.control.store import Store, Token
+from spotwise.errors import ConfigError
+from spotwise.server.principal import Principal, Role
+
+if TYPE_CHECKING:
+    from starlette.requests import Request
+
+TOKEN_PREFIX = "spw_"
+ADMIN_USER = "admin"
+ADMIN_TOKEN_FILE = "admin-token"
+_TOKEN = re.compile(r"spw_([0-9a-f]{12})_[A-Za-z0-9_-]{43}\Z")
+_BEARER = "bearer "
+
+
+def token_sha256(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def create_token(
+    store: Store,
+    user: str,
+    *,
+    name: str = "",
+    expires_in_s: float | None = None,
+    now: float | None = None,
+) -> tuple[str, Token]:
+    """A new token for ``user`` (who must exist): (the token, to show once; its record)."""
+    if expires_in_s is not None and expires_in_s <= 0:
+        raise ConfigError("a token that expires at once is of no use", hint="give e.g. 30d")
+    now = time.time() if now is None else now
+    token_id = secrets.token_hex(6)
+    token = f"{TOKEN_PREFIX}{token_id}_{secrets.token_urlsafe(32)}"
+    record = Token(
+        id=token_id,
+        user=user,
+        name=name,
+        created_at=now,
+        expires_at=None if expires_in_s is None else now + expires_in_s,
+        revoked_at=None,
+    )
+    store.accounts.add_token(record, token_sha256(token))
+    return token, record
+
+
+def principal_for(store: Store, token: str, now: float | None = None) -> Principal | None:
+    """Who ``token`` belongs to, or None for a token that is malformed, unknown, revoked or
+    expired (the caller answers all four alike: 401)."""
+    match = _TOKEN.match(token)
+    if match is None:
+        return None
+    found = store.accounts.credential(match.group(1))
+    if found is None:
+        return None
+    record, role, sha256 = found
+    if not hmac.compare_digest(sha256, token_sha256(token)):
+        return None
+    if record.state(time.time() if now is None else now) != "active":
+        return None
+    return Principal(record.user, cast(Role, role))
+
+
+def bearer_token(authorization: str | None) -> str | None:
+    """The token of an ``Authorization: Bearer <token>`` header value (scheme case-insensitive)."""
+    if authorization is None or authorization[: len(_BEARER)].lower() != _BEARER:
+        return None
+    return authorization[len(_BEARER) :].strip() or None
+
+
+def authenticator(store: Store) -> Callable[[Request], Principal | None]:
+    """The server app's ``authenticate`` hook: a request's principal, or None (then 401)."""
+
+    def authenticate(request: Request) -> Principal | None:
+        token = bearer_token(request.headers.get("authorization"))
+        return None if token is None else principal_for(store, token)
+
+    return authenticate
+
+
+def ensure_admin_token(store: Store, home: Path) -> str | None:
+    """At a server's first start (no admin in the store): create the ``admin`` user and a token,
+    write it to ``<home>/admin-token`` (0600) and return it to be printed once. None later.
+
+    Two replicas starting at once on one database: one creates the user, the other gets None.
+    """
+    if any(u.role == "admin" for u in store.accounts.users()):
+        return None
+    try:
+        store.accounts.add_user(ADMIN_USER, "admin")
+    except ConfigError:
+        if store.accounts.user(ADMIN_USER).role == "admin":  # another replica was first
+            return None
+        raise
+    token, _ = create_token(store, ADMIN_USER, name="admin (created at first start)")
+    write_private(home / ADMIN_TOKEN_FILE, token + "\n")
+    return token
+
+
+def write_private(path: Path, text: str) -> None:
+    """Write ``text`` to a new file readable by its owner only (0600 from its creation)."""
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        os.write(fd, text.encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
