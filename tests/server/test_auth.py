@@ -14,9 +14,11 @@ from spotwise.errors import ConfigError
 from spotwise.server.auth import (
     ADMIN_TOKEN_FILE,
     authenticator,
+    check_token,
     create_token,
     ensure_admin_token,
     principal_for,
+    refusal,
 )
 from spotwise.server.principal import Principal
 
@@ -39,11 +41,24 @@ def test_a_token_names_its_user_until_revoked_or_expired():
     # expired an hour after it was made
     assert principal_for(store, token, now=4599.0) is not None
     assert principal_for(store, token, now=4600.0) is None
+    assert check_token(store, token, now=4600.0).startswith(
+        f"token {record.id} of alice has expired"
+    )
     wrong = token[:-4] + ("AAAA" if not token.endswith("AAAA") else "BBBB")
     for header in (None, "", "Bearer", f"Basic {viewer}", f"Bearer {wrong}", f"Bearer {viewer}x"):
         assert authenticate(_request(header)) is None, header
     store.accounts.revoke_token(record.id)
     assert principal_for(store, token, now=1000.0) is None
+    # the 401's text says why, with the fix, and never echoes the token
+    for header, why in [
+        (None, "no token: send the header 'Authorization: Bearer <token>'"),
+        (f"Bearer {wrong}", "the token is not valid"),
+        (f"Bearer {token}", f"token {record.id} of alice was revoked"),
+    ]:
+        text = refusal(store, _request(header))
+        assert text.startswith(why) and "spotwise tokens create USER" in text
+        assert token not in text and wrong not in text
+    assert refusal(store, _request(f"Bearer {viewer}")) == ""
     with pytest.raises(ConfigError, match="expires at once"):
         create_token(store, "alice", expires_in_s=0)
 

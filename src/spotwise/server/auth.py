@@ -31,6 +31,10 @@ ADMIN_USER = "admin"
 ADMIN_TOKEN_FILE = "admin-token"
 _TOKEN = re.compile(r"spw_([0-9a-f]{12})_[A-Za-z0-9_-]{43}\Z")
 _BEARER = "bearer "
+_GET_ONE = (
+    "use a token of yours (spotwise login URL, or SPOTWISE_TOKEN); an admin creates one with: "
+    "spotwise tokens create USER"
+)
 
 
 def token_sha256(token: str) -> str:
@@ -63,21 +67,29 @@ def create_token(
     return token, record
 
 
-def principal_for(store: Store, token: str, now: float | None = None) -> Principal | None:
-    """Who ``token`` belongs to, or None for a token that is malformed, unknown, revoked or
-    expired (the caller answers all four alike: 401)."""
+def check_token(store: Store, token: str | None, now: float | None = None) -> Principal | str:
+    """Who ``token`` belongs to, or why it is refused, in words a 401 can show with the fix.
+    Revoked and expired are named only for a token whose secret matched."""
+    if token is None:
+        return f"no token: send the header 'Authorization: Bearer <token>'; {_GET_ONE}"
     match = _TOKEN.match(token)
-    if match is None:
-        return None
-    found = store.accounts.credential(match.group(1))
-    if found is None:
-        return None
-    record, role, sha256 = found
-    if not hmac.compare_digest(sha256, token_sha256(token)):
-        return None
-    if record.state(time.time() if now is None else now) != "active":
-        return None
+    found = None if match is None else store.accounts.credential(match.group(1))
+    if found is None or not hmac.compare_digest(found[2], token_sha256(token)):
+        return f"the token is not valid (a typo, or cut short?); {_GET_ONE}"
+    record, role, _ = found
+    state = record.state(time.time() if now is None else now)
+    if state == "revoked":
+        return f"token {record.id} of {record.user} was revoked; {_GET_ONE}"
+    if state == "expired":
+        return f"token {record.id} of {record.user} has expired; {_GET_ONE}"
     return Principal(record.user, cast(Role, role))
+
+
+def principal_for(store: Store, token: str | None, now: float | None = None) -> Principal | None:
+    """Who ``token`` belongs to, or None for a token that is missing, malformed, unknown,
+    revoked or expired (all answered 401)."""
+    checked = check_token(store, token, now)
+    return checked if isinstance(checked, Principal) else None
 
 
 def bearer_token(authorization: str | None) -> str | None:
@@ -91,10 +103,15 @@ def authenticator(store: Store) -> Callable[[Request], Principal | None]:
     """The server app's ``authenticate`` hook: a request's principal, or None (then 401)."""
 
     def authenticate(request: Request) -> Principal | None:
-        token = bearer_token(request.headers.get("authorization"))
-        return None if token is None else principal_for(store, token)
+        return principal_for(store, bearer_token(request.headers.get("authorization")))
 
     return authenticate
+
+
+def refusal(store: Store, request: Request) -> str:
+    """Why ``authenticate`` refused ``request``: the text of its 401, with the fix."""
+    checked = check_token(store, bearer_token(request.headers.get("authorization")))
+    return "" if isinstance(checked, Principal) else checked
 
 
 def ensure_admin_token(store: Store, home: Path) -> str | None:
