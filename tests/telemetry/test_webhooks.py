@@ -92,8 +92,8 @@ def receiver() -> Iterator[Receiver]:
         yield box
 
 
-def _delivery(url: str, secret_from: str | None = "env:HOOK_SECRET") -> Delivery:
-    hook = Webhook.model_validate({"url": url, "secret_from": secret_from, "timeout": "5s"})
+def _delivery(**fields: str) -> Delivery:
+    hook = Webhook.model_validate({"secret_from": "env:HOOK_SECRET", "timeout": "5s", **fields})
     body = json.dumps(state_body("t-abc123", "t", "SUCCEEDED", "exit 0", 1.0)).encode()
     return Delivery(hook, body, "d1")
 
@@ -102,10 +102,11 @@ def test_a_delivery_is_signed_and_retried_after_a_500(
     receiver: Receiver, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ):
     monkeypatch.setenv("HOOK_SECRET", SECRET)
+    monkeypatch.setenv("HOOK_URL", receiver.url)  # a Slack URL kept out of the job store
     receiver.codes = [500, 503, 200]
     sender = WebhookSender(FAST)
     with caplog.at_level(logging.INFO, logger="spotwise.telemetry.webhooks"):
-        sender.send(_delivery(receiver.url))
+        sender.send(_delivery(url_from="env:HOOK_URL"))
         assert sender.drain(30)
     tries = [receiver.got.get_nowait() for _ in range(3)]
     assert receiver.got.empty()
@@ -120,8 +121,8 @@ def test_a_delivery_is_signed_and_retried_after_a_500(
         assert not verify_signature(SECRET, got.body + b" ", ts, signed)
         assert not verify_signature(SECRET, got.body, ts, signed, now=int(ts) + 301.0)
     logged = caplog.text
-    assert "HTTP 500" in logged and "HTTP 503" in logged and "retry 2" in logged
-    assert SECRET not in logged and "slackpath" not in logged  # host and port only
+    assert "webhook env:HOOK_URL: HTTP 500; retry 1" in logged and "HTTP 503; retry 2" in logged
+    assert SECRET not in logged and "slackpath" not in logged
 
 
 def test_failures_are_given_up_and_logged_without_secrets(
@@ -130,12 +131,15 @@ def test_failures_are_given_up_and_logged_without_secrets(
     monkeypatch.setenv("HOOK_SECRET", SECRET)
     receiver.codes = [404]
     sender = WebhookSender(FAST)
-    sender.send(_delivery(receiver.url))  # a 4xx is an answer: not retried
-    sender.send(_delivery(receiver.url, secret_from="env:NOT_SET_ANYWHERE"))  # not sent
+    sender.send(_delivery(url=receiver.url))  # a 4xx is an answer: not retried
+    sender.send(_delivery(url=receiver.url, secret_from="env:NOT_SET_ANYWHERE"))  # not sent
+    sender.send(_delivery(url_from="env:NOT_SET_EITHER"))
     assert sender.drain(30)
     assert receiver.got.qsize() == 1
-    assert "HTTP 404; not delivered (try 1 of 4)" in caplog.text
+    port = receiver.url.split(":")[2].split("/")[0]
+    assert f"webhook http://127.0.0.1:{port}: HTTP 404; not delivered (try 1 of 4)" in caplog.text
     assert "env:NOT_SET_ANYWHERE is not set in the controller's environment" in caplog.text
+    assert "env:NOT_SET_EITHER is not set to an http(s) URL" in caplog.text
     assert SECRET not in caplog.text and "slackpath" not in caplog.text
 
 
@@ -185,12 +189,15 @@ def test_a_job_posts_its_states_and_a_receiver_that_never_answers_does_not_delay
     ("hook", "needle"),
     [
         ({"url": "ftp://x"}, "notify.webhooks.0.url: expected an http://"),
+        ({"url": "http://h:99999"}, "notify.webhooks.0.url: expected an http://"),
+        ({"url": "https://h", "url_from": "env:U"}, "notify.webhooks.0: give exactly one of url"),
+        ({"states": ["RUNNING"]}, "notify.webhooks.0: give exactly one of url and url_from"),
         ({"url": "https://h", "secret": "x"}, "notify.webhooks.0.secret: unknown field"),
         (
             {"url": "https://h", "secret_from": "HOOK"},
             "notify.webhooks.0.secret_from: expected env:NAME",
         ),
-        ({"url": "https://h", "states": ["DONE"]}, "notify.webhooks.0.states: DONE: not a state"),
+        ({"url": "https://h", "states": ["DONE"]}, "notify.webhooks.0.states: 'DONE': not a state"),
         (
             {"url": "https://h", "timeout": "soon"},
             "notify.webhooks.0.timeout: 'soon' is not a duration",

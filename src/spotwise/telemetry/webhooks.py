@@ -32,7 +32,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from spotwise.echo import shown
 
 if TYPE_CHECKING:
     from spotwise.storage.s3 import RetryPolicy
@@ -46,7 +48,7 @@ SIGNATURE_TOLERANCE_S = 300.0  # how old a timestamp verify_signature accepts
 EXIT_DRAIN_S = 10.0  # what a controller ending its job waits for the last deliveries
 QUEUE_LIMIT = 1000  # deliveries waiting per destination; beyond it new ones are dropped
 MAX_WEBHOOKS = 10
-_SECRET_FROM = re.compile(r"env:([A-Za-z_][A-Za-z0-9_]*)\Z")
+_ENV_REF = re.compile(r"env:([A-Za-z_][A-Za-z0-9_]*)\Z")
 _STATES = ("LAUNCHING", "RUNNING", "PREEMPTED", "RECOVERING", "SUCCEEDED", "FAILED", "CANCELLED")
 _TERMINAL = ("SUCCEEDED", "FAILED", "CANCELLED")
 
@@ -56,32 +58,37 @@ class Webhook(BaseModel):
     """One receiver of a job's state changes."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
-    url: str
-    # env:NAME: the HMAC key is that variable of the controller's (the server's) environment;
-    # only the reference is stored with the job. None: unsigned (a Slack incoming webhook).
-    secret_from: str | None = None
+    url: str | None = None
+    # env:NAME, read where the controller (the server) runs when posting; only the reference
+    # is stored with the job: for the URL (a Slack URL is a credential) and the HMAC key.
+    url_from: str | None = None
+    secret_from: str | None = None  # None: unsigned (as a Slack incoming webhook expects)
     states: tuple[str, ...] = _STATES  # which states are sent (default: every change)
     timeout_s: float = Field(default=10.0, alias="timeout", gt=0, le=300)
 
     @field_validator("url")
     @classmethod
-    def _url(cls, v: str) -> str:
-        parts = urlsplit(v)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
+    def _url(cls, v: str | None) -> str | None:
+        problem = None if v is None else url_problem(v)
+        if problem:
+            raise ValueError(problem)
+        return v
+
+    @field_validator("url_from", "secret_from")
+    @classmethod
+    def _env_ref(cls, v: str | None) -> str | None:
+        if v is not None and not _ENV_REF.match(v):
             raise ValueError(
-                "expected an http:// or https:// URL, e.g. https://hooks.slack.com/..."
+                "expected env:NAME, the environment variable of the controller (or server) "
+                "that holds the value, e.g. env:SPOTWISE_WEBHOOK_SECRET"
             )
         return v
 
-    @field_validator("secret_from")
-    @classmethod
-    def _secret_from(cls, v: str | None) -> str | None:
-        if v is not None and not _SECRET_FROM.match(v):
-            raise ValueError(
-                "expected env:NAME, the environment variable of the controller (or server) "
-                "that holds the signing secret, e.g. env:SPOTWISE_WEBHOOK_SECRET"
-            )
-        return v
+    @model_validator(mode="after")
+    def _one_url(self) -> Webhook:
+        if (self.url is None) == (self.url_from is None):
+            raise ValueError("give exactly one of url and url_from")
+        return self
 
     @field_validator("states", mode="before")
     @classmethod
@@ -91,7 +98,7 @@ class Webhook(BaseModel):
         bad = [s for s in v if s not in _STATES] if isinstance(v, list) else []
         if bad:
             raise ValueError(
-                f"{', '.join(map(str, bad[:3]))}: not a state; allowed: {', '.join(_STATES)}"
+                f"{', '.join(map(shown, bad[:3]))}: not a state; allowed: {', '.join(_STATES)}"
             )
         return v
 
@@ -104,10 +111,31 @@ class Webhook(BaseModel):
 
     @property
     def where(self) -> str:
-        """The destination as logs show it: scheme, host and port (a Slack URL's path is its
-        secret)."""
+        """The destination as logs show it: ``env:NAME``, or the URL's scheme, host and port
+        (a Slack URL's path is its secret)."""
+        if self.url is None:
+            return str(self.url_from)
         parts = urlsplit(self.url)
         return f"{parts.scheme}://{parts.hostname}" + (f":{parts.port}" if parts.port else "")
+
+    def resolved_url(self) -> str | None:
+        """The URL to post to now: ``url``, or the value of ``url_from``'s variable."""
+        if self.url is not None:
+            return self.url
+        value = os.environ.get(str(self.url_from).removeprefix("env:"), "").strip()
+        return value if value and not url_problem(value) else None
+
+
+def url_problem(url: str) -> str | None:
+    """Why ``url`` cannot be posted to, or None."""
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 (raises ValueError for a port out of range)
+    except ValueError:
+        parts = None
+    if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
+        return "expected an http:// or https:// URL, e.g. https://hooks.slack.com/services/..."
+    return None
 
 
 class Notify(BaseModel):
@@ -189,9 +217,10 @@ class WebhookSender:
     def send(self, delivery: Delivery) -> None:
         """Queue ``delivery``; never blocks (a full destination queue drops it, logged)."""
         with self._lock:
-            q = self._queues.get(delivery.webhook.url)
+            key = delivery.webhook.url or delivery.webhook.where
+            q = self._queues.get(key)
             if q is None:
-                q = self._queues[delivery.webhook.url] = queue.Queue(QUEUE_LIMIT)
+                q = self._queues[key] = queue.Queue(QUEUE_LIMIT)
                 threading.Thread(
                     target=self._run, args=(q,), name="spotwise-webhook", daemon=True
                 ).start()
@@ -236,6 +265,9 @@ class WebhookSender:
     def _post(self, delivery: Delivery) -> tuple[str | None, bool]:
         """(what went wrong or None, whether trying again may help)."""
         hook = delivery.webhook
+        url = hook.resolved_url()
+        if url is None:
+            return f"{hook.url_from} is not set to an http(s) URL where the controller runs", False
         headers = {
             "Content-Type": "application/json",
             "User-Agent": "spotwise-webhook",
@@ -249,7 +281,7 @@ class WebhookSender:
             timestamp = str(int(time.time()))
             headers[TIMESTAMP_HEADER] = timestamp
             headers[SIGNATURE_HEADER] = signature(secret, timestamp, delivery.body)
-        request = urllib.request.Request(hook.url, delivery.body, headers, method="POST")
+        request = urllib.request.Request(url, delivery.body, headers, method="POST")
         try:
             with _OPENER.open(request, timeout=hook.timeout_s) as response:
                 response.read(65536)
