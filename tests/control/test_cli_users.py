@@ -33,7 +33,6 @@ def test_users_and_tokens_from_the_command_line():
     assert listed["expires_at"] - listed["created_at"] == 30 * 86400
 
     for args, needle in [
-        (("tokens", "create", "carol"), "no user 'carol'"),
         (("tokens", "create", "alice", "--expires", "soon"), "--expires: 'soon' is not a duration"),
         (("tokens", "revoke", listed["id"][:6]), f"no token '{listed['id'][:6]}'"),
     ]:
@@ -43,5 +42,13 @@ def test_users_and_tokens_from_the_command_line():
 
     assert _cli("tokens", "revoke", listed["id"]).returncode == 0
     assert principal_for(Store(), token) is None
-    users = json.loads(_cli("users", "list", "--json").stdout)
-    assert [(u["name"], u["role"]) for u in users] == [("alice", "user")]
+    hook = _cli("users", "notify", "alice", "--url-from", "env:SLACK", "--states", "failed")
+    assert hook.returncode == 0, hook.stderr
+    bad = _cli("users", "notify", "alice", "--url", "ftp://x", "--states", "DONE")
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr
+    assert "--url: expected an http:// or https:// URL" in bad.stderr
+    assert "--states: 'DONE': not a state; allowed: LAUNCHING" in bad.stderr
+    [user] = json.loads(_cli("users", "list", "--json").stdout)
+    assert (user["name"], user["role"]) == ("alice", "user")
+    [webhook] = user["notify"]["webhooks"]  # the bad one was not added
+    assert (webhook["url_from"], webhook["states"]) == ("env:SLACK", ["FAILED"])

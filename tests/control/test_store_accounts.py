@@ -46,6 +46,13 @@ def test_users_tokens_and_owners_round_trip(store_db: str):
     with pytest.raises(ConfigError, match="no token 'aaaa0'"):
         accounts.revoke_token("aaaa0")
 
+    hooks = {"webhooks": [{"url_from": "env:SLACK", "states": ["FAILED"]}]}
+    assert accounts.set_notify("alice", hooks).notify == hooks
+    assert Store().accounts.user("alice").notify == hooks
+    assert accounts.set_notify("alice", None).notify is None
+    with pytest.raises(ConfigError, match="no user 'carol'"):
+        accounts.set_notify("carol", hooks)
+
     assert store.create_job("mine", {}, None, owner="alice").owner == "alice"
     assert store.create_job("local", {}, None).owner is None
     assert {j.name: j.owner for j in store.jobs()} == {"mine": "alice", "local": None}

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from spotwise.control.controller import Controller, submit
+from spotwise.control.controller import Controller
 from spotwise.control.spec import parse_spec
 from spotwise.control.store import JobState, Store
 from spotwise.errors import ConfigError
@@ -157,17 +157,17 @@ def _spec(tmp_path: Path, *webhooks: dict[str, object]):
 def test_a_job_posts_its_states_and_a_receiver_that_never_answers_does_not_delay_it(
     receiver: Receiver, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ):
-    """Two receivers: one answers, one holds every request unanswered until the job ended."""
+    """Two receivers: the job file's answers, its owner's holds every request unanswered
+    until the job ended."""
     monkeypatch.setenv("HOOK_SECRET", SECRET)
     silent = Receiver([200])  # hold not set: requests wait
     with serving(silent):
-        spec = _spec(
-            tmp_path,
-            {"url": receiver.url, "secret_from": "env:HOOK_SECRET"},
-            {"url": silent.url, "timeout": "60s"},
-        )
+        spec = _spec(tmp_path, {"url": receiver.url, "secret_from": "env:HOOK_SECRET"})
         store = Store()
-        job = submit(store, spec)
+        # the silent one is the webhook of the job's owner, for all their jobs
+        store.accounts.add_user("alice", "user")
+        store.accounts.set_notify("alice", {"webhooks": [{"url": silent.url, "timeout": "60s"}]})
+        job = store.create_job(spec.name, spec.model_dump(mode="json"), None, owner="alice")
         assert Controller(store, job.id).run() is JobState.SUCCEEDED
         # the job ended with no answer from the silent receiver, which holds its first request
         assert not silent.hold.is_set()

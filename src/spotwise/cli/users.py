@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from datetime import datetime, timezone
+from typing import Any
 
 import typer
 from rich import box
@@ -61,6 +62,52 @@ def users_list(as_json: bool = typer.Option(False, "--json", help="machine-reada
     for u in users:
         table.add_row(literal(u.name), u.role, _when(u.created_at))
     Console().print(table)
+
+
+@users_app.command("notify")
+def users_notify(
+    name: str = typer.Argument(..., help="the user whose jobs are reported"),
+    url: str | None = typer.Option(None, "--url", help="http(s) URL to post to"),
+    url_from: str | None = typer.Option(
+        None, "--url-from", help="env:NAME: the server's variable holding the URL (Slack's)"
+    ),
+    secret_from: str | None = typer.Option(
+        None, "--secret-from", help="env:NAME: the server's variable holding the HMAC key"
+    ),
+    states: str | None = typer.Option(
+        None, "--states", help="comma-separated, e.g. SUCCEEDED,FAILED (default: every change)"
+    ),
+    clear: bool = typer.Option(False, "--clear", help="remove the user's webhooks instead"),
+) -> None:
+    """Add a webhook for all of a user's jobs (posted as a job file's notify.webhooks are)."""
+    from pydantic import ValidationError
+
+    from spotwise.errors import ConfigError
+    from spotwise.telemetry.webhooks import Notify
+
+    accounts = _store().accounts
+    if clear:
+        accounts.set_notify(name, None)
+        typer.echo(f"webhooks of {name} removed")
+        return
+    hook: dict[str, Any] = {"url": url, "url_from": url_from, "secret_from": secret_from}
+    if states is not None:
+        hook["states"] = [s.strip().upper() for s in states.split(",")]
+    old = accounts.user(name).notify or {"webhooks": []}
+    try:
+        notify = Notify.model_validate({"webhooks": [*old["webhooks"], hook]})
+    except ValidationError as exc:
+        lines = [_flag_error(err) for err in exc.errors()]
+        raise ConfigError("; ".join(lines), hint="see docs/server.md, 'Webhooks'") from None
+    accounts.set_notify(name, notify.model_dump(mode="json"))
+    typer.echo(f"{len(notify.webhooks)} webhook(s) for the jobs of {name}")
+
+
+def _flag_error(err: Any) -> str:
+    """A pydantic error on a webhook in the words of the command's options."""
+    field = str(err["loc"][-1]) if len(err["loc"]) > 2 else ""
+    flag = "--" + field.replace("_", "-") + ": " if field else ""
+    return flag + err["msg"].removeprefix("Value error, ")
 
 
 @tokens_app.command("create")

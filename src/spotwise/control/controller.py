@@ -696,7 +696,9 @@ class Controller:
             event=("state", f"{state.value}: {message}"),
             **fields,
         )
-        notify_state(self.spec.notify, self.job_id, self.spec.name, state.value, message)
+        notify_state(
+            self.store, self.job_id, self.spec.name, self.spec.notify, state.value, message
+        )
 
     # --- the job's policy ------------------------------------------------------------------
     def _tick_wall_s(self) -> float:

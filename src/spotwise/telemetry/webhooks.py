@@ -1,6 +1,7 @@
 """Webhooks on job state changes: a Slack-compatible JSON POST, signed, retried, off the loop.
 
-Configured per job (``notify: {webhooks: [{url, secret_from, states, timeout}]}``). The
+Configured per job (``notify: {webhooks: [{url, secret_from, states, timeout}]}``) and per
+user for all their jobs (``spotwise users notify``, the same document in the store). The
 controller only enqueues (:func:`notify_state`); one thread per destination posts, so a
 receiver that is slow, down or never answers delays neither the job nor other destinations,
 and its failures are logged (host only: a Slack URL's path is its secret; never the signing
@@ -37,6 +38,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from spotwise.echo import shown
 
 if TYPE_CHECKING:
+    from spotwise.control.store import Store
     from spotwise.storage.s3 import RetryPolicy
 
 log = logging.getLogger(__name__)
@@ -309,16 +311,29 @@ def default_sender() -> WebhookSender:
 
 
 def notify_state(
-    notify: Notify | None, job_id: str, job_name: str, state: str, message: str
+    store: Store, job_id: str, job_name: str, notify: Notify | None, state: str, message: str
 ) -> None:
-    """Queue the job's new state for each of its webhooks that wants it; returns at once."""
-    if notify is None or not notify.webhooks or _last_state.get(job_id) == state:
+    """Queue the job's new state for each webhook of the job (``notify``) and of its owner
+    that wants it; returns at once and never raises (the job's state is already recorded)."""
+    if _last_state.get(job_id) == state:
         return
     if state in _TERMINAL:
         _last_state.pop(job_id, None)
     else:
         _last_state[job_id] = state
+    hooks = list(notify.webhooks) if notify is not None else []
+    try:
+        hooks += owner_webhooks(store, job_id)
+    except Exception as exc:  # the store, or a user's document from a newer spotwise
+        log.warning("webhooks of job %s's owner not read: %s", job_id, type(exc).__name__)
     body = json.dumps(state_body(job_id, job_name, state, message, time.time())).encode()
-    for hook in notify.webhooks:
+    for hook in dict.fromkeys(hooks):  # (one given for the job and its owner is posted once)
         if state in hook.states:
             default_sender().send(Delivery(hook, body, uuid.uuid4().hex))
+
+
+def owner_webhooks(store: Store, job_id: str) -> list[Webhook]:
+    """The webhooks the job's owner set for all their jobs (``spotwise users notify``)."""
+    owner = store.job(job_id).owner
+    notify = None if owner is None else store.accounts.user(owner).notify
+    return [] if notify is None else Notify.model_validate(notify).webhooks

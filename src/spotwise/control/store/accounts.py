@@ -6,8 +6,10 @@ Tokens are stored by id with the SHA-256 of their secret; making and checking th
 
 from __future__ import annotations
 
+import json
 import re
 import time
+from typing import Any
 
 import sqlalchemy as sa
 
@@ -28,6 +30,11 @@ def check_role(role: str) -> str:
             hint="admin does everything, user submits and changes their own jobs, viewer reads",
         )
     return role
+
+
+def _row_user(r: sa.RowMapping) -> User:
+    notify = json.loads(r["notify_json"]) if r["notify_json"] else None
+    return User(r["name"], r["role"], r["created_at"], notify)
 
 
 def _row_token(r: sa.RowMapping) -> Token:
@@ -79,12 +86,24 @@ class Accounts:
             row = db.execute(sa.select(users).where(users.c.name == name)).mappings().first()
         if row is None:
             raise _no_user(name)
-        return User(row["name"], row["role"], row["created_at"])
+        return _row_user(row)
 
     def users(self) -> list[User]:
         with self._engine.connect() as db:
             rows = db.execute(sa.select(users).order_by(users.c.created_at)).mappings().all()
-        return [User(r["name"], r["role"], r["created_at"]) for r in rows]
+        return [_row_user(r) for r in rows]
+
+    def set_notify(self, name: str, notify: dict[str, Any] | None) -> User:
+        """Replace the user's own webhooks (a validated ``notify`` document; None: none)."""
+        with self._writer.begin() as db:
+            done = db.execute(
+                users.update()
+                .where(users.c.name == name)
+                .values(notify_json=None if notify is None else json.dumps(notify))
+            )
+        if done.rowcount == 0:
+            raise _no_user(name)
+        return self.user(name)
 
     # --- tokens ----------------------------------------------------------------------------
     def add_token(self, token: Token, sha256: str) -> None:

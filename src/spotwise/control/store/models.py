@@ -112,9 +112,15 @@ class User:
     name: str
     role: str
     created_at: float
+    notify: dict[str, Any] | None = None  # webhooks for all their jobs (job file's notify)
 
     def as_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "role": self.role, "created_at": self.created_at}
+        return {
+            "name": self.name,
+            "role": self.role,
+            "created_at": self.created_at,
+            "notify": self.notify,
+        }
 
 
 @dataclass(frozen=True)

@@ -71,6 +71,7 @@ users = sa.Table(
     sa.Column("name", sa.Text, primary_key=True),
     sa.Column("role", sa.Text, nullable=False),  # admin | user | viewer
     sa.Column("created_at", sa.Float, nullable=False),
+    sa.Column("notify_json", sa.Text),  # the user's webhooks, for all their jobs (a notify doc)
 )
 
 # A token's secret is never stored, only its SHA-256 (hex).

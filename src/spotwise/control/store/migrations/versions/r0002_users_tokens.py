@@ -1,4 +1,4 @@
-"""Users and API tokens of ``spotwise server``, and the user who owns each job.
+"""Users (with their own webhooks) and API tokens of ``spotwise server``, and each job's owner.
 
 A token's secret is never stored: only its SHA-256, so a copy of the database lets nobody in.
 Jobs written before this revision have no owner (``NULL``): only admins and viewers see them.
@@ -24,6 +24,7 @@ def upgrade() -> None:
         sa.Column("name", sa.Text, primary_key=True),
         sa.Column("role", sa.Text, nullable=False),
         sa.Column("created_at", sa.Float, nullable=False),
+        sa.Column("notify_json", sa.Text),
     )
     op.create_table(
         "tokens",
