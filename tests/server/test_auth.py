@@ -61,6 +61,8 @@ def test_a_token_names_its_user_until_revoked_or_expired():
     assert refusal(store, _request(f"Bearer {viewer}")) == ""
     with pytest.raises(ConfigError, match="expires at once"):
         create_token(store, "alice", expires_in_s=0)
+    with pytest.raises(ConfigError, match="at most 100 printable characters"):
+        create_token(store, "alice", name="\x1b[2J")
 
 
 def test_the_first_start_creates_the_admin_token_once(tmp_path: Path):

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
 from spotwise.control.store import Store, Token
+from spotwise.echo import shown
 from spotwise.errors import ConfigError
 from spotwise.server.principal import Principal, Role
 
@@ -29,6 +30,7 @@ if TYPE_CHECKING:
 TOKEN_PREFIX = "spw_"
 ADMIN_USER = "admin"
 ADMIN_TOKEN_FILE = "admin-token"
+MAX_LABEL_CHARS = 100
 _TOKEN = re.compile(r"spw_([0-9a-f]{12})_[A-Za-z0-9_-]{43}\Z")
 _BEARER = "bearer "
 _GET_ONE = (
@@ -52,6 +54,11 @@ def create_token(
     """A new token for ``user`` (who must exist): (the token, to show once; its record)."""
     if expires_in_s is not None and expires_in_s <= 0:
         raise ConfigError("a token that expires at once is of no use", hint="give e.g. 30d")
+    if len(name) > MAX_LABEL_CHARS or not name.isprintable():
+        raise ConfigError(
+            f"token name {shown(name)}: at most {MAX_LABEL_CHARS} printable characters",
+            hint="a short label such as laptop or ci",
+        )
     now = time.time() if now is None else now
     token_id = secrets.token_hex(6)
     token = f"{TOKEN_PREFIX}{token_id}_{secrets.token_urlsafe(32)}"
