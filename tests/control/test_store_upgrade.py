@@ -185,3 +185,24 @@ def test_postgresql_without_psycopg_names_the_extra(monkeypatch: pytest.MonkeyPa
     with pytest.raises(MissingExtraError) as err:
         Store()
     assert "pip install 'spotwise[postgres]'" in str(err.value)
+
+
+def test_a_database_at_revision_0001_upgrades_in_place(store_db: str):
+    """Jobs kept, no owner; users and tokens tables added."""
+    from alembic import command
+
+    engine = sa.create_engine(store_db.replace("postgresql://", "postgresql+psycopg://", 1))
+    with engine.begin() as db:
+        command.upgrade(alembic_config(db), "0001")
+        db.exec_driver_sql(
+            "INSERT INTO jobs (id, name, spec_json, state, created_at, updated_at)"
+            " VALUES ('old-abc123', 'old', '{}', 'RUNNING', 1.0, 2.0)"
+        )
+    store = Store()
+    job = store.job("old-abc123")
+    assert (job.state, job.owner) == (JobState.RUNNING, None)
+    store.accounts.add_user("alice", "user")
+    assert store.create_job("new", {}, None, owner="alice").owner == "alice"
+    with engine.connect() as db:
+        assert db.exec_driver_sql("SELECT version_num FROM alembic_version").scalar() == HEAD
+    engine.dispose()

@@ -73,6 +73,7 @@ from spotwise.market.advisor import RankedZone
 from spotwise.market.interruption import InterruptionModel, load_interruption_model
 from spotwise.market.policies import Market, Problem, make_policy
 from spotwise.market.policies.driver import PolicyDriver
+from spotwise.telemetry.webhooks import notify_state
 
 Clock = Callable[[], float]
 ProgressReader = Callable[[str], Committed]
@@ -694,6 +695,9 @@ class Controller:
             message=message,
             event=("state", f"{state.value}: {message}"),
             **fields,
+        )
+        notify_state(
+            self.store, self.job_id, self.spec.name, self.spec.notify, state.value, message
         )
 
     # --- the job's policy ------------------------------------------------------------------

@@ -33,6 +33,7 @@ from spotwise.control.jobfile import printable, read_job_file, shown, value_prob
 from spotwise.control.secret_refs import SecretRef, check_refs, missing_files, plain_secret_keys
 from spotwise.durations import DURATION, parse_duration_s
 from spotwise.errors import ConfigError, UnknownBackendError
+from spotwise.telemetry.webhooks import Notify
 
 log = logging.getLogger(__name__)
 
@@ -165,6 +166,8 @@ class JobSpec(BaseModel):
     nodes: int = Field(default=1, ge=1, le=1024)
     procs_per_node: int = Field(default=1, ge=1, le=1024)
     min_nodes: int | None = Field(default=None, ge=1)
+    # webhooks posted on the job's state changes (spotwise.telemetry.webhooks)
+    notify: Notify | None = None
 
     @field_validator("command", mode="before")
     @classmethod

@@ -19,6 +19,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from spotwise.control.store.accounts import Accounts
 from spotwise.control.store.engine import WRITE, database_url, open_engine, private_dir, shown
 from spotwise.control.store.migrate import ensure_schema
 from spotwise.control.store.models import Attempt, Job, JobState, spotwise_home
@@ -55,6 +56,7 @@ def _row_job(r: sa.RowMapping) -> Job:
         control_error_since=r["control_error_since"],
         stop_reason=r["stop_reason"],
         policy=json.loads(r["policy_json"]) if r["policy_json"] else None,
+        owner=r["owner"],
     )
 
 
@@ -111,6 +113,7 @@ class Store:
             raise ControlError(
                 f"cannot open the job database {self.where}: {_reason(exc, url)}", hint=hint
             ) from None
+        self.accounts = Accounts(self._engine, self._writer)
 
     def close(self) -> None:
         self._engine.dispose()
@@ -127,7 +130,12 @@ class Store:
 
     # --- jobs ------------------------------------------------------------------------------
     def create_job(
-        self, name: str, spec: dict[str, Any], spec_path: str | None, now: float | None = None
+        self,
+        name: str,
+        spec: dict[str, Any],
+        spec_path: str | None,
+        now: float | None = None,
+        owner: str | None = None,
     ) -> Job:
         now = time.time() if now is None else now
         job_id = f"{name[:24]}-{secrets.token_hex(3)}"
@@ -141,6 +149,7 @@ class Store:
                     state=JobState.PENDING.value,
                     created_at=now,
                     updated_at=now,
+                    owner=owner,
                 )
             )
             self._event(db, job_id, now, "created", f"job {job_id} created")

@@ -1,4 +1,4 @@
-"""What the store holds, as plain dataclasses: a job, its attempts, its state."""
+"""What the store holds, as plain dataclasses: a job, its attempts, its state; users, tokens."""
 
 from __future__ import annotations
 
@@ -94,6 +94,7 @@ class Job:
     control_error_since: float | None = None
     stop_reason: str = ""  # why the controller stops the attempt: cancel | budget | switch
     policy: dict[str, Any] | None = None  # the job's policy driver (PolicyDriver.to_json)
+    owner: str | None = None  # the user who submitted it through the server (None: local)
 
     @property
     def dir(self) -> Path:
@@ -102,3 +103,51 @@ class Job:
     @property
     def log_path(self) -> Path:
         return self.dir / "job.log"
+
+
+@dataclass(frozen=True)
+class User:
+    """Someone who may call ``spotwise server``; ``role`` is admin, user or viewer."""
+
+    name: str
+    role: str
+    created_at: float
+    notify: dict[str, Any] | None = None  # webhooks for all their jobs (job file's notify)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "role": self.role,
+            "created_at": self.created_at,
+            "notify": self.notify,
+        }
+
+
+@dataclass(frozen=True)
+class Token:
+    """An API token as listed: who it is for and whether it still works (never its secret)."""
+
+    id: str
+    user: str
+    name: str
+    created_at: float
+    expires_at: float | None
+    revoked_at: float | None
+
+    def state(self, now: float) -> str:
+        if self.revoked_at is not None:
+            return "revoked"
+        if self.expires_at is not None and now >= self.expires_at:
+            return "expired"
+        return "active"
+
+    def as_dict(self, now: float) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "user": self.user,
+            "name": self.name,
+            "created_at": self.created_at,
+            "expires_at": self.expires_at,
+            "revoked_at": self.revoked_at,
+            "state": self.state(now),
+        }

@@ -28,6 +28,8 @@ jobs = sa.Table(
     sa.Column("control_error_since", sa.Float),
     sa.Column("stop_reason", sa.Text, nullable=False, server_default=""),
     sa.Column("policy_json", sa.Text),
+    sa.Column("owner", sa.Text),  # the user who submitted it (None: before users existed)
+    sa.Index("jobs_owner", "owner"),
 )
 
 attempts = sa.Table(
@@ -61,4 +63,26 @@ events = sa.Table(
     sa.Column("data_json", sa.Text, nullable=False, server_default="{}"),
     sa.Index("events_job", "job_id", "id"),
     sqlite_autoincrement=True,
+)
+
+users = sa.Table(
+    "users",
+    metadata,
+    sa.Column("name", sa.Text, primary_key=True),
+    sa.Column("role", sa.Text, nullable=False),  # admin | user | viewer
+    sa.Column("created_at", sa.Float, nullable=False),
+    sa.Column("notify_json", sa.Text),  # the user's webhooks, for all their jobs (a notify doc)
+)
+
+# A token's secret is never stored, only its SHA-256 (hex).
+tokens = sa.Table(
+    "tokens",
+    metadata,
+    sa.Column("id", sa.Text, primary_key=True),
+    sa.Column("user", sa.Text, sa.ForeignKey("users.name"), nullable=False),
+    sa.Column("sha256", sa.Text, nullable=False),
+    sa.Column("name", sa.Text, nullable=False, server_default=""),
+    sa.Column("created_at", sa.Float, nullable=False),
+    sa.Column("expires_at", sa.Float),
+    sa.Column("revoked_at", sa.Float),
 )

@@ -1,0 +1,153 @@
+"""API tokens: how one is made, how a request's ``Authorization: Bearer`` header is checked,
+and the admin token a new server creates for its first user.
+
+A token reads ``spw_<id>_<secret>``: the prefix lets secret scanners and people recognise it,
+the id (public: listed, revoked by) finds its row exactly, and only the SHA-256 of the whole
+token is stored, compared in constant time. A token is never logged or echoed; the only copy is
+the one printed (or written 0600) when it is made.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+import re
+import secrets
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, cast
+
+from spotwise.control.store import Store, Token
+from spotwise.echo import shown
+from spotwise.errors import ConfigError
+from spotwise.server.principal import Principal, Role
+
+if TYPE_CHECKING:
+    from starlette.requests import Request
+
+TOKEN_PREFIX = "spw_"
+ADMIN_USER = "admin"
+ADMIN_TOKEN_FILE = "admin-token"
+MAX_LABEL_CHARS = 100
+_TOKEN = re.compile(r"spw_([0-9a-f]{12})_[A-Za-z0-9_-]{43}\Z")
+_BEARER = "bearer "
+_GET_ONE = (
+    "use a token of yours (spotwise login URL, or SPOTWISE_TOKEN); an admin creates one with: "
+    "spotwise tokens create USER"
+)
+
+
+def token_sha256(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def create_token(
+    store: Store,
+    user: str,
+    *,
+    name: str = "",
+    expires_in_s: float | None = None,
+    now: float | None = None,
+) -> tuple[str, Token]:
+    """A new token for ``user`` (who must exist): (the token, to show once; its record)."""
+    if expires_in_s is not None and expires_in_s <= 0:
+        raise ConfigError("a token that expires at once is of no use", hint="give e.g. 30d")
+    if len(name) > MAX_LABEL_CHARS or not name.isprintable():
+        raise ConfigError(
+            f"token name {shown(name)}: at most {MAX_LABEL_CHARS} printable characters",
+            hint="a short label such as laptop or ci",
+        )
+    now = time.time() if now is None else now
+    token_id = secrets.token_hex(6)
+    token = f"{TOKEN_PREFIX}{token_id}_{secrets.token_urlsafe(32)}"
+    record = Token(
+        id=token_id,
+        user=user,
+        name=name,
+        created_at=now,
+        expires_at=None if expires_in_s is None else now + expires_in_s,
+        revoked_at=None,
+    )
+    store.accounts.add_token(record, token_sha256(token))
+    return token, record
+
+
+def check_token(store: Store, token: str | None, now: float | None = None) -> Principal | str:
+    """Who ``token`` belongs to, or why it is refused, in words a 401 can show with the fix.
+    Revoked and expired are named only for a token whose secret matched."""
+    if token is None:
+        return f"no token: send the header 'Authorization: Bearer <token>'; {_GET_ONE}"
+    match = _TOKEN.match(token)
+    found = None if match is None else store.accounts.credential(match.group(1))
+    if found is None or not hmac.compare_digest(found[2], token_sha256(token)):
+        return f"the token is not valid (a typo, or cut short?); {_GET_ONE}"
+    record, role, _ = found
+    state = record.state(time.time() if now is None else now)
+    if state == "revoked":
+        return f"token {record.id} of {record.user} was revoked; {_GET_ONE}"
+    if state == "expired":
+        return f"token {record.id} of {record.user} has expired; {_GET_ONE}"
+    return Principal(record.user, cast(Role, role))
+
+
+def principal_for(store: Store, token: str | None, now: float | None = None) -> Principal | None:
+    """Who ``token`` belongs to, or None for a token that is missing, malformed, unknown,
+    revoked or expired (all answered 401)."""
+    checked = check_token(store, token, now)
+    return checked if isinstance(checked, Principal) else None
+
+
+def bearer_token(authorization: str | None) -> str | None:
+    """The token of an ``Authorization: Bearer <token>`` header value (scheme case-insensitive)."""
+    if authorization is None or authorization[: len(_BEARER)].lower() != _BEARER:
+        return None
+    return authorization[len(_BEARER) :].strip() or None
+
+
+def authenticator(store: Store) -> Callable[[Request], Principal | None]:
+    """The server app's ``authenticate`` hook: a request's principal, or None (then 401)."""
+
+    def authenticate(request: Request) -> Principal | None:
+        return principal_for(store, bearer_token(request.headers.get("authorization")))
+
+    return authenticate
+
+
+def refusal(store: Store, request: Request) -> str:
+    """Why ``authenticate`` refused ``request``: the text of its 401, with the fix."""
+    checked = check_token(store, bearer_token(request.headers.get("authorization")))
+    return "" if isinstance(checked, Principal) else checked
+
+
+def ensure_admin_token(store: Store, home: Path) -> str | None:
+    """At a server's first start (no admin in the store): create the ``admin`` user and a token,
+    write it to ``<home>/admin-token`` (0600) and return it to be printed once. None later.
+
+    Two replicas starting at once on one database: one creates the user, the other gets None.
+    """
+    if any(u.role == "admin" for u in store.accounts.users()):
+        return None
+    try:
+        store.accounts.add_user(ADMIN_USER, "admin")
+    except ConfigError:
+        if store.accounts.user(ADMIN_USER).role == "admin":  # another replica was first
+            return None
+        raise
+    token, _ = create_token(store, ADMIN_USER, name="admin (created at first start)")
+    write_private(home / ADMIN_TOKEN_FILE, token + "\n")
+    return token
+
+
+def write_private(path: Path, text: str) -> None:
+    """Write ``text`` to a new file readable by its owner only (0600 from its creation)."""
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        os.write(fd, text.encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
