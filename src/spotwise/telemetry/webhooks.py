@@ -36,10 +36,10 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from spotwise.echo import shown
+from spotwise.retry import RetryPolicy
 
 if TYPE_CHECKING:
     from spotwise.control.store import Store
-    from spotwise.storage.s3 import RetryPolicy
 
 log = logging.getLogger(__name__)
 
@@ -207,8 +207,6 @@ class WebhookSender:
     """Posts deliveries from one thread per destination, in order, each retried with backoff."""
 
     def __init__(self, retry: RetryPolicy | None = None) -> None:
-        from spotwise.storage.s3 import RetryPolicy
-
         self.retry = retry or RetryPolicy(max_attempts=5, base_delay_s=1.0, max_delay_s=30.0)
         self._queues: dict[str, queue.Queue[Delivery]] = {}
         self._lock = threading.Lock()
