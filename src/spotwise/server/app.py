@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -237,7 +238,17 @@ def create_app(
         assert isinstance(exc, _Denied)
         return exc.response
 
-    return Starlette(routes=routes, exception_handlers={_Denied: denied})
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        """The driver runs while the app serves; stopping lets the jobs go (before uvicorn
+        re-raises the SIGTERM or SIGINT that stopped it)."""
+        driver.start()
+        try:
+            yield
+        finally:
+            await run_in_threadpool(driver.stop)
+
+    return Starlette(routes=routes, exception_handlers={_Denied: denied}, lifespan=lifespan)
 
 
 async def _body(request: Request, limit: int) -> bytes:

@@ -1,6 +1,5 @@
-"""Run the server: the driver, and the app on uvicorn, until SIGINT or SIGTERM.
-
-Stopping lets every job go with its machines running; the next start adopts them.
+"""Run the server: the app on uvicorn (with the driver, for as long as it serves) until SIGINT
+or SIGTERM. Stopping lets every job go with its machines running; the next start adopts them.
 """
 
 from __future__ import annotations
@@ -76,16 +75,12 @@ def serve(
         app,
         log_level="warning",
         timeout_graceful_shutdown=1,
-        lifespan="off",
+        lifespan="on",  # starts and stops the driver
         ssl_certfile=str(tls_cert) if tls_cert else None,
         ssl_keyfile=str(tls_key) if tls_key else None,
         proxy_headers=behind_proxy,
     )
-    driver.start()
-    try:
-        uvicorn.Server(config).run(sockets=[sock])
-    finally:
-        driver.stop()
+    uvicorn.Server(config).run(sockets=[sock])
 
 
 def listen(host: str, port: int) -> socket.socket:
