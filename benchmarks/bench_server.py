@@ -115,6 +115,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--jobs", type=int, default=1000, help="concurrent sim jobs")
     parser.add_argument("--stored", type=int, default=10_000, help="finished jobs when listing")
+    parser.add_argument("--listings", type=int, default=20, help="GET /api/v1/jobs timed")
     parser.add_argument("--preempt-after", type=float, default=60.0, help="wall s in zone za")
     parser.add_argument("--timeout", type=float, default=900.0, help="give up after (s)")
     args = parser.parse_args()
@@ -143,27 +144,27 @@ def main() -> None:
     try:
         _measure(api, server.pid, traces, home, args)
     finally:  # cancel every job (their machines stop), then the server
-        jobs = api.call("GET", "/api/v1/jobs")
-        for job in jobs:
-            api.call("POST", f"/api/v1/jobs/{job['id']}/cancel")
-        wait_until(
-            lambda: all(
-                j["state"] in ("SUCCEEDED", "FAILED", "CANCELLED")
-                for j in api.call("GET", "/api/v1/jobs")
-            ),
-            300,
-            "every job to end",
-        )
+        from spotwise.control.store import Store
+
+        store = Store()
+        for job in store.jobs():
+            if not job.state.terminal:
+                api.call("POST", f"/api/v1/jobs/{job.id}/cancel")
+        wait_until(lambda: all(j.state.terminal for j in store.jobs()), 300, "every job to end")
         server.send_signal(signal.SIGTERM)
         server.wait(60)
 
 
 def _measure(api: Client, pid: int, traces: Path, home: Path, args: argparse.Namespace) -> None:
+    from spotwise.control.store import Store
+
+    store = Store()  # progress is watched here, in the store, not through the server's API
+
+    def attempts() -> list[list[Any]]:
+        return [store.attempts(j.id) for j in store.jobs()]
+
     def running() -> int:  # (or already relaunched)
-        return sum(
-            j["state"] == "RUNNING" or len(j["attempts"]) > 1
-            for j in api.call("GET", "/api/v1/jobs")
-        )
+        return sum(bool(a) and (a[-1].state == "running" or len(a) > 1) for a in attempts())
 
     api.call("POST", "/api/v1/jobs", _job(traces, home, 0))
     wait_until(lambda: running() == 1, 120, "the first job to run")
@@ -177,26 +178,23 @@ def _measure(api: Client, pid: int, traces: Path, home: Path, args: argparse.Nam
     many = rss_mib(pid)
     print(f"server-rss-mib: {one:.1f} with 1 job, {many:.1f} with {args.jobs}")
     if args.jobs > 1:
-        print(f"server-mib-per-job: {(many - one) / (args.jobs - 1):.3f}")
-
-    def relaunched() -> int:
-        return sum(len(j["attempts"]) >= 2 for j in api.call("GET", "/api/v1/jobs"))
+        print(f"server-mib-per-job: {(many - one) / (args.jobs - 1):.3f}", flush=True)
 
     wait_until(
-        lambda: relaunched() == args.jobs, args.timeout + args.preempt_after, "every relaunch"
+        lambda: sum(len(a) > 1 for a in attempts()) == args.jobs,
+        args.timeout + args.preempt_after,
+        "every relaunch",
     )
     reactions = []
-    for job in api.call("GET", "/api/v1/jobs"):
-        first, second = job["attempts"][0], job["attempts"][1]
-        assert first["reason"] == "preempted", first
-        reactions.append(second["start"] - first["end"])
-    print(
-        f"server-reaction-p99-s: {p99(reactions):.3f} (median {statistics.median(reactions):.3f})"
-    )
+    for first, second, *_ in attempts():
+        assert first.reason == "preempted" and first.ended_at is not None, first
+        reactions.append(second.started_at - first.ended_at)
+    median = statistics.median(reactions)
+    print(f"server-reaction-p99-s: {p99(reactions):.3f} (median {median:.3f})", flush=True)
 
-    _store_finished(args.stored)
+    _store_finished(store, args.stored)
     timings = []
-    for _ in range(20):
+    for _ in range(args.listings):
         t0 = time.perf_counter()
         listed = api.call("GET", "/api/v1/jobs")
         timings.append((time.perf_counter() - t0) * 1000)
@@ -205,12 +203,11 @@ def _measure(api: Client, pid: int, traces: Path, home: Path, args: argparse.Nam
     print(f"server-imports-torch: {'libtorch' in maps}")
 
 
-def _store_finished(count: int) -> None:
+def _store_finished(store: Any, count: int) -> None:
     """``count`` finished jobs, written straight into the store (listing is what is measured)."""
     from spotwise.control.spec import parse_spec
-    from spotwise.control.store import JobState, Store
+    from spotwise.control.store import JobState
 
-    store = Store()
     spec = parse_spec({"name": "done", "command": "true", "provider": "local"})
     doc = spec.model_dump(mode="json")
     for _ in range(count):
