@@ -74,10 +74,13 @@ def test_jobs_through_the_api(server, tmp_path: Path):
     done = _submit(s, tmp_path, _job("quick", 0.2))
     assert done.status == 201
     quick = done.json()["id"]
-    # ended, and let go by the server (its cleanup done)
-    wait_until(lambda: not s.call("GET", f"/api/v1/jobs/{quick}").json()["controller_alive"])
+
+    def ended() -> bool:  # and let go by the server (its cleanup done)
+        status = s.call("GET", f"/api/v1/jobs/{quick}").json()
+        return status["state"] == "SUCCEEDED" and not status["controller_alive"]
+
+    wait_until(ended)
     status = s.call("GET", f"/api/v1/jobs/{quick}").json()
-    assert status["state"] == "SUCCEEDED"
     cli = subprocess.run([*SPOTWISE, "status", quick, "--json"], capture_output=True, text=True)
     assert status == json.loads(cli.stdout)  # the same document as `spotwise status --json`
     logs = s.call("GET", f"/api/v1/jobs/{quick}/logs?follow=1").body.decode()
@@ -107,6 +110,13 @@ def test_jobs_through_the_api(server, tmp_path: Path):
     wait_until(lambda: _state(s, slow) == "CANCELLED")
     follower.join(30)
     assert followed and b"run will sleep 120" in followed[0]
+
+    # the dashboard shows every job: to admins and viewers, never without a token
+    assert s.call("GET", "/", token=None).status == 401
+    assert s.call("GET", "/", "user-token").status == 403
+    page = s.call("GET", f"/job/{quick}", "viewer-token")
+    assert page.status == 200 and quick.encode() in page.body
+    assert s.call("POST", f"/api/jobs/{slow}/cancel", "viewer-token").status == 403
 
     listed = {j["id"]: j["state"] for j in s.call("GET", "/api/v1/jobs", "viewer-token").json()}
     assert listed == {quick: "SUCCEEDED", slow: "CANCELLED"}
