@@ -113,9 +113,12 @@ def create_app(
 
     async def list_jobs(request: Request) -> Response:
         principal = caller(request)
-        return FiniteJSONResponse(
-            [job_summary(store, j) for j in store.jobs() if principal.can_read(job_owner(j))]
-        )
+
+        def summaries() -> list[dict[str, Any]]:
+            return [job_summary(store, j) for j in store.jobs() if principal.can_read(job_owner(j))]
+
+        # (a few queries per job: on a worker thread, so that other requests are answered)
+        return FiniteJSONResponse(await run_in_threadpool(summaries))
 
     async def submit_job(request: Request) -> Response:
         principal = caller(request)
