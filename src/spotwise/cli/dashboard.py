@@ -32,7 +32,7 @@ def register(app: typer.Typer) -> None:
         from spotwise.cli.jobs import _spawn_controller
         from spotwise.control.controller import controller_alive
         from spotwise.control.store import Store
-        from spotwise.errors import ConfigError
+        from spotwise.server.serve import listen
         from spotwise.telemetry.dashboard.app import create_app
 
         store = Store()
@@ -43,18 +43,8 @@ def register(app: typer.Typer) -> None:
 
         names = [host] if host not in ("0.0.0.0", "::") else []
         web = create_app(store, allowed_hosts=[*names, *allow_host], on_cancel=on_cancel)
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((host, port))
-            sock.listen(2048)  # connections queue from now on, before the URL is printed
-        except OSError as exc:
-            raise ConfigError(
-                f"cannot listen on {host}:{port}: {exc.strerror}",
-                hint="choose another --port (0 picks a free one)",
-            ) from exc
-        shown = f"[{host}]" if family == socket.AF_INET6 else host
+        sock = listen(host, port)
+        shown = f"[{host}]" if sock.family == socket.AF_INET6 else host
         typer.echo(
             f"spotwise dashboard on http://{shown}:{sock.getsockname()[1]}/ (Ctrl-C to stop)",
             err=False,

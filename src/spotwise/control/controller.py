@@ -342,30 +342,43 @@ class Controller:
     def run(self) -> JobState:
         job = self.store.job(self.job_id)
         with controller_lock(job):
-            self.store.event(
-                self.job_id,
-                "controller",
-                f"controller {os.getpid()} started in state {job.state.value}",
-            )
-            self._sweep(job)  # machines a crashed controller left behind
-            if plans(self.spec, self.provider):
-                load_readers()
+            self.start(job)
             while True:
-                job = self.store.job(self.job_id)
-                if job.state.terminal:
-                    self._cleanup(job)
-                    if self.on_update:
-                        self.on_update(job, self.store.attempts(self.job_id))
-                    return job.state
-                try:
-                    self.step(job)
-                    if job.control_error_since is not None:
-                        self.store.update_job(self.job_id, control_error_since=None)
-                except TransientProviderError as exc:
-                    self._control_plane_error(job, exc)
-                if self.on_update:
-                    self.on_update(self.store.job(self.job_id), self.store.attempts(self.job_id))
+                state = self.tick()
+                if state is not None:
+                    return state
                 self.sleep(self.provider.features.poll_s)
+
+    def start(self, job: Job) -> None:
+        """What a controller does once, holding the job's lock, before its first ``tick``
+        (also called by ``spotwise server``, which ticks every job it drives from one process)."""
+        self.store.event(
+            self.job_id,
+            "controller",
+            f"controller {os.getpid()} started in state {job.state.value}",
+        )
+        self._sweep(job)  # machines a crashed controller left behind
+        if plans(self.spec, self.provider):
+            load_readers()
+
+    def tick(self) -> JobState | None:
+        """One pass of the loop: the job's final state once it has ended (after cleanup),
+        else None (call again after ``poll_s``)."""
+        job = self.store.job(self.job_id)
+        if job.state.terminal:
+            self._cleanup(job)
+            if self.on_update:
+                self.on_update(job, self.store.attempts(self.job_id))
+            return job.state
+        try:
+            self.step(job)
+            if job.control_error_since is not None:
+                self.store.update_job(self.job_id, control_error_since=None)
+        except TransientProviderError as exc:
+            self._control_plane_error(job, exc)
+        if self.on_update:
+            self.on_update(self.store.job(self.job_id), self.store.attempts(self.job_id))
+        return None
 
     def step(self, job: Job) -> None:
         """One pass: what the open attempt is doing, the policy's decision at a tick boundary,

@@ -259,6 +259,11 @@ def read_job_file(path: Path) -> Any:
         raise ConfigError(
             f"cannot read job file {source!r}: {reason}", hint="check the path"
         ) from None
+    return parse_job_bytes(data, source)
+
+
+def parse_job_bytes(data: bytes, source: str) -> Any:
+    """The parsed document of a job file's bytes (read from disk, or sent to the server)."""
     if len(data) > MAX_FILE_BYTES:
         raise ConfigError(
             f"{source}: larger than {MAX_FILE_BYTES // 1024:,} KiB; is it the job file?",

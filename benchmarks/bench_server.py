@@ -1,0 +1,219 @@
+"""One ``spotwise server`` process driving N concurrent jobs on the ``sim`` provider.
+
+Each job's command is a shell script that traps the notice and exits 75 (so what is measured
+is the server, not N Python interpreters). Each job starts in zone ``za``, which loses its spot
+capacity ``--preempt-after`` wall seconds after the job was created: the machine gets its notice,
+exits 75, and the server relaunches the job in ``zb``. Prints
+
+- ``server-mib-per-job``: the server's RSS growth from 1 running job to N, per job (target <= 5);
+- ``server-reaction-p99-s``: from a machine's end to the server's next launch of its job
+  (the relaunch's attempt record), 99th percentile (target <= 2);
+- ``api-jobs-p99-ms``: ``GET /api/v1/jobs`` with ``--stored`` finished jobs added to the store
+  (target <= 200);
+- ``server-imports-torch``: whether the server process has torch loaded.
+
+The store is SQLite in a temporary SPOTWISE_HOME, or ``SPOTWISE_DB`` when set (PostgreSQL).
+
+    .venv/bin/python benchmarks/bench_server.py --jobs 50 --stored 1000
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import secrets
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("SPOTWISE_PLATFORM", "none")
+
+# the server, with one bearer token (the benchmark's own stand-in for users and tokens)
+SERVER = """
+import os
+from spotwise.server.principal import Principal
+from spotwise.server.serve import serve
+
+TOKEN = os.environ.pop("BENCH_TOKEN")
+
+def authenticate(request):
+    if request.headers.get("authorization") == f"Bearer {TOKEN}":
+        return Principal("bench", "admin")
+    return None
+
+serve(host="127.0.0.1", port=0, authenticate=authenticate)
+"""
+URL = re.compile(r"spotwise server on (http://\S+?)/ ")
+TICK_S = 10.0  # trace seconds per tick (1 wall second = 1 trace second)
+
+
+def _job(traces: Path, workdir: Path, n: int) -> bytes:
+    script = 'trap "exit 75" TERM; while :; do sleep 1; done'
+    doc = {
+        "name": f"bench{n}",
+        "command": ["sh", "-c", script],
+        "workdir": str(workdir),
+        "market": "spot",
+        "restart_backoff": 0,
+        "provider": {
+            "name": "sim",
+            "trace": str(traces),
+            "zones": ["za", "zb"],
+            "time_compression": 1,
+            "boot_s": 0,
+            "notice_s": 1,
+            "spot_usd_per_hour": 1.0,
+            "ondemand_usd_per_hour": 3.0,
+        },
+    }
+    return json.dumps(doc).encode()
+
+
+class Client:
+    def __init__(self, url: str, token: str) -> None:
+        self.url, self.token = url, token
+
+    def call(self, method: str, path: str, body: bytes | None = None) -> Any:
+        request = urllib.request.Request(
+            self.url + path, body, {"Authorization": f"Bearer {self.token}"}, method=method
+        )
+        with urllib.request.urlopen(request, timeout=600) as r:
+            return json.loads(r.read())
+
+
+def rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError("no VmRSS")
+
+
+def wait_until(pred: Any, timeout_s: float, what: str) -> None:
+    deadline = time.time() + timeout_s
+    while not pred():
+        if time.time() > deadline:
+            raise SystemExit(f"timed out waiting for {what}")
+        time.sleep(0.5)
+
+
+def p99(values: list[float]) -> float:
+    if len(values) < 2:
+        return values[0] if values else float("nan")
+    return statistics.quantiles(values, n=100, method="inclusive")[98]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--jobs", type=int, default=1000, help="concurrent sim jobs")
+    parser.add_argument("--stored", type=int, default=10_000, help="finished jobs when listing")
+    parser.add_argument("--listings", type=int, default=20, help="GET /api/v1/jobs timed")
+    parser.add_argument("--preempt-after", type=float, default=60.0, help="wall s in zone za")
+    parser.add_argument("--timeout", type=float, default=900.0, help="give up after (s)")
+    args = parser.parse_args()
+
+    home = Path(tempfile.mkdtemp(prefix="bench-server-"))
+    os.environ["SPOTWISE_HOME"] = str(home)
+    traces = home / "traces"
+    traces.mkdir()
+    za_ticks = max(1, int(args.preempt_after // TICK_S))
+    for zone, data in (("za", [1] * za_ticks + [0] * 5000), ("zb", [1] * 5000)):
+        (traces / f"{zone}_v100_1.json").write_text(
+            json.dumps({"metadata": {"gap_seconds": TICK_S}, "data": data})
+        )
+    token = secrets.token_urlsafe(24)
+    server = subprocess.Popen(
+        [sys.executable, "-c", SERVER],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "BENCH_TOKEN": token, "PYTHONUNBUFFERED": "1"},
+    )
+    assert server.stdout is not None
+    found = URL.search(server.stdout.readline())
+    if found is None:
+        raise SystemExit("the server did not start")
+    api = Client(found.group(1), token)
+    try:
+        _measure(api, server.pid, traces, home, args)
+    finally:  # cancel every job (their machines stop), then the server
+        from spotwise.control.store import Store
+
+        store = Store()
+        for job in store.jobs():
+            if not job.state.terminal:
+                api.call("POST", f"/api/v1/jobs/{job.id}/cancel")
+        wait_until(lambda: all(j.state.terminal for j in store.jobs()), 300, "every job to end")
+        server.send_signal(signal.SIGTERM)
+        server.wait(60)
+
+
+def _measure(api: Client, pid: int, traces: Path, home: Path, args: argparse.Namespace) -> None:
+    from spotwise.control.store import Store
+
+    store = Store()  # progress is watched here, in the store, not through the server's API
+
+    def attempts() -> list[list[Any]]:
+        return [store.attempts(j.id) for j in store.jobs()]
+
+    def running() -> int:  # (or already relaunched)
+        return sum(bool(a) and (a[-1].state == "running" or len(a) > 1) for a in attempts())
+
+    api.call("POST", "/api/v1/jobs", _job(traces, home, 0))
+    wait_until(lambda: running() == 1, 120, "the first job to run")
+    time.sleep(2)
+    one = rss_mib(pid)
+    started = time.time()
+    for n in range(1, args.jobs):
+        api.call("POST", "/api/v1/jobs", _job(traces, home, n))
+    print(f"submitted {args.jobs} jobs in {time.time() - started:.1f}s", flush=True)
+    wait_until(lambda: running() == args.jobs, args.timeout, "every job to run")
+    many = rss_mib(pid)
+    print(f"server-rss-mib: {one:.1f} with 1 job, {many:.1f} with {args.jobs}")
+    if args.jobs > 1:
+        print(f"server-mib-per-job: {(many - one) / (args.jobs - 1):.3f}", flush=True)
+
+    wait_until(
+        lambda: sum(len(a) > 1 for a in attempts()) == args.jobs,
+        args.timeout + args.preempt_after,
+        "every relaunch",
+    )
+    reactions = []
+    for first, second, *_ in attempts():
+        assert first.reason == "preempted" and first.ended_at is not None, first
+        reactions.append(second.started_at - first.ended_at)
+    median = statistics.median(reactions)
+    print(f"server-reaction-p99-s: {p99(reactions):.3f} (median {median:.3f})", flush=True)
+
+    _store_finished(store, args.stored)
+    timings = []
+    for _ in range(args.listings):
+        t0 = time.perf_counter()
+        listed = api.call("GET", "/api/v1/jobs")
+        timings.append((time.perf_counter() - t0) * 1000)
+    print(f"api-jobs-p99-ms: {p99(timings):.1f} ({len(listed)} jobs listed)")
+    maps = Path(f"/proc/{pid}/maps").read_text()
+    print(f"server-imports-torch: {'libtorch' in maps}")
+
+
+def _store_finished(store: Any, count: int) -> None:
+    """``count`` finished jobs, written straight into the store (listing is what is measured)."""
+    from spotwise.control.spec import parse_spec
+    from spotwise.control.store import JobState
+
+    spec = parse_spec({"name": "done", "command": "true", "provider": "local"})
+    doc = spec.model_dump(mode="json")
+    for _ in range(count):
+        job = store.create_job("done", doc, None)
+        store.update_job(job.id, state=JobState.SUCCEEDED, message="stored by the benchmark")
+
+
+if __name__ == "__main__":
+    main()

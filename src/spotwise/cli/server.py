@@ -1,0 +1,69 @@
+"""``spotwise server``: drive every job from one long-running process, with an HTTP API."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import typer
+
+if TYPE_CHECKING:
+    from starlette.requests import Request
+
+    from spotwise.server.principal import Principal
+
+
+def authenticate(request: Request) -> Principal | None:
+    """Who presented which token: the users and tokens of ``spotwise users`` / ``spotwise
+    tokens`` answer this; without them, nobody (every API call gets 401)."""
+    return None
+
+
+def register(app: typer.Typer) -> None:
+    @app.command()
+    def server(
+        host: str = typer.Option(
+            "127.0.0.1",
+            "--host",
+            help="address to listen on; another than loopback needs --tls-cert/--tls-key "
+            "or --behind-proxy",
+        ),
+        port: int = typer.Option(8790, "--port", help="TCP port (0 picks a free one)"),
+        home: Path = typer.Option(
+            None,
+            "--home",
+            help="spotwise home: the job store and the jobs' directories "
+            "(default: $SPOTWISE_HOME, else ~/.spotwise)",
+            show_default=False,
+        ),
+        tls_cert: Path = typer.Option(None, "--tls-cert", help="serve HTTPS: certificate (PEM)"),
+        tls_key: Path = typer.Option(None, "--tls-key", help="serve HTTPS: private key (PEM)"),
+        behind_proxy: bool = typer.Option(
+            False,
+            "--behind-proxy",
+            help="a proxy in front terminates TLS (allows another --host without --tls-*)",
+        ),
+    ) -> None:
+        """Drive every job from this one process, and serve the API and the dashboard.
+
+        Launches, watches, relaunches, switches, budgets and cleans up every unfinished job of
+        the store exactly as `spotwise launch` does, from one process instead of one per job.
+        At start it adopts every job that has not ended (a restarted server continues them;
+        no attempt is launched twice). Serves /healthz, the JSON API under /api/v1 (described
+        at /api/v1/openapi.json) and the dashboard at /. Stops on Ctrl-C or SIGTERM; the
+        jobs' machines keep running and the next start adopts them. See docs/server.md.
+        """
+        from spotwise.server.serve import check_bind, serve
+
+        check_bind(host, tls_cert, tls_key, behind_proxy)  # before anything is opened
+        if home is not None:
+            os.environ["SPOTWISE_HOME"] = str(home.expanduser().resolve())
+        serve(
+            host=host,
+            port=port,
+            authenticate=authenticate,
+            tls_cert=tls_cert,
+            tls_key=tls_key,
+            behind_proxy=behind_proxy,
+        )

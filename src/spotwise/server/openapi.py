@@ -1,0 +1,193 @@
+"""The API's OpenAPI 3.1 description (``GET /api/v1/openapi.json``), written by hand: the API
+is small, and the document says in words what each route answers."""
+
+from __future__ import annotations
+
+from typing import Any
+
+_JOB_ID = {
+    "name": "job_id",
+    "in": "path",
+    "required": True,
+    "description": "the job's full id (no prefixes)",
+    "schema": {"type": "string"},
+}
+_ERROR = {
+    "description": "error",
+    "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}},
+}
+_SUMMARY = {
+    "description": "the job, as `spotwise status --json` prints it",
+    "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Job"}}},
+}
+_DENIED = {"401": _ERROR, "404": _ERROR}
+
+
+def openapi_document() -> dict[str, Any]:
+    return {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "spotwise server",
+            "version": "1",
+            "description": "Submit and follow spotwise jobs; the server drives them to the end.",
+        },
+        "components": {
+            "securitySchemes": {"token": {"type": "http", "scheme": "bearer"}},
+            "schemas": {
+                "Error": {
+                    "type": "object",
+                    "required": ["error"],
+                    "properties": {
+                        "error": {"type": "string", "description": "what is wrong"},
+                        "hint": {"type": "string", "description": "what to do about it"},
+                    },
+                },
+                "Job": {
+                    "type": "object",
+                    "description": "the `spotwise status --json` document",
+                    "required": ["id", "name", "state", "attempts"],
+                    "properties": {
+                        "id": {"type": "string"},
+                        "name": {"type": "string"},
+                        "state": {
+                            "enum": [
+                                "PENDING",
+                                "LAUNCHING",
+                                "RUNNING",
+                                "PREEMPTED",
+                                "RECOVERING",
+                                "SUCCEEDED",
+                                "FAILED",
+                                "CANCELLED",
+                            ]
+                        },
+                        "attempts": {"type": "array", "items": {"type": "object"}},
+                    },
+                },
+            },
+        },
+        "security": [{"token": []}],
+        "paths": {
+            "/healthz": {
+                "get": {
+                    "summary": "liveness (no token needed)",
+                    "security": [],
+                    "responses": {"200": {"description": "serving; `driving`: jobs driven"}},
+                }
+            },
+            "/api/v1/openapi.json": {
+                "get": {
+                    "summary": "this document",
+                    "responses": {"200": {"description": "OpenAPI 3.1"}, "401": _ERROR},
+                }
+            },
+            "/api/v1/jobs": {
+                "get": {
+                    "summary": "the jobs the caller may read",
+                    "responses": {
+                        "200": {
+                            "description": "a list of `status --json` documents",
+                            "content": {
+                                "application/json": {
+                                    "schema": {
+                                        "type": "array",
+                                        "items": {"$ref": "#/components/schemas/Job"},
+                                    }
+                                }
+                            },
+                        },
+                        "401": _ERROR,
+                    },
+                },
+                "post": {
+                    "summary": "submit a job file (checked as `spotwise launch` checks it)",
+                    "parameters": [
+                        {
+                            "name": "base_dir",
+                            "in": "query",
+                            "description": "absolute directory (on the server's host) that "
+                            "relative paths in the job file are resolved against",
+                            "schema": {"type": "string"},
+                        }
+                    ],
+                    "requestBody": {
+                        "required": True,
+                        "content": {
+                            "application/yaml": {"schema": {"type": "string"}},
+                            "application/json": {"schema": {"type": "object"}},
+                        },
+                    },
+                    "responses": {
+                        "201": {**_SUMMARY, "description": "accepted; the server drives it"},
+                        "400": {**_ERROR, "description": "not a readable job file"},
+                        "401": _ERROR,
+                        "403": {**_ERROR, "description": "the caller may not submit"},
+                        "422": {**_ERROR, "description": "an invalid job (the field, the fix)"},
+                    },
+                },
+            },
+            "/api/v1/jobs/{job_id}": {
+                "get": {
+                    "summary": "one job",
+                    "parameters": [_JOB_ID],
+                    "responses": {"200": _SUMMARY, **_DENIED},
+                }
+            },
+            "/api/v1/jobs/{job_id}/logs": {
+                "get": {
+                    "summary": "the job's output, every attempt in order",
+                    "parameters": [
+                        _JOB_ID,
+                        {
+                            "name": "offset",
+                            "in": "query",
+                            "description": "start at this byte",
+                            "schema": {"type": "integer", "minimum": 0},
+                        },
+                        {
+                            "name": "follow",
+                            "in": "query",
+                            "description": "1: keep streaming until the job has ended",
+                            "schema": {"type": "integer", "enum": [0, 1]},
+                        },
+                    ],
+                    "responses": {
+                        "200": {
+                            "description": "text",
+                            "content": {"text/plain": {"schema": {"type": "string"}}},
+                        },
+                        **_DENIED,
+                    },
+                }
+            },
+            "/api/v1/jobs/{job_id}/metrics": {
+                "get": {
+                    "summary": "the training's metrics, the goodput ledger and checkpoints",
+                    "parameters": [_JOB_ID],
+                    "responses": {"200": {"description": "the dashboard's series"}, **_DENIED},
+                }
+            },
+            "/api/v1/jobs/{job_id}/cancel": {
+                "post": {
+                    "summary": "stop the job (its attempt gets a notice and saves first)",
+                    "parameters": [_JOB_ID],
+                    "responses": {
+                        "202": {"description": "cancel recorded; the server carries it out"},
+                        "403": {**_ERROR, "description": "the caller may not change the job"},
+                        **_DENIED,
+                    },
+                }
+            },
+            "/api/v1/jobs/{job_id}/resume": {
+                "post": {
+                    "summary": "drive the job now (a job another controller let go)",
+                    "parameters": [_JOB_ID],
+                    "responses": {
+                        "202": _SUMMARY,
+                        "403": {**_ERROR, "description": "the caller may not change the job"},
+                        **_DENIED,
+                    },
+                }
+            },
+        },
+    }

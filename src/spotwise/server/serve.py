@@ -1,0 +1,99 @@
+"""Run the server: the app on uvicorn (with the driver, for as long as it serves) until SIGINT
+or SIGTERM. Stopping lets every job go with its machines running; the next start adopts them.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from spotwise.errors import ConfigError
+from spotwise.registry import require
+
+if TYPE_CHECKING:
+    from spotwise.server.app import Authenticate
+
+LOOPBACK_NAMES = ("localhost",)
+
+
+def is_loopback(host: str) -> bool:
+    if host in LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def check_bind(host: str, tls_cert: Path | None, tls_key: Path | None, behind_proxy: bool) -> None:
+    """Tokens travel in clear over plain HTTP: another address than loopback needs TLS here,
+    or a TLS-terminating proxy in front (``behind_proxy``)."""
+    if (tls_cert is None) != (tls_key is None):
+        raise ConfigError(
+            "--tls-cert and --tls-key go together", hint="give both files (PEM), or neither"
+        )
+    if not is_loopback(host) and tls_cert is None and not behind_proxy:
+        raise ConfigError(
+            f"--host {host} would send tokens in clear text to the network",
+            hint="add --tls-cert CERT.pem --tls-key KEY.pem, or --behind-proxy when a proxy "
+            "on this host terminates TLS, or keep the default --host 127.0.0.1",
+        )
+
+
+def serve(
+    *,
+    host: str,
+    port: int,
+    authenticate: Authenticate,
+    tls_cert: Path | None = None,
+    tls_key: Path | None = None,
+    behind_proxy: bool = False,
+) -> None:
+    """Serve until stopped (the store is ``SPOTWISE_DB``, else SQLite in ``SPOTWISE_HOME``)."""
+    uvicorn = require("uvicorn", "dashboard", "spotwise server")
+    require("starlette", "dashboard", "spotwise server")
+    from spotwise.control.store import Store
+    from spotwise.server.app import create_app
+    from spotwise.server.driver import Driver
+
+    check_bind(host, tls_cert, tls_key, behind_proxy)
+    store = Store()
+    driver = Driver(store)
+    names = [host] if host not in ("0.0.0.0", "::") else []
+    app = create_app(store, driver, authenticate=authenticate, allowed_hosts=names)
+    sock = listen(host, port)
+    scheme = "https" if tls_cert else "http"
+    shown = f"[{host}]" if sock.family == socket.AF_INET6 else host
+    print(
+        f"spotwise server on {scheme}://{shown}:{sock.getsockname()[1]}/ driving the jobs of "
+        f"{store.where} (Ctrl-C to stop)",
+        flush=True,
+    )
+    config = uvicorn.Config(
+        app,
+        log_level="warning",
+        timeout_graceful_shutdown=1,
+        lifespan="on",  # starts and stops the driver
+        ssl_certfile=str(tls_cert) if tls_cert else None,
+        ssl_keyfile=str(tls_key) if tls_key else None,
+        proxy_headers=behind_proxy,
+    )
+    uvicorn.Server(config).run(sockets=[sock])
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """A listening socket (IPv6 for an address with a colon); port 0 picks a free one."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+        sock.listen(2048)  # connections queue from now on, before the URL is printed
+    except OSError as exc:
+        raise ConfigError(
+            f"cannot listen on {host}:{port}: {exc.strerror}",
+            hint="choose another --port (0 picks a free one)",
+        ) from exc
+    return sock
