@@ -4,20 +4,8 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import typer
-
-if TYPE_CHECKING:
-    from starlette.requests import Request
-
-    from spotwise.server.principal import Principal
-
-
-def authenticate(request: Request) -> Principal | None:
-    """Who presented which token: the users and tokens of ``spotwise users`` / ``spotwise
-    tokens`` answer this; without them, nobody (every API call gets 401)."""
-    return None
 
 
 def register(app: typer.Typer) -> None:
@@ -62,7 +50,6 @@ def register(app: typer.Typer) -> None:
         serve(
             host=host,
             port=port,
-            authenticate=authenticate,
             tls_cert=tls_cert,
             tls_key=tls_key,
             behind_proxy=behind_proxy,

@@ -139,8 +139,11 @@ def build_driver(
     )
 
 
-def submit(store: Store, spec: JobSpec, spec_path: str | None = None) -> Job:
-    """Check the job can run (provider reachable, budget covers the estimate), then record it."""
+def submit(
+    store: Store, spec: JobSpec, spec_path: str | None = None, owner: str | None = None
+) -> Job:
+    """Check the job can run (provider reachable, budget covers the estimate), then record it
+    (``owner``: the server's caller who submitted it)."""
     provider = make_provider(
         spec.provider.name,
         spec.provider.options,
@@ -171,7 +174,7 @@ def submit(store: Store, spec: JobSpec, spec_path: str | None = None) -> Job:
     chosen = getattr(provider, "placement", None)  # a provider that chose where to run
     if chosen is not None:  # pins it, so every later controller runs the job there too
         stored["provider"]["options"].update(chosen.pins())
-    job = store.create_job(spec.name, stored, spec_path)
+    job = store.create_job(spec.name, stored, spec_path, owner=owner)
     if chosen is not None:  # and says why
         store.event(job.id, "placement", chosen.message(), chosen.to_event())
     return job

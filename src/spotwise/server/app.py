@@ -138,7 +138,7 @@ def create_app(
             return _spotwise_error(400, exc)
         try:
             spec = parse_spec(doc, base_dir=Path(base) if base else None, source="job file")
-            job = await run_in_threadpool(submit, store, spec)
+            job = await run_in_threadpool(submit, store, spec, None, principal.name)
         except SpotwiseError as exc:
             return _spotwise_error(422, exc)
         driver.wake(job.id)

@@ -6,6 +6,6 @@ from spotwise.control.store import Job
 
 
 def job_owner(job: Job) -> str | None:
-    """The name of the user who submitted ``job``; None for a job nobody owns (the store
-    does not record owners yet), which only admins and viewers read and only admins change."""
-    return None
+    """The name of the user who submitted ``job``; None for a job nobody owns (launched
+    without a server), which only admins and viewers read and only admins change."""
+    return job.owner

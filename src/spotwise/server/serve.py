@@ -46,12 +46,15 @@ def serve(
     *,
     host: str,
     port: int,
-    authenticate: Authenticate,
+    authenticate: Authenticate | None = None,
     tls_cert: Path | None = None,
     tls_key: Path | None = None,
     behind_proxy: bool = False,
 ) -> None:
-    """Serve until stopped (the store is ``SPOTWISE_DB``, else SQLite in ``SPOTWISE_HOME``)."""
+    """Serve until stopped (the store is ``SPOTWISE_DB``, else SQLite in ``SPOTWISE_HOME``).
+
+    Callers are the store's users, by their tokens (``authenticate`` replaces that check, for
+    tests); at the first start an admin token is made and printed once."""
     uvicorn = require("uvicorn", "dashboard", "spotwise server")
     require("starlette", "dashboard", "spotwise server")
     from spotwise.control.store import Store
@@ -60,6 +63,12 @@ def serve(
 
     check_bind(host, tls_cert, tls_key, behind_proxy)
     store = Store()
+    token = None
+    if authenticate is None:
+        from spotwise.server.auth import authenticator, ensure_admin_token
+
+        authenticate = authenticator(store)
+        token = ensure_admin_token(store, store.home)
     driver = Driver(store)
     names = [host] if host not in ("0.0.0.0", "::") else []
     app = create_app(store, driver, authenticate=authenticate, allowed_hosts=names)
@@ -71,6 +80,12 @@ def serve(
         f"{store.where} (Ctrl-C to stop)",
         flush=True,
     )
+    if token is not None:
+        print(
+            f"first start: the admin token, shown once (also in {store.home / 'admin-token'}, "
+            f"mode 0600):\n  {token}",
+            flush=True,
+        )
     config = uvicorn.Config(
         app,
         log_level="warning",
