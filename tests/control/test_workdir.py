@@ -187,7 +187,44 @@ def test_job_file_forms(tmp_path: Path):
     assert spec.workdir == f"pack:{tmp_path / 'code'}"
     assert parse_spec({"command": "x", "workdir": "remote:/app"}).workdir == "remote:/app"
     assert parse_spec({"command": "x"}, base_dir=tmp_path).workdir == str(tmp_path)
-    with pytest.raises(ConfigError, match="workdir: .* does not exist"):
+    with pytest.raises(ConfigError, match=r"workdir: .* does not exist"):
         parse_spec({"command": "x", "workdir": "pack:nowhere"}, base_dir=tmp_path)
     with pytest.raises(ConfigError, match="not an absolute path on the machine"):
         parse_spec({"command": "x", "workdir": "remote:app"})
+
+
+def test_archives_go_beside_the_checkpoints(tmp_path: Path):
+    from spotwise.control.providers.base import CheckpointHome, Features
+    from spotwise.control.workdir import archive_home
+
+    here = Features(zones=("local",))
+    assert archive_home(here, None, tmp_path / "workdirs") == str(tmp_path / "workdirs")
+    s3 = CheckpointHome(default="s3://b/jobs/{job_id}/checkpoint", durable=("s3://",), hint="")
+    cloud = Features(zones=("z",), same_host=False, checkpoints=s3)
+    assert archive_home(cloud, None, tmp_path) == "s3://b/jobs/workdirs"
+    assert archive_home(cloud, "s3://b/runs/exp1/", tmp_path) == "s3://b/runs/workdirs"
+    assert archive_home(cloud, "s3://b", tmp_path) == "s3://b/workdirs"
+    volume = CheckpointHome(default="/checkpoints/{job_id}", durable=("/checkpoints/",), hint="")
+    pod = Features(zones=("z",), same_host=False, checkpoints=volume)
+    assert archive_home(pod, None, tmp_path) is None  # the controller cannot write there
+
+
+def test_launch_refuses_a_workdir_over_the_limit_and_records_nothing(tmp_path: Path):
+    from spotwise.control.controller import submit
+    from spotwise.control.store import Store
+
+    code = _tree(tmp_path / "code", {"train.py": "x"})
+    with open(code / "dataset.bin", "wb") as f:
+        f.truncate(101 * 2**20)
+    spec = parse_spec({"command": "python train.py", "workdir": "pack:code"}, base_dir=tmp_path)
+    store = Store(tmp_path / "home")
+    try:
+        with pytest.raises(ConfigError, match=r"^workdir: .* holds 101\.0 MiB in 2 files"):
+            submit(store, spec)
+        assert store.jobs() == [] and not (tmp_path / "home" / "workdirs").exists()
+        (code / "dataset.bin").unlink()
+        job = submit(store, spec)  # stored once, named by its digest
+        [archive] = (tmp_path / "home" / "workdirs").iterdir()
+        assert job.spec["workdir_archive"] == str(archive)
+    finally:
+        store.close()

@@ -7,7 +7,6 @@ folder: the code can only have come through the archive in S3."""
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 from collections.abc import Iterator
@@ -17,9 +16,10 @@ import boto3
 import pytest
 import yaml
 
+from spotwise.control.store import JobState, Store
 from spotwise.emulators import machine_root
 
-from .conftest import SPOTWISE, cli
+from .conftest import SPOTWISE
 
 pytestmark = pytest.mark.e2e
 
@@ -64,10 +64,11 @@ def _launch(tmp_path: Path, doc: dict, env: dict[str, str]) -> tuple[str, str]:
         timeout=300,
     )
     assert done.returncode == 0, done.stdout + done.stderr
-    [job] = json.loads(cli("jobs", "--json", env=env).stdout)
-    status = json.loads(cli("status", job["id"], "--json", env=env).stdout)
-    assert status["state"] == "SUCCEEDED", status
-    return job["id"], cli("logs", job["id"], env=env).stdout
+    store = Store(Path(env["SPOTWISE_HOME"]))
+    [job] = store.jobs()
+    store.close()
+    assert job.state is JobState.SUCCEEDED, job.message
+    return job.id, (store.home / "jobs" / job.id / "job.log").read_text()
 
 
 def _ran_the_project(log: str) -> str:
@@ -150,12 +151,12 @@ def test_an_ec2_instance_gets_the_code_from_s3(tmp_path: Path, moto: dict[str, s
         "image_id": "ami-03cf127a",
         "root_device": "/dev/xvda",
         "instance_profile": "code",
-        "instance_type": "t3.micro",
+        "instance_type": "g4dn.xlarge",
         "s3": "s3://code/jobs",
         "poll_s": 0.5,
     }
     try:
-        job_id, log = _launch(tmp_path, {"market": "on-demand", "provider": provider}, moto)
+        _, log = _launch(tmp_path, {"market": "on-demand", "provider": provider}, moto)
     finally:
         plane.stop()
     assert _ran_the_project(log) == "/tmp/spotwise-workdir"

@@ -216,6 +216,15 @@ def dry_run(spec: JobSpec) -> list[dict[str, Any]]:
     spot = provider.features.spot and spec.market != "on-demand"
     job_id = f"{spec.name[:24]}-dryrun"
     job_dir = spotwise_home() / "jobs" / job_id
+    archive = submit_workdir(  # packed to name it in the pod's first step, not stored
+        spec.workdir,
+        provider.features,
+        spec.checkpoint_dir,
+        spotwise_home() / ARCHIVES,
+        spec.provider.name,
+        upload=False,
+    )
+    spec = spec.model_copy(update={"workdir_archive": archive})
     req = launch_request(
         spec,
         provider,

@@ -249,17 +249,15 @@ def _members(root: Path, names: Iterable[str]) -> list[tuple[str, os.stat_result
     return kept
 
 
-def pack(root: Path, dest: Path, *, limit: int = MAX_BYTES, key: str = "workdir") -> str:
-    """Write ``root``'s packed files to ``dest`` (a .tar.gz); return its sha256.
-
-    ``key``: the job-file key named in the size error."""
+def pack(root: Path, dest: Path, *, limit: int = MAX_BYTES) -> str:
+    """Write ``root``'s packed files to ``dest`` (a .tar.gz); return its sha256."""
     members = _members(root, list_files(root))
     total = sum(st.st_size for _, st in members if not _is_link(st))
     if total > limit:
         largest = sorted(members, key=lambda m: -m[1].st_size)[:5]
         shown = ", ".join(f"{n} ({_size(st.st_size)})" for n, st in largest)
         raise ConfigError(
-            f"{key}: {root} holds {_size(total)} in {len(members):,} files to pack, over the "
+            f"workdir: {root} holds {_size(total)} in {len(members):,} files to pack, over the "
             f"limit of {_size(limit)} (largest: {shown})",
             hint=f"leave out what the machine does not need with a {IGNORE_FILE} in {root} "
             "(.gitignore patterns, e.g. data/ or *.ckpt), or put the code on the image and "
@@ -324,28 +322,35 @@ def archive_home(features: Features, checkpoint_dir: str | None, local: Path) ->
     where = checkpoint_dir or features.checkpoints.default
     if where is None or "://" not in where:
         return None
-    where = where.split("/{job_id}", 1)[0].rstrip("/")
-    scheme, rest = where.split("://", 1)
+    if "{job_id}" in where:  # the provider's default: the folder of every job's folder
+        return f"{where.split('/{job_id}', 1)[0].rstrip('/')}/{ARCHIVES}"
+    scheme, rest = where.rstrip("/").split("://", 1)
     parent = rest.rsplit("/", 1)[0] if "/" in rest else rest
     return f"{scheme}://{parent}/{ARCHIVES}"
 
 
-def submit_archive(root: Path, home: str, *, key: str = "workdir") -> CodeArchive:
-    """Pack ``root`` and store it under ``home`` (kept if that digest is already there)."""
+def submit_archive(root: Path, home: str, *, upload: bool = True) -> CodeArchive:
+    """Pack ``root`` and store it under ``home`` (kept if that digest is already there);
+    without ``upload``, only its name (what ``launch --dry-run`` shows)."""
     from spotwise.storage import open_storage
 
     with tempfile.TemporaryDirectory(prefix="spotwise-pack-") as tmp:
         packed = Path(tmp) / "workdir.tar.gz"
-        sha = pack(root, packed, key=key)
-        archive = CodeArchive(home, sha)
-        store = open_storage(home)
-        if not store.list(archive.key):
+        archive = CodeArchive(home, pack(root, packed))
+        store = open_storage(home) if upload else None
+        if store is not None and not store.list(archive.key):
             store.put_file(archive.key, packed)
     return archive
 
 
 def submit_workdir(
-    workdir: str, features: Features, checkpoint_dir: str | None, local: Path, provider: str
+    workdir: str,
+    features: Features,
+    checkpoint_dir: str | None,
+    local: Path,
+    provider: str,
+    *,
+    upload: bool = True,
 ) -> str | None:
     """At submit: a ``pack:`` workdir packed and stored (what the job store keeps as
     ``workdir_archive``); None for any other workdir. Refused, before the job exists, when
@@ -361,7 +366,7 @@ def submit_workdir(
             hint="give checkpoint_dir as an s3:// URI (the archive goes beside it), or put "
             "the code on the image and write workdir: remote:/path/in/the/image",
         )
-    return str(submit_archive(Path(path), home))
+    return str(submit_archive(Path(path), home, upload=upload))
 
 
 # --- unpacking ------------------------------------------------------------------------------
