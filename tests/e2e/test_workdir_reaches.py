@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import os
 import subprocess
-from collections.abc import Iterator
+import uuid
+from dataclasses import dataclass
 from pathlib import Path
 
 import boto3
@@ -78,10 +79,12 @@ def _ran_the_project(log: str) -> str:
 
 @pytest.mark.parametrize(
     "provider",
-    [{"name": "local"}, {"name": "sim", "boot_s": 0.1}],
-    ids=["local", "sim"],
+    [{"name": "local"}, {"name": "sim", "boot_s": 0.1}, {"name": "slurm"}],
+    ids=["local", "sim", "slurm"],
 )
-def test_local_machines_run_the_unpacked_copy(tmp_path: Path, provider: dict):
+def test_local_machines_run_the_unpacked_copy(tmp_path: Path, provider: dict, request):
+    if provider["name"] == "slurm":
+        request.getfixturevalue("slurm")  # a real slurmctld + slurmd on localhost
     home = tmp_path / "home"
     env = {**os.environ, "SPOTWISE_HOME": str(home)}
     job_id, log = _launch(tmp_path, {"market": "on-demand", "provider": provider}, env)
@@ -91,17 +94,19 @@ def test_local_machines_run_the_unpacked_copy(tmp_path: Path, provider: dict):
     assert archive.name.endswith(".tar.gz") and len(archive.name) == 64 + 7
 
 
-@pytest.fixture()
-def moto(tmp_path: Path) -> Iterator[dict[str, str]]:
-    from moto.server import ThreadedMotoServer
+@dataclass
+class Aws:
+    env: dict[str, str]  # what a user exports to reach it
+    bucket: str
 
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
+
+@pytest.fixture()
+def aws(tmp_path: Path, moto_server: str) -> Aws:
+    """The loopback S3/EC2 (moto) with a bucket of this test's own."""
     env = {
         **os.environ,
         "SPOTWISE_HOME": str(tmp_path / "home"),
-        "AWS_ENDPOINT_URL": f"http://{host}:{port}",
+        "AWS_ENDPOINT_URL": moto_server,
         "AWS_ACCESS_KEY_ID": "testing",
         "AWS_SECRET_ACCESS_KEY": "testing",
         "AWS_DEFAULT_REGION": "us-east-1",
@@ -109,11 +114,9 @@ def moto(tmp_path: Path) -> Iterator[dict[str, str]]:
     }
     for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN"):
         env.pop(name, None)
-    _client("s3", env).create_bucket(Bucket="code")
-    try:
-        yield env
-    finally:
-        server.stop()
+    bucket = f"code-{uuid.uuid4().hex[:12]}"
+    _client("s3", env).create_bucket(Bucket=bucket)
+    return Aws(env, bucket)
 
 
 def _client(service: str, env: dict[str, str]):
@@ -126,8 +129,8 @@ def _client(service: str, env: dict[str, str]):
     )
 
 
-def _archives(env: dict[str, str]) -> list[str]:
-    listed = _client("s3", env).list_objects_v2(Bucket="code")
+def _archives(aws: Aws) -> list[str]:
+    listed = _client("s3", aws.env).list_objects_v2(Bucket=aws.bucket)
     return [o["Key"] for o in listed.get("Contents", []) if "/workdirs/" in o["Key"]]
 
 
@@ -138,47 +141,47 @@ needs_root = pytest.mark.skipif(
 
 
 @needs_root
-def test_an_ec2_instance_gets_the_code_from_s3(tmp_path: Path, moto: dict[str, str]):
+def test_an_ec2_instance_gets_the_code_from_s3(tmp_path: Path, aws: Aws):
     from spotwise.emulators.ec2 import Ec2DataPlane
 
-    _client("iam", moto).create_instance_profile(InstanceProfileName="code")
+    _client("iam", aws.env).create_instance_profile(InstanceProfileName=aws.bucket)
     # the instances' image: this Python and spotwise, not the job's folder
-    plane = Ec2DataPlane(moto["AWS_ENDPOINT_URL"], workdir=tmp_path / "ec2", image=[]).start()
+    plane = Ec2DataPlane(aws.env["AWS_ENDPOINT_URL"], workdir=tmp_path / "ec2", image=[]).start()
     provider = {
         "name": "aws",
         "region": "us-east-1",
         "zones": ["us-east-1a"],
         "image_id": "ami-03cf127a",
         "root_device": "/dev/xvda",
-        "instance_profile": "code",
+        "instance_profile": aws.bucket,
         "instance_type": "g4dn.xlarge",
-        "s3": "s3://code/jobs",
+        "s3": f"s3://{aws.bucket}/jobs",
         "poll_s": 0.5,
     }
     try:
-        _, log = _launch(tmp_path, {"market": "on-demand", "provider": provider}, moto)
+        _, log = _launch(tmp_path, {"market": "on-demand", "provider": provider}, aws.env)
     finally:
         plane.stop()
     assert _ran_the_project(log) == "/tmp/spotwise-workdir"
-    [key] = _archives(moto)  # beside the job's directory: s3://code/jobs/workdirs/
+    [key] = _archives(aws)  # beside the jobs' folders: s3://<bucket>/jobs/workdirs/
     assert key.startswith("jobs/workdirs/") and key.endswith(".tar.gz")
 
 
 @needs_root
-def test_a_pod_gets_the_code_from_s3(tmp_path: Path, moto: dict[str, str]):
+def test_a_pod_gets_the_code_from_s3(tmp_path: Path, aws: Aws):
     from spotwise.emulators.kubernetes import KubernetesEmulator
 
-    aws = {k: moto[k] for k in ("AWS_ENDPOINT_URL", "AWS_DEFAULT_REGION", "AWS_ACCESS_KEY_ID")}
+    reach = {k: aws.env[k] for k in ("AWS_ENDPOINT_URL", "AWS_DEFAULT_REGION", "AWS_ACCESS_KEY_ID")}
     doc = {
         "market": "on-demand",
-        "checkpoint_dir": "s3://code/k8s/checkpoint",
-        "env": {**aws, "AWS_SECRET_ACCESS_KEY": "testing", "SPOTWISE_PLATFORM": "none"},
+        "checkpoint_dir": f"s3://{aws.bucket}/k8s/checkpoint",
+        "env": {**reach, "AWS_SECRET_ACCESS_KEY": "testing", "SPOTWISE_PLATFORM": "none"},
         "provider": {"name": "kubernetes", "image": "python:3.11", "poll_s": 0.5},
     }
     with KubernetesEmulator(tmp_path / "cluster", flavour="plain", image=[]) as emu:
-        env = {**moto, "KUBECONFIG": str(emu.kubeconfig)}
+        env = {**aws.env, "KUBECONFIG": str(emu.kubeconfig)}
         _, log = _launch(tmp_path, doc, env)
         leftovers = emu.leftovers()
     assert _ran_the_project(log) == "/tmp/spotwise-workdir"
-    assert _archives(moto) == [k for k in _archives(moto) if k.startswith("k8s/workdirs/")]
-    assert len(_archives(moto)) == 1 and leftovers["pods"] == []
+    [key] = _archives(aws)  # beside the checkpoint directory: s3://<bucket>/k8s/workdirs/
+    assert key.startswith("k8s/workdirs/") and leftovers["pods"] == []
