@@ -38,6 +38,7 @@ import os
 import re
 import shlex
 import shutil
+import stat
 import subprocess
 import sys
 import tarfile
@@ -224,11 +225,13 @@ def _excluded(name: str, rules: Sequence[_Rule]) -> bool:
 
 # --- packing --------------------------------------------------------------------------------
 def _size(n: float) -> str:
-    for unit in ("bytes", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:,.0f} {unit}" if unit == "bytes" else f"{n:,.1f} {unit}"
+    if n < 1024:
+        return f"{n:,.0f} bytes"
+    for unit in ("KiB", "MiB", "GiB"):
         n /= 1024
-    raise AssertionError
+        if n < 1024 or unit == "GiB":
+            break
+    return f"{n:,.1f} {unit}"
 
 
 def _members(root: Path, names: Iterable[str]) -> list[tuple[str, os.stat_result]]:
@@ -280,8 +283,6 @@ def pack(root: Path, dest: Path, *, limit: int = MAX_BYTES) -> str:
 
 
 def _is_link(st: os.stat_result) -> bool:
-    import stat
-
     return stat.S_ISLNK(st.st_mode)
 
 
@@ -378,6 +379,12 @@ def _file_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
+def _unpacked(into: Path, sha256: str) -> bool:
+    """``into`` already holds the tree of this digest (a requeued attempt unpacks again)."""
+    marker = into / MARKER
+    return marker.is_file() and not marker.is_symlink() and marker.read_text().strip() == sha256
+
+
 def _check_member(m: tarfile.TarInfo) -> str | None:
     """Why ``m`` may not be unpacked (None: it may)."""
     name = PurePosixPath(m.name)
@@ -407,7 +414,7 @@ def unpack(archive: Path, sha256: str, into: Path, *, limit: int = MAX_BYTES) ->
     already holding this digest is kept). Raises ``ConfigError`` naming what was refused."""
     if not _SHA.match(sha256):
         raise ConfigError(f"workdir archive: {sha256!r} is not a sha256 digest")
-    if (into / MARKER).is_file() and (into / MARKER).read_text().strip() == sha256:
+    if _unpacked(into, sha256):
         return
     got = _file_sha256(archive)
     if got != sha256:
@@ -446,7 +453,7 @@ def fetch_and_unpack(archive: CodeArchive, into: Path) -> None:
     """Get the archive from its store and unpack it at ``into`` (see :func:`unpack`)."""
     from spotwise.storage import open_storage
 
-    if (into / MARKER).is_file() and (into / MARKER).read_text().strip() == archive.sha256:
+    if _unpacked(into, archive.sha256):  # (no need to fetch it again)
         return
     into.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".spotwise-fetch-", dir=into.parent) as tmp:
