@@ -226,7 +226,7 @@ def _excluded(name: str, rules: Sequence[_Rule]) -> bool:
 # --- packing --------------------------------------------------------------------------------
 def _size(n: float) -> str:
     if n < 1024:
-        return f"{n:,.0f} bytes"
+        return f"{n:,.0f} byte" + ("s" if n != 1 else "")
     for unit in ("KiB", "MiB", "GiB"):
         n /= 1024
         if n < 1024 or unit == "GiB":
