@@ -60,6 +60,7 @@ from spotwise.control.providers.base import adoptable, checkpoint_dir, orphans
 from spotwise.control.secret_refs import file_values
 from spotwise.control.spec import JobSpec
 from spotwise.control.store import Attempt, Job, JobState, Store, spotwise_home
+from spotwise.control.workdir import ARCHIVES, CodeArchive, split_workdir, submit_workdir
 from spotwise.errors import (
     BudgetError,
     CapacityError,
@@ -171,6 +172,13 @@ def submit(
         if spec.expected_runtime_s:  # bad terms fail here
             build_driver(spec, provider, spec.expected_runtime_s, provider.features.zones)
     stored = spec.model_dump(mode="json")
+    stored["workdir_archive"] = submit_workdir(
+        spec.workdir,
+        provider.features,
+        spec.checkpoint_dir,
+        store.home / ARCHIVES,
+        spec.provider.name,
+    )
     chosen = getattr(provider, "placement", None)  # a provider that chose where to run
     if chosen is not None:  # pins it, so every later controller runs the job there too
         stored["provider"]["options"].update(chosen.pins())
@@ -212,6 +220,15 @@ def dry_run(spec: JobSpec) -> list[dict[str, Any]]:
     spot = provider.features.spot and spec.market != "on-demand"
     job_id = f"{spec.name[:24]}-dryrun"
     job_dir = spotwise_home() / "jobs" / job_id
+    archive = submit_workdir(  # packed to name it in the pod's first step, not stored
+        spec.workdir,
+        provider.features,
+        spec.checkpoint_dir,
+        spotwise_home() / ARCHIVES,
+        spec.provider.name,
+        upload=False,
+    )
+    spec = spec.model_copy(update={"workdir_archive": archive})
     req = launch_request(
         spec,
         provider,
@@ -301,7 +318,7 @@ def launch_request(
         job_id=job_id,
         n=n,
         argv=tuple(argv),
-        workdir=Path(spec.workdir),
+        workdir=Path(split_workdir(spec.workdir)[1]),
         env=env,
         log_path=log_path,
         attempt_dir=attempts_dir(job_dir) / str(n),
@@ -310,6 +327,7 @@ def launch_request(
         nodes=spec.nodes,
         procs_per_node=spec.procs_per_node,
         env_from={k: r for k, r in spec.env_from.items() if r.file is None},
+        code=CodeArchive.parse(spec.workdir_archive) if spec.workdir_archive else None,
     )
 
 

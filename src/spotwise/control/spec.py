@@ -31,6 +31,7 @@ from pydantic import (
 
 from spotwise.control.jobfile import printable, read_job_file, shown, value_problems
 from spotwise.control.secret_refs import SecretRef, check_refs, missing_files, plain_secret_keys
+from spotwise.control.workdir import split_workdir
 from spotwise.durations import DURATION, parse_duration_s
 from spotwise.errors import ConfigError, UnknownBackendError
 from spotwise.telemetry.webhooks import Notify
@@ -139,7 +140,9 @@ class JobSpec(BaseModel):
 
     name: str = Field(default="job", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
     command: list[str]
-    workdir: str = "."
+    workdir: str = "."  # a path, or pack:PATH / remote:PATH (spotwise.control.workdir)
+    # set at submit for pack:PATH: the packed workdir in its store, <uri>/<sha256>.tar.gz
+    workdir_archive: str | None = Field(default=None, pattern=r"/[0-9a-f]{64}\.tar\.gz$")
     checkpoint_dir: str | None = None  # default: $SPOTWISE_HOME/jobs/<id>/checkpoint
     resources: Resources = Field(default_factory=Resources)
     market: Literal["spot", "on-demand", "auto"] = "auto"
@@ -344,14 +347,25 @@ def _normalize(
             given = deadline.isoformat() if isinstance(deadline, date) else shown(deadline)
             problems.append(f"{keys['deadline_s']}: {exc} (given: {given})")
     written = doc.get("workdir", ".")
-    workdir = _resolve(base_dir, written)
-    if not workdir.is_dir():
+    kind, path = split_workdir(str(written))
+    workdir = _resolve(base_dir, path)
+    if kind == "remote":  # a path on the machine: nothing here to check but its form
+        workdir = base_dir
+        if not path.startswith("/"):
+            problems.append(
+                f"{keys.get('workdir', 'workdir')}: {shown(written, 300)} is not an absolute "
+                "path on the machine; write e.g. remote:/app"
+            )
+        doc["workdir"] = str(written)
+    elif not workdir.is_dir():
         what = "is not a directory" if workdir.exists() else "does not exist"
         problems.append(
             f"{keys.get('workdir', 'workdir')}: {printable(str(workdir))} {what} (given: "
             f"{shown(written, 300)}; a relative workdir starts at the job file's folder)"
         )
-    doc["workdir"] = str(workdir)
+        doc["workdir"] = str(workdir)
+    else:
+        doc["workdir"] = f"{kind}:{workdir}" if kind else str(workdir)
     if doc.get("checkpoint_dir") is not None and "://" not in str(doc["checkpoint_dir"]):
         # (an s3:// URI stays as given)
         doc["checkpoint_dir"] = str(_resolve(workdir, doc["checkpoint_dir"]))

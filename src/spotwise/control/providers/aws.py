@@ -53,6 +53,7 @@ from spotwise.control.providers.base import (
     parse_options,
     remote_words,
 )
+from spotwise.control.workdir import MACHINE_DIR, unpack_shell
 from spotwise.errors import (
     CapacityError,
     ConfigError,
@@ -706,7 +707,10 @@ class AwsProvider:
         ]
         exports = "\n".join(f"export {k}={shlex.quote(v)}" for k, v in sorted(env.items()))
         report = f"{self.job_uri(req.job_id)}/attempts/{req.n}"
-        workdir = self.opts.workdir or str(req.workdir)
+        if req.code is not None:  # the packed workdir, from S3 (instance-profile rights)
+            enter = unpack_shell(req.code, self.opts.workdir or MACHINE_DIR, self.opts.python)
+        else:  # the code is on the image
+            enter = f"cd {shlex.quote(self.opts.workdir or str(req.workdir))} || exit 1"
         setup = "\n".join(self.opts.setup)
         from spotwise.control.secret_refs import aws_fetch_script
 
@@ -720,7 +724,7 @@ set -u
 LOG=$(mktemp -t spotwise-attempt.XXXXXX)
 STARTED=$(date +%s.%N)
 (
-cd {shlex.quote(workdir)} || exit 1
+{enter}
 {setup}
 {secrets}
 exec {" ".join(words)}

@@ -25,6 +25,7 @@ from typing import Any, Protocol, TypeVar, runtime_checkable
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from spotwise.control.secret_refs import SecretRef
+from spotwise.control.workdir import CodeArchive
 from spotwise.errors import ConfigError
 
 MARKETS = ("spot", "on-demand")
@@ -56,6 +57,9 @@ class LaunchRequest:
     # secrets the machine resolves itself (Kubernetes Secret, AWS SSM / Secrets Manager):
     # references only, see spotwise.control.secret_refs; file references are already in env
     env_from: Mapping[str, SecretRef] = field(default_factory=dict)
+    # the packed workdir (``workdir: pack:PATH``): unpacked on the machine, the command run in
+    # it (``workdir`` is then the controller's folder it came from); None: run in ``workdir``
+    code: CodeArchive | None = None
 
     @property
     def key(self) -> str:

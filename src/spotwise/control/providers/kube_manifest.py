@@ -143,12 +143,13 @@ def job_manifest(
     n: int,
     argv: list[str],
     env: dict[str, str],
-    workdir: str,
+    workdir: str | None,
     market: str,
     gpu_count: int,
     cpus: int,
 ) -> dict[str, Any]:
-    """The ``batch/v1`` Job of attempt ``n`` (plain data, kubectl-compatible)."""
+    """The ``batch/v1`` Job of attempt ``n`` (plain data, kubectl-compatible). ``workdir``:
+    the container's working directory, unless ``working_dir`` says; None for none."""
     labels = {"app.kubernetes.io/managed-by": "spotwise", LABEL_JOB: job_id, LABEL_ATTEMPT: str(n)}
     resources: dict[str, Any] = {"requests": {"cpu": str(cpus)}}
     if opts.memory:
@@ -174,10 +175,11 @@ def job_manifest(
         "name": CONTAINER,
         "image": opts.image,
         "command": list(argv),
-        "workingDir": opts.working_dir or workdir,
         "env": env_list,
         "resources": resources,
     }
+    if workdir is not None:  # (None: the command unpacks the job's code and enters it)
+        container["workingDir"] = opts.working_dir or workdir
     if opts.checkpoint_pvc:
         container["volumeMounts"] = [{"name": "checkpoints", "mountPath": opts.checkpoint_mount}]
         pod["volumes"] = [

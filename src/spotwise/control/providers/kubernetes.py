@@ -48,6 +48,7 @@ from spotwise.control.providers.kube_manifest import (
     dns_name,
     job_manifest,
 )
+from spotwise.control.workdir import MACHINE_DIR, run_argv
 from spotwise.errors import (
     ConfigError,
     ProviderError,
@@ -331,6 +332,10 @@ class KubernetesProvider:
     def manifest(self, req: LaunchRequest) -> dict[str, Any]:
         """The Job of attempt ``req`` (what ``launch`` creates and ``--dry-run`` prints)."""
         argv = [_kube_word(a, req.env) for a in req.argv]  # expanded in the pod
+        workdir: str | None = str(req.workdir)
+        if req.code is not None:  # the pod's first step: the packed workdir, from S3
+            argv = run_argv(req.code, self.opts.working_dir or MACHINE_DIR, argv)
+            workdir = None
         from spotwise.control.secret_refs import kubernetes_secret_env
 
         # env_from's Kubernetes Secrets: secretKeyRef entries, as provider option secret_env
@@ -343,7 +348,7 @@ class KubernetesProvider:
             n=req.n,
             argv=argv,
             env=req.env,
-            workdir=str(req.workdir),
+            workdir=workdir,
             market=req.placement.market,
             gpu_count=self.gpu_count,
             cpus=self.cpus,

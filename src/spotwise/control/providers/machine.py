@@ -81,6 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--grace-s", type=float, default=30.0)
     parser.add_argument("--banner", default="")
     parser.add_argument("--notice-via", choices=["sigterm", "aws"], default="sigterm")
+    parser.add_argument("--code", default=None, help="a packed workdir: <store>/<sha256>.tar.gz")
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
@@ -132,9 +133,21 @@ def _supervise(
     with open(args.log, "ab", buffering=0) as log:
         if args.banner:
             log.write(f"[spotwise] {args.banner}\n".encode())
+        cwd = None
+        if args.code is not None:  # the job's code, unpacked on this machine before it runs
+            from spotwise.control.workdir import CodeArchive, fetch_and_unpack
+
+            cwd = args.dir / "workdir"
+            try:
+                fetch_and_unpack(CodeArchive.parse(args.code), cwd)
+            except Exception as exc:  # the attempt ends as an error that says why
+                why = getattr(exc, "message", None) or f"{type(exc).__name__}: {exc}"
+                log.write(f"[spotwise] workdir: cannot unpack {args.code}: {why}\n".encode())
+                return int(finish("exited", 1))
         try:
             child = subprocess.Popen(
                 command,
+                cwd=cwd,
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 env=env,

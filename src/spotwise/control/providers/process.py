@@ -115,11 +115,13 @@ class ProcessMachines:
             cmd += ["--notice-at", repr(notice_at)]
         if lost_at is not None:
             cmd += ["--lost-at", repr(lost_at)]
+        if req.code is not None:  # unpacked by the machine into <attempt_dir>/workdir
+            cmd += ["--code", str(req.code)]
         cmd += ["--", *req.argv]
         try:
             proc = subprocess.Popen(
                 cmd,
-                cwd=req.workdir,
+                cwd=req.attempt_dir if req.code is not None else req.workdir,
                 env=req.env,
                 pass_fds=(fd,),
                 start_new_session=True,

@@ -34,6 +34,7 @@ from spotwise.control.providers.base import (
     parse_options,
 )
 from spotwise.control.providers.torchrun import launcher_argv
+from spotwise.control.workdir import unpack_shell
 from spotwise.errors import (
     ProviderError,
     ProviderUnavailableError,
@@ -155,11 +156,19 @@ class SlurmProvider:
             'export SPOTWISE_ATTEMPT_RESTARTS="${SLURM_RESTART_COUNT:-0}"\n'
             'echo "[spotwise] slurm job $SLURM_JOB_ID start"'
             ' "(restart ${SLURM_RESTART_COUNT:-0})"\n'
-            f"cd {shlex.quote(str(req.workdir))}\n"
+            f"{self._enter(req)}\n"
             f"{self._command(req)}\n"
         )
         script.chmod(0o700)
         return script
+
+    @staticmethod
+    def _enter(req: LaunchRequest) -> str:
+        """Into the job's folder: the packed code unpacked beside the attempt's files (the
+        controller's job directory, shared with the nodes as the log is), or the workdir."""
+        if req.code is None:
+            return f"cd {shlex.quote(str(req.workdir))}"
+        return unpack_shell(req.code, str(req.attempt_dir / "workdir"), sys.executable)
 
     @staticmethod
     def _command(req: LaunchRequest) -> str:
@@ -195,7 +204,7 @@ class SlurmProvider:
             f"--signal=B:{self.signal}@{self.signal_s}",
             f"--job-name={req.key}",
             f"--output={req.log_path}",
-            f"--chdir={req.workdir}",
+            f"--chdir={req.attempt_dir if req.code is not None else req.workdir}",
             "--export=NONE",
             f"--nodes={req.nodes}",
             f"--ntasks-per-node={req.procs_per_node}",
