@@ -99,3 +99,24 @@ def test_launch_refuses_bad_input_before_recording_a_job(workdir: Path, lines, n
     assert "deadline_s" not in out.stderr and "PosixPath" not in out.stderr
     assert Store().jobs() == []  # nothing was recorded
     assert not (workdir / "runs").exists()  # and nothing ran
+
+
+def test_a_job_recorded_with_a_field_now_refused_is_named_not_a_traceback(workdir: Path):
+    """A store written by an older spotwise can hold a job whose file breaks a rule added since
+    (here a non-finite duration): resuming it names the job, the field and the way out."""
+    from spotwise.control.spec import load_spec
+
+    job_file = workdir / "job.yaml"
+    job_file.write_text("name: old\ncommand: python standin.py 0\nprovider: local\n")
+    stored = load_spec(job_file).model_dump(mode="json")
+    stored["restart_backoff_s"] = float("nan")
+    job = Store().create_job("old", stored, str(job_file))
+    resumed = _cli("resume", job.id, "--quiet")
+    assert resumed.returncode == 2, resumed.stdout + resumed.stderr
+    assert "Traceback" not in resumed.stderr
+    assert f"job {job.id} was recorded with a job file this spotwise no longer accepts" in (
+        resumed.stderr
+    )
+    assert "restart_backoff_s" in resumed.stderr and f"spotwise cancel {job.id}" in resumed.stderr
+    cancelled = _cli("cancel", job.id)  # what the hint says: nothing ran, so nothing to stop
+    assert cancelled.returncode == 0 and f"job {job.id} CANCELLED" in cancelled.stdout

@@ -146,6 +146,19 @@ def _last_output_line(path: Path, tail_bytes: int = 4096) -> str:
     return next((line.strip() for line in reversed(lines) if line.strip()), "")
 
 
+def _unreadable_and_idle(store: Any, job: Any) -> bool:
+    """A job recorded with a job file this version refuses, and no attempt open: nothing runs
+    that a controller would have to stop, so cancelling it needs no controller (none can start)."""
+    from spotwise.control.spec import stored_spec
+    from spotwise.errors import ControlError
+
+    try:
+        stored_spec(job.id, job.spec)
+        return False
+    except ControlError:
+        return all(a.state == "ended" for a in store.attempts(job.id))
+
+
 def _spawn_controller(job_id: str) -> None:
     from spotwise.control.store import Store
 
@@ -360,6 +373,7 @@ def register(app: typer.Typer) -> None:
     def cancel(job_id: str = typer.Argument(..., help="job id (or a unique prefix)")) -> None:
         """Stop a job: the attempt gets a notice (so it saves), then its machine is freed."""
         from spotwise.control.controller import controller_alive
+        from spotwise.control.store import JobState
 
         client = _remote()
         if client is not None:
@@ -383,6 +397,13 @@ def register(app: typer.Typer) -> None:
                 if store.job(job.id).state.terminal:
                     break
                 time.sleep(0.1)
+        elif _unreadable_and_idle(store, job):
+            store.update_job(
+                job.id,
+                state=JobState.CANCELLED,
+                message="cancelled by the user (its recorded job file is no longer accepted)",
+                event=("state", "CANCELLED: no attempt was open"),
+            )
         else:
             _run_controller(job.id, quiet=True)
         typer.echo(f"job {job.id} {store.job(job.id).state.value}")

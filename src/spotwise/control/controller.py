@@ -58,7 +58,7 @@ from spotwise.control.providers import (
 )
 from spotwise.control.providers.base import adoptable, checkpoint_dir, orphans
 from spotwise.control.secret_refs import file_values
-from spotwise.control.spec import JobSpec
+from spotwise.control.spec import JobSpec, stored_spec
 from spotwise.control.store import Attempt, Job, JobState, Store, spotwise_home
 from spotwise.control.workdir import ARCHIVES, CodeArchive, split_workdir, submit_workdir
 from spotwise.errors import (
@@ -81,7 +81,7 @@ ProgressReader = Callable[[str], Committed]
 
 
 def provider_for(job: Job) -> Provider:
-    spec = JobSpec.model_validate(job.spec)
+    spec = stored_spec(job.id, job.spec)
     return make_provider(
         spec.provider.name,
         spec.provider.options,
@@ -352,7 +352,7 @@ class Controller:
         self.sleep = sleep
         self.on_update = on_update
         job = store.job(self.job_id)
-        self.spec = JobSpec.model_validate(job.spec)
+        self.spec = stored_spec(job.id, job.spec)
         self.provider = provider if provider is not None else provider_for(job)
         self.read_progress = read_progress
         self._interruptions = interruptions  # the advisor's estimates (default: shipped)
@@ -941,7 +941,7 @@ def job_summary(store: Store, job: Job, now: float | None = None) -> dict[str, A
     """The ``spotwise status --json`` document."""
     now = time.time() if now is None else now
     attempts = store.attempts(job.id)
-    spec = JobSpec.model_validate(job.spec)
+    spec = stored_spec(job.id, job.spec)
     cost = sum(a.cost_usd(now) for a in attempts)
     ondemand = sum(a.ondemand_cost_usd(now) for a in attempts)
     return {

@@ -33,7 +33,7 @@ from spotwise.control.jobfile import printable, read_job_file, shown, value_prob
 from spotwise.control.secret_refs import SecretRef, check_refs, missing_files, plain_secret_keys
 from spotwise.control.workdir import split_workdir
 from spotwise.durations import DURATION, parse_duration_s
-from spotwise.errors import ConfigError, UnknownBackendError
+from spotwise.errors import ConfigError, ControlError, UnknownBackendError
 from spotwise.telemetry.webhooks import Notify
 
 log = logging.getLogger(__name__)
@@ -435,6 +435,22 @@ def parse_spec(
             key.lower(),
         )
     return spec
+
+
+def stored_spec(job_id: str, stored: dict[str, Any]) -> JobSpec:
+    """A job's spec as the store holds it. One recorded by an older spotwise may break a rule
+    added since (a checkpoint directory now refused, a non-finite duration): that job is
+    refused by name with the way out, never a traceback."""
+    try:
+        return JobSpec.model_validate(stored)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "the job"
+        raise ControlError(
+            f"job {job_id} was recorded with a job file this spotwise no longer accepts "
+            f"({where}: {printable(str(first['msg']))[:_MAX_DETAIL]})",
+            hint=f"cancel it (spotwise cancel {job_id}) and launch its job file again, fixed",
+        ) from None
 
 
 def _error_line(err: Any, keys: dict[str, str]) -> str:

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from spotwise.control.controller import job_summary
-from spotwise.control.spec import JobSpec
+from spotwise.control.spec import JobSpec, stored_spec
 from spotwise.control.store import Attempt, Job, Store
 from spotwise.telemetry.events import EVENTS_FILE, read_events
 from spotwise.telemetry.ledger import Ledger, goodput
@@ -82,7 +82,7 @@ def job_end(job: Job, attempts: list[Attempt], now: float) -> float:
 
 def job_view(store: Store, job: Job, now: float | None = None) -> JobView:
     now = time.time() if now is None else now
-    spec = JobSpec.model_validate(job.spec)
+    spec = stored_spec(job.id, job.spec)
     attempts = store.attempts(job.id)
     directory = run_dir(job, spec)
     runtime_events = read_events(directory / EVENTS_FILE) if directory is not None else []

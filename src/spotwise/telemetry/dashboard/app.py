@@ -39,7 +39,7 @@ from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingR
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from spotwise.control.spec import JobSpec
+from spotwise.control.spec import stored_spec
 from spotwise.control.store import Store
 from spotwise.errors import JobNotFoundError
 from spotwise.telemetry.dashboard.data import job_detail, job_row
@@ -100,7 +100,7 @@ def create_app(
         marks: list[Any] = [len(jobs)]
         for j in jobs:
             marks += [j.updated_at, len(store.events(j.id)), _size(j.log_path)]
-            directory = run_dir(j, JobSpec.model_validate(j.spec))
+            directory = run_dir(j, stored_spec(j.id, j.spec))
             marks.append(_size(directory / "events.jsonl") if directory else 0)
             marks.append(max((a.ended_at or 0 for a in store.attempts(j.id)), default=0))
         return tuple(marks)
