@@ -192,6 +192,7 @@ class GcpProvider:
         )
         self.retry = RetryPolicy.from_env()
         self._sleep, self._rand = sleep, random.Random()
+        self._s3: Any = None
         self._gce = require("google.cloud.compute_v1", "gcp", "the gcp provider")
         self._errors = require("google.api_core.exceptions", "gcp", "the gcp provider")
         self._kwargs = self._client_kwargs()
@@ -640,7 +641,10 @@ fi
     def _store(self, handle: Handle) -> Any:
         from spotwise.storage.s3 import S3Storage
 
-        return S3Storage.from_uri(f"{self.job_uri(handle['job'])}/attempts/{handle['n']}")
+        uri = f"{self.job_uri(handle['job'])}/attempts/{handle['n']}"
+        if self._s3 is None:  # one client for every status poll (making one costs seconds)
+            self._s3 = require("boto3", "aws", "an s3:// run dir").session.Session().client("s3")
+        return S3Storage.from_uri(uri, client=self._s3)
 
     def _where(self, handle: Handle) -> str:
         return f"gcp {handle['zone']}/{handle['name']}"
