@@ -161,6 +161,8 @@ class GcpComputeEmulator(LoopbackEmulator):
 
     # --- lifecycle -------------------------------------------------------------------------
     def start(self) -> str:
+        from google.cloud import compute_v1  # noqa: F401  (seconds to import: not in a request)
+
         self.workdir.mkdir(parents=True, exist_ok=True)
         url = super().start()
         self._loop_thread = threading.Thread(target=self._loop, name="gce-data-plane", daemon=True)
