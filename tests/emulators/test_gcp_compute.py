@@ -81,7 +81,25 @@ def test_5xx_is_retried_and_a_quota_error_is_no_capacity(double, tmp_path):
     assert [status for *_, status in inserts] == [200, 503, 503, 200]
     assert [h["id"] for h in provider.find("Faults.1", tmp_path / "attempts")] == [handle["id"]]
     assert provider.find("faults.1", tmp_path / "attempts") == []  # the exact id, not its label
+    [vm] = [v.doc for v in double.vms.values()]
+    s = vm.scheduling
+    assert (s.provisioning_model, s.instance_termination_action) == ("SPOT", "DELETE")
+    assert s.on_host_maintenance == "TERMINATE" and not s.automatic_restart
+    assert dict(vm.labels) == {"spotwise-job": "faults_1", "spotwise-attempt": "1"}
+    assert all("cloud-platform" not in scope for scope in vm.service_accounts[0].scopes)
     provider.terminate(handle)
+
+
+def test_a_credential_in_the_jobs_env_never_reaches_the_vm(double, tmp_path):
+    from dataclasses import replace
+
+    from spotwise.errors import ConfigError
+
+    provider = make_provider("gcp", OPTIONS, epoch=0.0, instance_type=None)
+    req = _request(tmp_path)
+    with pytest.raises(ConfigError, match="HF_TOKEN"):
+        provider.launch(replace(req, env={**req.env, "HF_TOKEN": "hf_secret_value"}))
+    assert double.live() == [] and not double.operations
 
 
 def test_no_credentials_is_a_clear_error(tmp_path, monkeypatch):

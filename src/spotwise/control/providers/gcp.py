@@ -596,11 +596,17 @@ class GcpProvider:
 
     def startup_script(self, req: LaunchRequest) -> str:
         """The VM's startup script (bash; no credentials in it: the service account's)."""
-        leaked = sorted(k for k in req.env if _SECRET_ENV.search(k))
-        if leaked or req.env_from:
+        if req.env_from:
             raise ConfigError(
-                f"env {leaked or sorted(req.env_from)} would be written into the VM's startup "
-                "script (its metadata)",
+                f"env_from {sorted(req.env_from)}: the gcp provider resolves no secret "
+                "references on the VM",
+                hint="give the VM's service account access to the secret and fetch it in "
+                "provider.gcp.setup",
+            )
+        leaked = sorted(k for k in req.env if _SECRET_ENV.search(k))
+        if leaked:
+            raise ConfigError(
+                f"env {leaked} would be written into the VM's startup script (its metadata)",
                 hint="remove them from the job's env: the VM's service account "
                 "(provider.gcp.service_account) gives it credentials",
             )
