@@ -171,3 +171,49 @@ def test_bad_input_is_named_by_its_key_before_any_vm(
                 preflight=True,
             )
     assert len(gce.double.operations) == before  # nothing was inserted
+
+
+def test_controller_killed_mid_launch_then_resumed_leaves_no_orphan_or_duplicate(
+    gce: Gce, tmp_path: Path
+):
+    """SIGKILL the controller right after its VM exists; `spotwise resume` adopts that VM as
+    attempt 1 (a second insert of the same attempt would meet the VM's name: 409) and the job
+    ends with one VM per attempt and none left."""
+    import signal
+
+    import yaml
+
+    doc = yaml.safe_load(JOB.read_text())  # the same provider settings, a short command
+    doc.update(command="python -c 'import time; time.sleep(3)'", workdir=str(JOB.parent))
+    job_file = tmp_path / "job.yaml"
+    job_file.write_text(yaml.safe_dump(doc))
+    env = {**gce.env, "SPOTWISE_HOME": str(tmp_path / "home")}
+    before = set(gce.double.operations)
+    first = subprocess.Popen(
+        [*SPOTWISE, "launch", str(job_file)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    deadline = time.time() + 180
+    while not gce.double.live():
+        assert time.time() < deadline and first.poll() is None, "no VM was inserted"
+        time.sleep(0.1)
+    first.send_signal(signal.SIGKILL)  # right after instances.insert: the VM exists
+    first.wait()
+    [machine] = gce.double.live()
+    [job] = json.loads(cli("jobs", "--json", env=env).stdout)
+
+    resumed = cli("resume", job["id"], "--quiet", timeout=600, env=env)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    status = json.loads(cli("status", job["id"], "--json", env=env).stdout)
+    assert status["state"] == "SUCCEEDED"
+    inserted = [
+        op.target_link.rsplit("/", 1)[-1]
+        for name, (_, op) in gce.double.operations.items()
+        if name not in before and op.operation_type == "insert" and not op.error.errors
+    ]
+    assert inserted[0] == machine  # attempt 1 is the killed controller's VM, adopted
+    assert len(inserted) == len(set(inserted)) == len(status["attempts"])  # no duplicate
+    assert gce.double.live() == []
