@@ -26,7 +26,7 @@ FAULT_HELP = (
 
 
 def parse_fault(text: str) -> tuple[str, int, str]:
-    """``CODE[:COUNT][@ZONE]`` -> (code, count, zone); count 0 = every insert."""
+    """``CODE[:COUNT][@ZONE]`` -> (code, count, zone); no COUNT: every insert."""
     m = re.fullmatch(r"([A-Z_]+|\d{3})(?::(\d+))?(?:@([a-z0-9-]+))?", text)
     if m is None:
         raise ConfigError(
