@@ -107,6 +107,33 @@ def _aws(request: pytest.FixtureRequest, tmp: Path, plan: Plan) -> Backend:
     return _made("aws", options, tmp, plan)
 
 
+def _gcp(request: pytest.FixtureRequest, tmp: Path, plan: Plan) -> Backend:
+    """The loopback Compute Engine double (official SDK clients) running each VM's startup
+    script; its run dir on moto's S3."""
+    import boto3
+
+    from spotwise.control.providers.gcp import ENDPOINT_ENV
+    from spotwise.emulators.gcp_compute import GcpComputeEmulator
+
+    endpoint = request.getfixturevalue("aws_env")
+    bucket = f"contract-{uuid.uuid4().hex[:12]}"
+    boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket=bucket)
+    double = GcpComputeEmulator(tmp / "gce", s3_endpoint=endpoint, stop_grace_s=3.0, poll_s=0.1)
+    request.getfixturevalue("monkeypatch").setenv(ENDPOINT_ENV, double.start())
+    request.addfinalizer(double.stop)
+    options = {
+        "project": "spotwise-project",
+        "zones": ["us-central1-a", "us-central1-b"],
+        "s3": f"s3://{bucket}/jobs",
+        "machine_type": "g2-standard-4",
+        "image_family": "debian-12",
+        "image_project": "debian-cloud",
+        "poll_s": 0.1,
+        "grace_s": 5.0,
+    }
+    return _made("gcp", options, tmp, plan)
+
+
 def _kubernetes(request: pytest.FixtureRequest, tmp: Path, plan: Plan) -> Backend:
     """The loopback Kubernetes API double; its pods are local processes (CPU-only GKE nodes)."""
     from spotwise.emulators.kubernetes import KubernetesEmulator, pool_nodes
@@ -133,6 +160,7 @@ BACKENDS: dict[str, Factory] = {
         tmp,
         plan,
     ),
+    "gcp": _gcp,
     "kubernetes": _kubernetes,
     "local": lambda request, tmp, plan: _made("local", {}, tmp, plan),
     "sim": lambda request, tmp, plan: _made("sim", {"boot_s": 0.05}, tmp, plan),

@@ -1,5 +1,5 @@
-"""What the e2e tests share: the CLI as a user runs it, and the same training run, never
-interrupted, to compare against."""
+"""What the e2e tests share: the CLI as a user runs it, the same training run, never
+interrupted, to compare against, and the loopback S3 the cloud doubles' machines save to."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -57,3 +58,28 @@ def uninterrupted(tmp_path: Path) -> Iterator[Callable[[JobSpec], Callable[[], s
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def aws_client(service: str, env: dict[str, str]) -> Any:
+    """A boto3 client of the loopback AWS endpoint in ``env`` (fake credentials)."""
+    import boto3
+
+    return boto3.client(
+        service,
+        endpoint_url=env["AWS_ENDPOINT_URL"],
+        region_name="us-east-1",
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+    )
+
+
+def s3_checkpoints(env: dict[str, str]) -> dict[str, set[int]]:
+    """The steps of each job's checkpoints in S3 (``s3://spotwise-digits/jobs``, where the
+    example jobs' machines save them)."""
+    listed = aws_client("s3", env).list_objects_v2(Bucket="spotwise-digits", Prefix="jobs/")
+    found: dict[str, set[int]] = {}
+    for key in (o["Key"] for o in listed.get("Contents", [])):
+        m = re.fullmatch(r"jobs/([^/]+)/checkpoint/step-(\d+)/.*", key)
+        if m:
+            found.setdefault(m.group(1), set()).add(int(m.group(2)))
+    return found

@@ -16,14 +16,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import boto3
 import pytest
 
 from spotwise.cli.emulate import parse_ec2_fault
 from spotwise.emulators.ec2 import Ec2DataPlane
 from spotwise.emulators.fault_proxy import FaultProxy
 
-from .conftest import HASH, SPOTWISE, cli
+from .conftest import HASH, SPOTWISE, aws_client, cli, s3_checkpoints
 
 ROOT = Path(__file__).resolve().parents[2]
 JOB = ROOT / "examples" / "digits" / "job-aws.yaml"
@@ -62,8 +61,8 @@ def ec2(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ec2]:
     }
     for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN"):
         env.pop(name, None)
-    _client("s3", env).create_bucket(Bucket="spotwise-digits")
-    _client("iam", env).create_instance_profile(InstanceProfileName="spotwise-digits")
+    aws_client("s3", env).create_bucket(Bucket="spotwise-digits")
+    aws_client("iam", env).create_instance_profile(InstanceProfileName="spotwise-digits")
     plane = Ec2DataPlane(
         moto,
         workdir=tmp_path_factory.mktemp("ec2"),
@@ -79,29 +78,8 @@ def ec2(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ec2]:
         server.stop()
 
 
-def _client(service: str, env: dict[str, str]):
-    return boto3.client(
-        service,
-        endpoint_url=env["AWS_ENDPOINT_URL"],
-        region_name="us-east-1",
-        aws_access_key_id="testing",
-        aws_secret_access_key="testing",
-    )
-
-
-def _checkpoints(env: dict[str, str]) -> dict[str, set[int]]:
-    """The steps of each job's checkpoints in S3 (where its instances save them)."""
-    listed = _client("s3", env).list_objects_v2(Bucket="spotwise-digits", Prefix="jobs/")
-    found: dict[str, set[int]] = {}
-    for key in (o["Key"] for o in listed.get("Contents", [])):
-        m = re.fullmatch(r"jobs/([^/]+)/checkpoint/step-(\d+)/.*", key)
-        if m:
-            found.setdefault(m.group(1), set()).add(int(m.group(2)))
-    return found
-
-
 def _ec2_client(env: dict[str, str]):
-    return _client("ec2", env)
+    return aws_client("ec2", env)
 
 
 def _instances(env: dict[str, str], job_id: str, live_only: bool) -> list[dict]:
@@ -156,7 +134,7 @@ def test_digits_on_ec2_spot_survives_an_interruption_with_identical_weights(
         stderr=subprocess.STDOUT,
     )
     deadline = time.monotonic() + 300
-    while not (saved := _checkpoints(env)):  # the first instance has saved to S3
+    while not (saved := s3_checkpoints(env)):  # the first instance has saved to S3
         assert launch.poll() is None and time.monotonic() < deadline, "no checkpoint in S3"
         time.sleep(0.5)
     [(job_id, steps)] = saved.items()

@@ -1,9 +1,10 @@
-"""``spotwise emulate aws|gcp|azure|ec2|kubernetes``: rehearse a preemption on a laptop.
+"""``spotwise emulate aws|gcp|azure|ec2|kubernetes|...``: rehearse a preemption on a laptop.
 
 Starts a loopback metadata server that announces an interruption after ``--notice-after``
 seconds; point the training process at it with the printed environment variable. ``ec2`` runs
 a whole loopback EC2 + S3 (moto) with machines behind it, for rehearsing a job file with the
-``aws`` provider; ``kubernetes`` a loopback Kubernetes API with pods as local processes.
+``aws`` provider; ``gcp-compute`` the same for the ``gcp`` provider (a loopback Compute
+Engine API); ``kubernetes`` a loopback Kubernetes API with pods as local processes.
 """
 
 from __future__ import annotations
@@ -35,6 +36,9 @@ def register(app: typer.Typer) -> None:
     from spotwise.cli._emulate_k8s import kubernetes
 
     emulate.command("kubernetes")(kubernetes)
+    from spotwise.cli._emulate_gcp import gcp_compute
+
+    emulate.command("gcp-compute")(gcp_compute)
 
     @emulate.command("aws")
     def aws(

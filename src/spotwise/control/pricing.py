@@ -22,8 +22,9 @@ def _catalog():
 
 
 def region_of(zone: str) -> str:
-    """``us-east-1a`` -> ``us-east-1`` (AWS zone names end in one letter)."""
-    return re.sub(r"(?<=\d)[a-z]$", "", zone)
+    """``us-east-1a`` -> ``us-east-1``, ``us-central1-a`` -> ``us-central1`` (AWS and GCP
+    zone names end in one letter)."""
+    return re.sub(r"(?<=\d)-?[a-z]$", "", zone)
 
 
 def catalog_usd_per_hour(instance_type: str, zone: str, market: str, cloud: str = "aws") -> float:

@@ -29,6 +29,7 @@ PROVIDERS: Registry[Any] = Registry(
     {
         "aws": Entry("spotwise.control.providers.aws:AwsProvider", "aws"),
         "fake": "spotwise.control.providers.fake:FakeProvider",
+        "gcp": Entry("spotwise.control.providers.gcp:GcpProvider", "gcp"),
         "kubernetes": Entry(
             "spotwise.control.providers.kubernetes:KubernetesProvider", "kubernetes"
         ),

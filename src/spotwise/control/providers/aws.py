@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from pydantic import Field, model_validator
 
 from spotwise.control.pricing import catalog_usd_per_hour, region_of
+from spotwise.control.providers.attempt_record import copy_log, exit_record
 from spotwise.control.providers.aws_placement import AwsPlacement, choose_placement, settle_zones
 from spotwise.control.providers.base import (
     MARKETS,
@@ -59,7 +60,6 @@ from spotwise.errors import (
     ConfigError,
     ProviderError,
     ProviderUnavailableError,
-    StorageNotFoundError,
     TransientProviderError,
 )
 from spotwise.registry import require
@@ -743,39 +743,19 @@ fi
 """
 
     def _exit_record(self, handle: Handle) -> dict[str, Any] | None:
-        try:
-            body = self._get(handle, "exit.json")
-        except StorageNotFoundError:
-            return None
-        try:
-            record: dict[str, Any] = json.loads(body)
-            int(record["exit_code"]), float(record["ended_at"])
-        except (ValueError, KeyError, TypeError):
-            # S3 writes are whole, so this is not ours: no exit is known (lost, once it is gone)
-            return None
-        return record
+        return exit_record(self._attempt_store(handle))
 
-    def _get(self, handle: Handle, name: str) -> bytes:
+    def _attempt_store(self, handle: Handle) -> Any:
         from spotwise.storage.s3 import S3Storage
 
         uri = f"{self.job_uri(handle['job'])}/attempts/{handle['n']}"
-        return S3Storage.from_uri(uri, client=self.s3).get_bytes(name)
+        return S3Storage.from_uri(uri, client=self.s3)
 
     def _copy_log(self, handle: Handle) -> None:
         """Append the attempt's output (uploaded by the instance) to the job log, once."""
-        if not handle.get("log"):
-            return
-        log = Path(handle["log"])
-        marker = log.with_name(f".aws-log-{handle['n']}")
-        if marker.exists():
-            return
-        try:
-            text = self._get(handle, "output.log")
-        except StorageNotFoundError:
-            text = b""
-        with open(log, "ab") as f:
-            f.write(f"[spotwise] attempt {handle['n']} on aws {handle['id']}\n".encode() + text)
-        marker.touch()
+        if handle.get("log"):
+            where = f"aws {handle['id']}"
+            copy_log(self._attempt_store(handle), Path(handle["log"]), handle["n"], where)
 
 
 def _bash_word(word: str, env: dict[str, str]) -> str:

@@ -103,6 +103,7 @@ class NoticeKind(str, enum.Enum):
     SIGNAL = "signal"  # SIGTERM from the machine (local process, sim, a pod's kubelet)
     SLURM = "slurm"  # SLURM's --signal before the end time
     AWS_IMDS = "aws-imds"  # EC2 spot/instance-action on the instance metadata service
+    GCP_METADATA = "gcp-metadata"  # instance/preempted on the GCE metadata server
     NONE = "none"  # nothing warns (the machine just vanishes)
 
 
