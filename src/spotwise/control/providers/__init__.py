@@ -28,6 +28,7 @@ PROVIDERS: Registry[Any] = Registry(
     "provider",
     {
         "aws": Entry("spotwise.control.providers.aws:AwsProvider", "aws"),
+        "azure": Entry("spotwise.control.providers.azure:AzureProvider", "azure"),
         "fake": "spotwise.control.providers.fake:FakeProvider",
         "kubernetes": Entry(
             "spotwise.control.providers.kubernetes:KubernetesProvider", "kubernetes"
