@@ -35,6 +35,9 @@ def register(app: typer.Typer) -> None:
     from spotwise.cli._emulate_k8s import kubernetes
 
     emulate.command("kubernetes")(kubernetes)
+    from spotwise.cli._emulate_azure import azure_compute
+
+    emulate.command("azure-compute")(azure_compute)
 
     @emulate.command("aws")
     def aws(

@@ -102,16 +102,20 @@ def _model_of(hint: Any) -> tuple[str, Any]:
     args = [a for a in typing.get_args(hint) if a is not type(None)]
     origin = typing.get_origin(hint)
     if origin is typing.Union:
-        models = [a for a in args if isinstance(a, type) and hasattr(a, "_attr_to_rest_field")]
+        models = [a for a in args if _is_model(a)]
         nested = [a for a in args if typing.get_origin(a) in (list, dict)]
         return _model_of(models[0] if models else nested[0] if nested else Any)
     if origin is list:
         return "list", args[0] if args else Any
     if origin is dict:
         return "dict", args[-1] if args else Any
-    if isinstance(hint, type) and hasattr(hint, "_attr_to_rest_field"):
+    if _is_model(hint):
         return "model", hint
     return "value", hint
+
+
+def _is_model(hint: Any) -> bool:
+    return isinstance(hint, type) and bool(getattr(hint, "_is_model", False))
 
 
 def check_shape(cls: type, doc: Any, where: str = "") -> None:
@@ -221,7 +225,8 @@ class AzureComputeEmulator(LoopbackEmulator):
         self.disks: dict[tuple[str, str], dict[str, Any]] = {}
         self.nics: dict[tuple[str, str], dict[str, Any]] = {}
         self.ops: dict[str, Operation] = {}
-        self.evicted: list[str] = []  # names of the VMs the platform took back
+        self.preempted: list[str] = []  # names of the VMs that got a Preempt event
+        self.evicted: list[str] = []  # ... and were taken back before anyone deleted them
         self.created: list[str] = []  # names of every VM that provisioned, in order
         self._fail: list[str] = []
         self._count = itertools.count()
@@ -296,6 +301,7 @@ class AzureComputeEmulator(LoopbackEmulator):
             return
         if vm.notice_at is not None and now >= vm.notice_at and not vm.evicted:
             vm.evicted = True
+            self.preempted.append(vm.name)
             assert vm.imds is not None
             vm.imds.trigger_notice()
         if vm.kill_at is not None and now >= vm.kill_at:
