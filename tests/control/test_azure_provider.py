@@ -150,3 +150,24 @@ def test_the_double_refuses_what_the_sdk_model_does_not_know(arm: AzureComputeEm
         urllib.request.urlopen(put, timeout=10)
     assert info.value.code == 400
     assert "properties.spot" in json.loads(info.value.read())["error"]["message"]
+
+
+def test_a_disk_that_outlived_its_vm_is_found_by_tag_and_deleted(
+    arm: AzureComputeEmulator, tmp_path: Path
+):
+    """A VM whose disk was kept (deleteOption Detach, made by hand) leaves it billed: the
+    sweep finds it by the job's tag and deletes it; another job's disk is left alone."""
+    provider = make_provider("azure", OPTIONS, epoch=0.0)
+    for job in ("j-stray", "j-other"):
+        arm.disks[("spotwise-rg", f"{job}-osdisk")] = {
+            "name": f"{job}-osdisk",
+            "location": "eastus",
+            "tags": {"spotwise-job": job, "spotwise-attempt": "3"},
+            "properties": {"diskState": "Unattached"},
+        }
+    [stray] = provider.find("j-stray", tmp_path / "attempts")
+    assert (stray["n"], stray["id"], stray["kind"]) == (3, "j-stray-osdisk", "disk")
+    provider.terminate(stray)
+    assert provider.find("j-stray", tmp_path / "attempts") == []
+    assert arm.live() == ["disk/j-other-osdisk"]
+    arm.disks.clear()

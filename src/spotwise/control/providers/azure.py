@@ -439,12 +439,12 @@ class AzureProvider:
         rg, log = self.opts.resource_group, str(attempts_dir.with_name("job.log"))
         found: list[Handle] = []
         vms = self._call("list VMs", lambda: list(self.compute.virtual_machines.list(rg)))
-        names = set()
+        attempts = set()
         for vm in vms:
             tags = vm.tags or {}
             if tags.get(JOB_TAG) != job_id:
                 continue
-            names.add(vm.name)
+            attempts.add(tags.get(ATTEMPT_TAG))
             zone = f"{vm.location}-{vm.zones[0]}" if vm.zones else str(vm.location)
             found.append(
                 {"n": int(tags.get(ATTEMPT_TAG, "0")), "id": vm.name, "job": job_id,
@@ -458,8 +458,8 @@ class AzureProvider:
         for kind, listing in listings:
             for item in self._call(f"list {kind}s", listing):
                 tags = item.tags or {}
-                owner = str(item.name).rsplit("-", 1)[0]
-                if tags.get(JOB_TAG) == job_id and owner not in names:  # outlived its VM
+                # one VM per attempt: what an attempt with a VM has is that VM's (in use)
+                if tags.get(JOB_TAG) == job_id and tags.get(ATTEMPT_TAG) not in attempts:
                     found.append(
                         {"n": int(tags.get(ATTEMPT_TAG, "0")), "id": item.name, "job": job_id,
                          "kind": kind}
