@@ -107,6 +107,41 @@ def _aws(request: pytest.FixtureRequest, tmp: Path, plan: Plan) -> Backend:
     return _made("aws", options, tmp, plan)
 
 
+def _azure(request: pytest.FixtureRequest, tmp: Path, plan: Plan) -> Backend:
+    """The loopback Resource Manager double (its VMs run their custom data in roots of their
+    own) and moto's S3 for the exit records, driven by the official azure-mgmt clients."""
+    import boto3
+
+    from spotwise.emulators.azure_compute import SUBSCRIPTION, AzureComputeEmulator
+
+    endpoint = request.getfixturevalue("aws_env")
+    bucket = f"contract-{uuid.uuid4().hex[:12]}"
+    boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket=bucket)
+    arm = AzureComputeEmulator(
+        tmp / "azure",
+        stop_grace_s=3.0,
+        provision_s=0.1,
+        machine_env={k: os.environ[k] for k in os.environ if k.startswith("AWS_")},
+    )
+    request.getfixturevalue("monkeypatch").setenv("SPOTWISE_AZURE_ENDPOINT_URL", arm.start())
+    request.addfinalizer(arm.stop)
+    options = {
+        "subscription_id": SUBSCRIPTION,
+        "resource_group": "spotwise-rg",
+        "region": "eastus",
+        "zones": ["1", "2"],
+        "vm_size": "Standard_NC4as_T4_v3",
+        "image": "microsoft-dsvm:ubuntu-hpc:2204:latest",
+        "subnet_id": "/subscriptions/x/resourceGroups/spotwise-rg/providers/"
+        "Microsoft.Network/virtualNetworks/vnet/subnets/default",
+        "ssh_public_key": "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIContractSuiteOnly spotwise",
+        "s3": f"s3://{bucket}/jobs",
+        "poll_s": 0.1,
+        "grace_s": 5.0,
+    }
+    return _made("azure", options, tmp, plan)
+
+
 def _gcp(request: pytest.FixtureRequest, tmp: Path, plan: Plan) -> Backend:
     """The loopback Compute Engine double (official SDK clients) running each VM's startup
     script; its run dir on moto's S3."""
@@ -154,6 +189,7 @@ def _kubernetes(request: pytest.FixtureRequest, tmp: Path, plan: Plan) -> Backen
 
 BACKENDS: dict[str, Factory] = {
     "aws": _aws,
+    "azure": _azure,
     "fake": lambda request, tmp, plan: _made(
         "fake",
         {"exits": [c for c, _ in plan], "run_s": [s for _, s in plan], "boot_s": 0.05},

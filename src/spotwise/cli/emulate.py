@@ -39,6 +39,9 @@ def register(app: typer.Typer) -> None:
     from spotwise.cli._emulate_gcp import gcp_compute
 
     emulate.command("gcp-compute")(gcp_compute)
+    from spotwise.cli._emulate_azure import azure_compute
+
+    emulate.command("azure-compute")(azure_compute)
 
     @emulate.command("aws")
     def aws(

@@ -28,6 +28,7 @@ PROVIDERS: Registry[Any] = Registry(
     "provider",
     {
         "aws": Entry("spotwise.control.providers.aws:AwsProvider", "aws"),
+        "azure": Entry("spotwise.control.providers.azure:AzureProvider", "azure"),
         "fake": "spotwise.control.providers.fake:FakeProvider",
         "gcp": Entry("spotwise.control.providers.gcp:GcpProvider", "gcp"),
         "kubernetes": Entry(
