@@ -355,7 +355,7 @@ def test_a_spot_interruption_without_an_exit_record_is_a_lost_machine(aws, tmp_p
         job_id=f"j{uuid.uuid4().hex[:6]}",
         n=1,
         argv=("sleep", "60"),
-        workdir=tmp_path,
+        workdir=Path("/tmp"),  # (a folder every machine has: its own, empty)
         env={},
         log_path=tmp_path / "log",
         attempt_dir=tmp_path / "a",

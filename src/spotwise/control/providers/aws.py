@@ -25,7 +25,6 @@ import difflib
 import json
 import random
 import re
-import shlex
 import sys
 import time
 from collections.abc import Callable
@@ -37,7 +36,6 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from pydantic import Field, model_validator
 
 from spotwise.control.pricing import catalog_usd_per_hour, region_of
-from spotwise.control.providers.attempt_record import copy_log, exit_record
 from spotwise.control.providers.aws_placement import AwsPlacement, choose_placement, settle_zones
 from spotwise.control.providers.base import (
     MARKETS,
@@ -52,9 +50,8 @@ from spotwise.control.providers.base import (
     Prices,
     Pricing,
     parse_options,
-    remote_words,
 )
-from spotwise.control.workdir import MACHINE_DIR, unpack_shell
+from spotwise.control.providers.remote_boot import boot_script, copy_log, exit_record
 from spotwise.errors import (
     CapacityError,
     ConfigError,
@@ -698,49 +695,19 @@ class AwsProvider:
 
     def user_data(self, req: LaunchRequest) -> str:
         """The cloud-init script of one attempt (bash; no credentials in it)."""
-        env = req.env
-        words = [
-            shlex.quote(self.opts.python)
-            if a in ("python", "python3") and i == 0
-            else _bash_word(a, env)
-            for i, a in enumerate(req.argv)
-        ]
-        exports = "\n".join(f"export {k}={shlex.quote(v)}" for k, v in sorted(env.items()))
-        report = f"{self.job_uri(req.job_id)}/attempts/{req.n}"
-        if req.code is not None:  # the packed workdir, from S3 (instance-profile rights)
-            enter = unpack_shell(req.code, self.opts.workdir or MACHINE_DIR, self.opts.python)
-        else:  # the code is on the image
-            enter = f"cd {shlex.quote(self.opts.workdir or str(req.workdir))} || exit 1"
-        setup = "\n".join(self.opts.setup)
         from spotwise.control.secret_refs import aws_fetch_script
 
         # env_from's SSM parameters and Secrets Manager secrets, fetched on the instance
         region = region_of(req.placement.zone or self.features.zones[0])
-        secrets = aws_fetch_script(req.env_from, self.opts.python, region)
-        return f"""#!/bin/bash
-# spotwise job {req.job_id} attempt {req.n}: run the command, report its exit, shut down.
-set -u
-{exports}
-LOG=$(mktemp -t spotwise-attempt.XXXXXX)
-STARTED=$(date +%s.%N)
-(
-{enter}
-{setup}
-{secrets}
-exec {" ".join(words)}
-) >"$LOG" 2>&1 &
-PID=$!
-STOPPING=0  # the platform signals every process; this shell must live on to report
-trap 'STOPPING=1' TERM
-CODE=0
-wait "$PID" || CODE=$?
-while kill -0 "$PID" 2>/dev/null; do wait "$PID"; CODE=$?; done
-{shlex.quote(self.opts.python)} -m spotwise.control.providers.aws report {shlex.quote(report)} \\
-  --exit-code "$CODE" --started "$STARTED" --stopping "$STOPPING" --log "$LOG"
-if [ -d /var/lib/cloud/instance ] && [ "${{SPOTWISE_EC2_EMULATED:-0}}" != 1 ]; then
-  shutdown -h now
-fi
-"""
+        return boot_script(
+            req,
+            python=self.opts.python,
+            workdir=self.opts.workdir,
+            setup=self.opts.setup,
+            report_uri=f"{self.job_uri(req.job_id)}/attempts/{req.n}",
+            shutdown_if='[ -d /var/lib/cloud/instance ] && [ "${SPOTWISE_EC2_EMULATED:-0}" != 1 ]',
+            secrets=aws_fetch_script(req.env_from, self.opts.python, region),
+        )
 
     def _exit_record(self, handle: Handle) -> dict[str, Any] | None:
         return exit_record(self._attempt_store(handle))
@@ -756,17 +723,6 @@ fi
         if handle.get("log"):
             where = f"aws {handle['id']}"
             copy_log(self._attempt_store(handle), Path(handle["log"]), handle["n"], where)
-
-
-def _bash_word(word: str, env: dict[str, str]) -> str:
-    """One command word for the instance's bash: its ``$NAME`` references to the exported
-    variables expanded there (quoted: one word, as written), everything else literal."""
-    return (
-        "".join(
-            f'"${{{text}}}"' if var else shlex.quote(text) for text, var in remote_words(word, env)
-        )
-        or "''"
-    )
 
 
 def report(argv: list[str] | None = None) -> int:

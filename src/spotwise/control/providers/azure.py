@@ -52,7 +52,7 @@ from spotwise.control.providers.base import (
     Pricing,
     parse_options,
 )
-from spotwise.control.providers.remote_boot import AttemptRecords, boot_script
+from spotwise.control.providers.remote_boot import boot_script, copy_log, exit_record
 from spotwise.errors import (
     CapacityError,
     ConfigError,
@@ -223,7 +223,6 @@ class AzureProvider:
         )
         self.compute, self.network = _clients(o.subscription_id, arm_endpoint())
         self.s3 = boto3.session.Session().client("s3")
-        self.records = AttemptRecords(self.s3, o.s3, "azure")
         if preflight:
             self._preflight()
         self.prices = Prices(
@@ -361,7 +360,7 @@ class AzureProvider:
     def status(self, handle: Handle) -> AttemptStatus:
         if handle.get("kind") in ("disk", "nic", "ip"):  # a stray found by the sweep
             return AttemptStatus(Phase.STARTING, detail=handle["kind"])
-        record = self.records.exit_record(handle)
+        record = exit_record(self._attempt_store(handle))
         if record is not None:
             return self._ended(handle, record)
         from azure.core.exceptions import ResourceNotFoundError
@@ -376,7 +375,7 @@ class AzureProvider:
         except ProviderError as exc:
             if not isinstance(exc.__cause__, ResourceNotFoundError):
                 raise
-            record = self.records.exit_record(handle)  # written just before the VM went
+            record = exit_record(self._attempt_store(handle))  # written just before the VM went
             if record is not None:
                 return self._ended(handle, record)
             return AttemptStatus(
@@ -399,8 +398,17 @@ class AzureProvider:
             )
         return AttemptStatus(Phase.STARTING, detail=provisioning or power)
 
+    def _attempt_store(self, handle: Handle) -> Any:
+        """The attempt's prefix of the job's S3 storage (its VM's exit record and output)."""
+        from spotwise.storage.s3 import S3Storage
+
+        uri = f"{self.opts.s3.rstrip('/')}/{handle['job']}/attempts/{handle['n']}"
+        return S3Storage.from_uri(uri, client=self.s3)
+
     def _ended(self, handle: Handle, record: dict[str, Any]) -> AttemptStatus:
-        self.records.copy_log(handle)
+        if handle.get("log"):
+            where = f"azure {handle['id']}"
+            copy_log(self._attempt_store(handle), Path(handle["log"]), handle["n"], where)
         self._delete(handle["id"])  # done: stop paying for it
         code, ended = int(record["exit_code"]), float(record["ended_at"])
         started = float(record.get("started_at") or handle.get("launched_at") or ended)
@@ -540,7 +548,7 @@ class AzureProvider:
         return boot_script(
             req,
             python=o.python,
-            workdir=o.workdir or str(req.workdir),
+            workdir=o.workdir,
             setup=o.setup,
             report_uri=f"{o.s3.rstrip('/')}/{req.job_id}/attempts/{req.n}",
             shutdown_if='[ -d /var/lib/waagent ] && [ "${SPOTWISE_AZURE_EMULATED:-0}" != 1 ]',

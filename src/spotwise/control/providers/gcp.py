@@ -26,7 +26,6 @@ import hashlib
 import os
 import random
 import re
-import shlex
 import time
 import uuid
 from collections.abc import Callable
@@ -38,8 +37,6 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from pydantic import Field
 
 from spotwise.control.pricing import catalog_usd_per_hour
-from spotwise.control.providers.attempt_record import copy_log, exit_record
-from spotwise.control.providers.aws import _bash_word
 from spotwise.control.providers.base import (
     MARKETS,
     AttemptStatus,
@@ -54,6 +51,7 @@ from spotwise.control.providers.base import (
     Pricing,
     parse_options,
 )
+from spotwise.control.providers.remote_boot import boot_script, copy_log, exit_record
 from spotwise.errors import (
     CapacityError,
     ConfigError,
@@ -610,39 +608,14 @@ class GcpProvider:
                 hint="remove them from the job's env: the VM's service account "
                 "(provider.gcp.service_account) gives it credentials",
             )
-        env = req.env
-        py = shlex.quote(self.opts.python)
-        words = [
-            py if a in ("python", "python3") and i == 0 else _bash_word(a, env)
-            for i, a in enumerate(req.argv)
-        ]
-        exports = "\n".join(f"export {k}={shlex.quote(v)}" for k, v in sorted(env.items()))
-        report = shlex.quote(f"{self.job_uri(req.job_id)}/attempts/{req.n}")
-        workdir = shlex.quote(self.opts.workdir or str(req.workdir))
-        setup = "\n".join(self.opts.setup)
-        return f"""#!/bin/bash
-# spotwise job {req.job_id} attempt {req.n}: run the command, report its exit, power off.
-set -u
-{exports}
-LOG=$(mktemp -t spotwise-attempt.XXXXXX)
-STARTED=$(date +%s.%N)
-(
-cd {workdir} || exit 1
-{setup}
-exec {" ".join(words)}
-) >"$LOG" 2>&1 &
-PID=$!
-STOPPING=0  # the guest's shutdown signals every process; this shell must live on to report
-trap 'STOPPING=1' TERM
-CODE=0
-wait "$PID" || CODE=$?
-while kill -0 "$PID" 2>/dev/null; do wait "$PID"; CODE=$?; done
-{py} -m spotwise.control.providers.aws report {report} \\
-  --exit-code "$CODE" --started "$STARTED" --stopping "$STOPPING" --log "$LOG"
-if [ "${{SPOTWISE_GCE_EMULATED:-0}}" != 1 ]; then
-  shutdown -h now
-fi
-"""
+        return boot_script(
+            req,
+            python=self.opts.python,
+            workdir=self.opts.workdir,
+            setup=self.opts.setup,
+            report_uri=f"{self.job_uri(req.job_id)}/attempts/{req.n}",
+            shutdown_if='[ "${SPOTWISE_GCE_EMULATED:-0}" != 1 ]',
+        )
 
     def _store(self, handle: Handle) -> Any:
         from spotwise.storage.s3 import S3Storage

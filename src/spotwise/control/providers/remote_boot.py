@@ -1,9 +1,10 @@
 """What a cloud VM runs at boot for one attempt, and how its exit comes back through S3.
 
-A cloud VM's process is out of the controller's sight: the boot script runs the job's command,
-then ``python -m spotwise.control.providers.aws report`` writes the exit record (and the output)
-under the job's ``s3://`` prefix, where the controller reads it. The script carries no
-credentials: the machine's identity supplies them.
+A cloud VM's process is out of the controller's sight: the boot script (EC2 user-data, a
+Compute Engine startup script, Azure custom data) runs the job's command, then
+``python -m spotwise.control.providers.aws report`` writes the exit record (``exit.json``) and
+the output (``output.log``) under the attempt's ``s3://`` prefix, where the controller reads
+them. The script carries no credentials: the machine's identity supplies them.
 """
 
 from __future__ import annotations
@@ -13,15 +14,24 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from spotwise.control.providers.base import LaunchRequest
+from spotwise.control.providers.base import LaunchRequest, remote_words
+from spotwise.control.workdir import MACHINE_DIR, unpack_shell
 from spotwise.errors import StorageNotFoundError
+
+
+def enter_workdir(req: LaunchRequest, workdir: str | None, python: str) -> str:
+    """The shell line that puts the command in its code: the packed workdir fetched and
+    unpacked (the machine identity's rights), or the folder on the image."""
+    if req.code is not None:
+        return unpack_shell(req.code, workdir or MACHINE_DIR, python)
+    return f"cd {shlex.quote(workdir or str(req.workdir))} || exit 1"
 
 
 def boot_script(
     req: LaunchRequest,
     *,
     python: str,
-    workdir: str,
+    workdir: str | None,
     setup: list[str],
     report_uri: str,
     shutdown_if: str,
@@ -29,11 +39,9 @@ def boot_script(
 ) -> str:
     """A bash script: exports, run the command, report its exit to ``report_uri``, then
     power off when the shell test ``shutdown_if`` holds (a real VM, not a double)."""
-    from spotwise.control.providers.aws import _bash_word
-
     env = req.env
     words = [
-        shlex.quote(python) if a in ("python", "python3") and i == 0 else _bash_word(a, env)
+        shlex.quote(python) if a in ("python", "python3") and i == 0 else bash_word(a, env)
         for i, a in enumerate(req.argv)
     ]
     exports = "\n".join(f"export {k}={shlex.quote(v)}" for k, v in sorted(env.items()))
@@ -45,7 +53,7 @@ set -u
 LOG=$(mktemp -t spotwise-attempt.XXXXXX)
 STARTED=$(date +%s.%N)
 (
-cd {shlex.quote(workdir)} || exit 1
+{enter_workdir(req, workdir, python)}
 {lines}
 {secrets}
 exec {" ".join(words)}
@@ -64,44 +72,41 @@ fi
 """
 
 
-class AttemptRecords:
-    """The exit records and outputs the machines of one job prefix write to S3."""
+def bash_word(word: str, env: dict[str, str]) -> str:
+    """One command word for the instance's bash: its ``$NAME`` references to the exported
+    variables expanded there (quoted: one word, as written), everything else literal."""
+    return (
+        "".join(
+            f'"${{{text}}}"' if var else shlex.quote(text) for text, var in remote_words(word, env)
+        )
+        or "''"
+    )
 
-    def __init__(self, s3: Any, job_uri: str, cloud: str) -> None:
-        self.s3, self.job_uri, self.cloud = s3, job_uri.rstrip("/"), cloud
 
-    def _get(self, handle: dict[str, Any], name: str) -> bytes:
-        from spotwise.storage.s3 import S3Storage
+def exit_record(store: Any) -> dict[str, Any] | None:
+    """The attempt's exit record from ``store`` (an ``S3Storage`` at the attempt's prefix),
+    or None while there is none (object stores write whole objects: a malformed one is not
+    ours, so no exit is known)."""
+    try:
+        record: dict[str, Any] = json.loads(store.get_bytes("exit.json"))
+        int(record["exit_code"]), float(record["ended_at"])
+    except StorageNotFoundError:
+        return None
+    except (ValueError, KeyError, TypeError):
+        return None
+    return record
 
-        uri = f"{self.job_uri}/{handle['job']}/attempts/{handle['n']}"
-        return S3Storage.from_uri(uri, client=self.s3).get_bytes(name)
 
-    def exit_record(self, handle: dict[str, Any]) -> dict[str, Any] | None:
-        """The attempt's ``exit.json``, or None while there is none (or it is not ours)."""
-        try:
-            body = self._get(handle, "exit.json")
-        except StorageNotFoundError:
-            return None
-        try:
-            record: dict[str, Any] = json.loads(body)
-            int(record["exit_code"]), float(record["ended_at"])
-        except (ValueError, KeyError, TypeError):
-            return None  # S3 writes are whole, so this is not ours
-        return record
-
-    def copy_log(self, handle: dict[str, Any]) -> None:
-        """Append the attempt's output (uploaded by the machine) to the job log, once."""
-        if not handle.get("log"):
-            return
-        log = Path(handle["log"])
-        marker = log.with_name(f".{self.cloud}-log-{handle['n']}")
-        if marker.exists():
-            return
-        try:
-            text = self._get(handle, "output.log")
-        except StorageNotFoundError:
-            text = b""
-        with open(log, "ab") as f:
-            head = f"[spotwise] attempt {handle['n']} on {self.cloud} {handle['id']}\n"
-            f.write(head.encode() + text)
-        marker.touch()
+def copy_log(store: Any, log: Path, n: int, where: str) -> None:
+    """Append the attempt's uploaded output to the job log, once (``where``: the machine, as
+    the log's header names it)."""
+    marker = log.with_name(f".remote-log-{n}")
+    if marker.exists():
+        return
+    try:
+        text = store.get_bytes("output.log")
+    except StorageNotFoundError:
+        text = b""
+    with open(log, "ab") as f:
+        f.write(f"[spotwise] attempt {n} on {where}\n".encode() + text)
+    marker.touch()
