@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from spotwise.checkpoint.retention import RetentionPolicy
 from spotwise.errors import EncryptionKeyError, NoCheckpointError, SaveError
 from spotwise.runtime.commit import (
     list_checkpoints,
@@ -15,7 +16,6 @@ from spotwise.runtime.commit import (
     verify_checkpoint,
     write_checkpoint,
 )
-from spotwise.runtime.retention import RetentionPolicy
 from spotwise.runtime.tiered import (
     TieredMirror,
     is_remote,

@@ -141,9 +141,11 @@ def export_command(
 ) -> None:
     """Write the model's full weights (unsharded, from any number of ranks) as one safetensors
     file that safetensors and Hugging Face loaders read."""
+    from spotwise.checkpoint.format import step_of_dir
+    from spotwise.checkpoint.write import write_durable
     from spotwise.errors import ConfigError
-    from spotwise.runtime.commit import load_newest_valid, write_durable
-    from spotwise.runtime.format import pack_tensors, step_of_dir
+    from spotwise.runtime.commit import load_newest_valid
+    from spotwise.runtime.format import pack_tensors
     from spotwise.runtime.sharded import consolidated
 
     if fmt != "safetensors":

@@ -45,6 +45,9 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 import torch
 from torch.utils.data import DataLoader
 
+from spotwise.checkpoint.read import CheckpointInfo
+from spotwise.checkpoint.retention import retain
+from spotwise.checkpoint.write import clean_temporaries
 from spotwise.errors import (
     CheckpointError,
     ConfigError,
@@ -57,14 +60,7 @@ from spotwise.exitcode import EXIT_INTERRUPTED
 from spotwise.notices.base import Notice, NoticeSource
 from spotwise.notices.watcher import open_notices
 from spotwise.runtime import agent, dirlock, distributed
-from spotwise.runtime.commit import (
-    CheckpointInfo,
-    LoadedCheckpoint,
-    clean_temporaries,
-    loadable_checkpoints,
-    retain,
-    write_checkpoint,
-)
+from spotwise.runtime.commit import LoadedCheckpoint, loadable_checkpoints, write_checkpoint
 from spotwise.runtime.config import CheckpointConfig, checkpoint_config
 from spotwise.runtime.format import TensorBlob, pack_tensors
 from spotwise.runtime.interval import notice_exit_due, save_due

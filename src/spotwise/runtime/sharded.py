@@ -54,6 +54,10 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.tensor import DTensor
 
+from spotwise.checkpoint.durable import TMP_PREFIX, remove_tree
+from spotwise.checkpoint.format import STATE_FILE, TENSORS_FILE, parse_state, step_dir_name
+from spotwise.checkpoint.read import CheckpointInfo
+from spotwise.checkpoint.write import write_durable
 from spotwise.errors import (
     ConfigError,
     CorruptCheckpointError,
@@ -65,27 +69,15 @@ from spotwise.errors import (
 )
 from spotwise.runtime import distributed
 from spotwise.runtime.commit import (
-    TMP_PREFIX,
-    CheckpointInfo,
     LoadedCheckpoint,
     commit_files,
     fresh_buffer,
     list_checkpoints,
     load_checkpoint,
-    remove_tree,
-    write_durable,
 )
 from spotwise.runtime.dcp_storage import DCP_FILE, SpotwiseReader, SpotwiseWriter, dcp_tensors
 from spotwise.runtime.distributed import Ranks
-from spotwise.runtime.format import (
-    STATE_FILE,
-    TENSORS_FILE,
-    TensorBlob,
-    pack_tensors,
-    parse_safetensors,
-    parse_state,
-    step_dir_name,
-)
+from spotwise.runtime.format import TensorBlob, pack_tensors, parse_safetensors
 from spotwise.runtime.snapshot import SnapshotBuffer
 from spotwise.runtime.state import StateEncoder, capture_rng, decode
 from spotwise.runtime.tiered import (

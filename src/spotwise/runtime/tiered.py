@@ -38,6 +38,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from spotwise.checkpoint.durable import remove_tree
+from spotwise.checkpoint.format import MANIFEST, Manifest, parse_manifest, step_dir_name
+from spotwise.checkpoint.read import CheckpointInfo, check_bytes
+from spotwise.checkpoint.retention import RetentionPolicy, choose_deletions, delete_checkpoint
+from spotwise.checkpoint.write import manifest_bytes, temporary_dir
 from spotwise.errors import (
     CorruptCheckpointError,
     EncryptionKeyError,
@@ -46,19 +51,7 @@ from spotwise.errors import (
     SaveError,
     StorageNotFoundError,
 )
-from spotwise.runtime.commit import (
-    CheckpointInfo,
-    check_bytes,
-    commit_staged,
-    delete_checkpoint,
-    list_checkpoints,
-    manifest_bytes,
-    remove_tree,
-    temporary_dir,
-    verify_checkpoint,
-)
-from spotwise.runtime.format import MANIFEST, Manifest, parse_manifest, step_dir_name
-from spotwise.runtime.retention import RetentionPolicy, choose_deletions
+from spotwise.runtime.commit import commit_staged, list_checkpoints, verify_checkpoint
 from spotwise.storage.base import Storage
 
 log = logging.getLogger(__name__)
