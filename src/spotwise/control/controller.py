@@ -42,7 +42,6 @@ from spotwise.control.pricing import zone_interruption_rates
 from spotwise.control.progress import (
     Committed,
     compute_s,
-    load_readers,
     progress_s,
     read_committed,
 )
@@ -162,10 +161,8 @@ def submit(store: Store, spec: JobSpec, spec_path: str | None = None) -> Job:
                 f"{spec.expected_runtime_s:.0f}s of {market} on {spec.provider.name}",
                 hint=f"raise budget_usd to at least {cheapest:.2f} or shorten the job",
             )
-    if plans(spec, provider):
-        load_readers()
-        if spec.expected_runtime_s:  # bad terms fail here
-            build_driver(spec, provider, spec.expected_runtime_s, provider.features.zones)
+    if plans(spec, provider) and spec.expected_runtime_s:  # bad terms fail here
+        build_driver(spec, provider, spec.expected_runtime_s, provider.features.zones)
     stored = spec.model_dump(mode="json")
     chosen = getattr(provider, "placement", None)  # a provider that chose where to run
     if chosen is not None:  # pins it, so every later controller runs the job there too
@@ -347,8 +344,6 @@ class Controller:
                 f"controller {os.getpid()} started in state {job.state.value}",
             )
             self._sweep(job)  # machines a crashed controller left behind
-            if plans(self.spec, self.provider):
-                load_readers()
             while True:
                 job = self.store.job(self.job_id)
                 if job.state.terminal:

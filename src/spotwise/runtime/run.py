@@ -46,6 +46,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from spotwise.checkpoint.read import CheckpointInfo
+from spotwise.checkpoint.remote import RemoteCheckpoint, is_remote, open_remote
 from spotwise.checkpoint.retention import retain
 from spotwise.checkpoint.write import clean_temporaries
 from spotwise.errors import (
@@ -81,14 +82,7 @@ from spotwise.runtime.state import (
     check_run_state,
     restore_rng,
 )
-from spotwise.runtime.tiered import (
-    RemoteCheckpoint,
-    TieredMirror,
-    is_remote,
-    open_remote,
-    retain_remote,
-    staging_dir,
-)
+from spotwise.runtime.tiered import TieredMirror, retain_remote, staging_dir
 from spotwise.runtime.workers import LoaderWorkers
 from spotwise.storage.base import Storage
 from spotwise.telemetry.events import EVENTS_FILE, EventLog

@@ -57,6 +57,7 @@ from torch.distributed.tensor import DTensor
 from spotwise.checkpoint.durable import TMP_PREFIX, remove_tree
 from spotwise.checkpoint.format import STATE_FILE, TENSORS_FILE, parse_state, step_dir_name
 from spotwise.checkpoint.read import CheckpointInfo
+from spotwise.checkpoint.remote import RemoteCheckpoint, scan_remote
 from spotwise.checkpoint.write import write_durable
 from spotwise.errors import (
     ConfigError,
@@ -80,13 +81,7 @@ from spotwise.runtime.distributed import Ranks
 from spotwise.runtime.format import TensorBlob, pack_tensors, parse_safetensors
 from spotwise.runtime.snapshot import SnapshotBuffer
 from spotwise.runtime.state import StateEncoder, capture_rng, decode
-from spotwise.runtime.tiered import (
-    RemoteCheckpoint,
-    commit_remote,
-    pull_alone,
-    push_files,
-    scan_remote,
-)
+from spotwise.runtime.tiered import commit_remote, pull_alone, push_files
 from spotwise.storage.base import Storage
 
 log = logging.getLogger(__name__)
