@@ -20,8 +20,8 @@ import pytest
 import torch
 
 from spotwise import Run
-from spotwise.checkpoint.durable import TMP_PREFIX
 from spotwise.checkpoint.format import MANIFEST, step_dir_name
+from spotwise.checkpoint.write import TMP_PREFIX
 from spotwise.errors import SaveError
 from spotwise.runtime.commit import list_checkpoints, load_checkpoint
 

@@ -24,7 +24,7 @@ from spotwise.dirfd import open_entry, opened_dir, remove_entry, remove_path
 
 log = logging.getLogger(__name__)
 
-TMP_PREFIX = ".spotwise-tmp-"  # names of in-progress atomic writes; no reader lists them
+ATOMIC_TMP_PREFIX = ".spotwise-tmp-"  # names of in-progress atomic writes; no reader lists them
 IO_THREADS = 8  # checksums, chunk reads and fsyncs of one save or load (see io_pool)
 _io: tuple[int, ThreadPoolExecutor] | None = None
 
@@ -43,11 +43,6 @@ def io_pool() -> ThreadPoolExecutor:
     return _io[1]
 
 
-def fsync_dir(path: Path) -> None:
-    with opened_dir(path) as fd:
-        os.fsync(fd)
-
-
 def close_all(fds: list[int]) -> None:
     """Close every descriptor of ``fds`` (a failure is logged) and empty the list."""
     for fd in fds:
@@ -61,10 +56,10 @@ def close_all(fds: list[int]) -> None:
 def write_atomic_at(parent: int, name: str, fill: Fill, *, mode: int = 0o644) -> None:
     """Replace entry ``name`` of directory ``parent`` (a descriptor) with what ``fill`` writes,
     durably and atomically (see the module's docstring). The temporary is removed on failure."""
-    tmp = f"{TMP_PREFIX}{name}-{uuid.uuid4().hex[:8]}"
+    tmp = f"{ATOMIC_TMP_PREFIX}{name}-{uuid.uuid4().hex[:8]}"
     try:
-        fd = open_entry(parent, tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
-        with open(fd, "wb") as out:
+        fd = open_entry(parent, tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL, mode)
+        with open(fd, "w+b") as out:  # readable too: a download checks what it wrote
             fill(out)
             out.flush()
             os.fsync(out.fileno())

@@ -54,11 +54,11 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.tensor import DTensor
 
-from spotwise.checkpoint.durable import TMP_PREFIX, remove_tree
+from spotwise.checkpoint.durable import remove_tree
 from spotwise.checkpoint.format import STATE_FILE, TENSORS_FILE, parse_state, step_dir_name
 from spotwise.checkpoint.read import CheckpointInfo
 from spotwise.checkpoint.remote import RemoteCheckpoint, scan_remote
-from spotwise.checkpoint.write import write_durable
+from spotwise.checkpoint.write import TMP_PREFIX, write_durable
 from spotwise.errors import (
     ConfigError,
     CorruptCheckpointError,

@@ -17,7 +17,12 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
 
-from spotwise.checkpoint.durable import TMP_PREFIX, disk_problem, write_atomic, write_atomic_at
+from spotwise.checkpoint.durable import (
+    ATOMIC_TMP_PREFIX,
+    disk_problem,
+    write_atomic,
+    write_atomic_at,
+)
 from spotwise.dirfd import open_entry, opened_path
 from spotwise.errors import (
     StorageError,
@@ -111,12 +116,12 @@ class LocalStorage:
         if not self.root.is_dir():
             return found
         for dirpath, dirnames, filenames, dir_fd in os.fwalk(self.root):
-            dirnames[:] = [d for d in dirnames if not d.startswith(TMP_PREFIX)]
+            dirnames[:] = [d for d in dirnames if not d.startswith(ATOMIC_TMP_PREFIX)]
             rel = os.path.relpath(dirpath, self.root)
             base = "" if rel == "." else rel.replace(os.sep, "/") + "/"
             for name in filenames:
                 key = base + name
-                if name.startswith(TMP_PREFIX) or not key.startswith(prefix):
+                if name.startswith(ATOMIC_TMP_PREFIX) or not key.startswith(prefix):
                     continue
                 try:
                     st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
