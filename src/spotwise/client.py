@@ -76,15 +76,11 @@ def _stored() -> Server | None:
 
 def save_login(url: str, token: str) -> Path:
     """Store the server and token for later commands: a file only its owner can read."""
+    from spotwise.checkpoint.durable import write_atomic
+
     path = login_path()
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    tmp = path.with_name(f".{LOGIN_FILE}.{os.getpid()}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-    with os.fdopen(fd, "w") as f:
-        json.dump({"url": base_url(url), "token": token}, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    write_atomic(path, json.dumps({"url": base_url(url), "token": token}).encode(), mode=0o600)
     return path
 
 

@@ -24,7 +24,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from spotwise import Run
-from spotwise.runtime.format import step_dir_name
+from spotwise.checkpoint.format import step_dir_name
 
 TABLES = 8  # DCP's planner deals replicated tensors out to the ranks: 4 each
 WIDTH = 64

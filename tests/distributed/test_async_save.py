@@ -20,9 +20,10 @@ import pytest
 import torch
 
 from spotwise import Run
+from spotwise.checkpoint.format import MANIFEST, step_dir_name
+from spotwise.checkpoint.write import TMP_PREFIX
 from spotwise.errors import SaveError
-from spotwise.runtime.commit import TMP_PREFIX, list_checkpoints, load_checkpoint
-from spotwise.runtime.format import MANIFEST, step_dir_name
+from spotwise.runtime.commit import list_checkpoints, load_checkpoint
 
 from .conftest import HASH, RESUMED, finish, launch, signal_job, wait_for, workers
 

@@ -20,8 +20,9 @@ import pytest
 import torch
 
 from spotwise import Run
+from spotwise.checkpoint.remote import scan_remote
 from spotwise.errors import ConfigError
-from spotwise.runtime.tiered import TieredMirror, scan_remote
+from spotwise.runtime.tiered import TieredMirror
 from spotwise.storage.base import Storage
 from spotwise.storage.memory import MemoryStorage
 from spotwise.storage.s3 import S3Storage

@@ -11,9 +11,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from spotwise.checkpoint.format import STATE_FILE, TENSORS_FILE
+from spotwise.checkpoint.write import write_durable
 from spotwise.errors import CorruptCheckpointError
-from spotwise.runtime.commit import Share, commit_files, load_checkpoint, write_durable
-from spotwise.runtime.format import STATE_FILE, TENSORS_FILE, pack_tensors
+from spotwise.runtime.commit import Share, commit_files, load_checkpoint
+from spotwise.runtime.format import pack_tensors
 from spotwise.runtime.sharded import verify_share
 
 WRITERS = 4  # ranks that wrote the checkpoint

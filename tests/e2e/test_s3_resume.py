@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from spotwise.runtime.tiered import scan_remote
+from spotwise.checkpoint.remote import scan_remote
 from spotwise.storage.s3 import S3Storage
 
 pytestmark = pytest.mark.e2e

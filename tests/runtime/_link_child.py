@@ -12,8 +12,8 @@ from pathlib import Path
 
 import torch
 
+from spotwise.checkpoint.retention import RetentionPolicy
 from spotwise.runtime import Run
-from spotwise.runtime.retention import RetentionPolicy
 from spotwise.runtime.tiered import TieredMirror
 from spotwise.storage.local import LocalStorage
 

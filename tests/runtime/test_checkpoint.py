@@ -10,19 +10,18 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from spotwise.checkpoint.format import MANIFEST, STATE_FILE, TENSORS_FILE
+from spotwise.checkpoint.read import CheckpointInfo
+from spotwise.checkpoint.retention import RetentionPolicy, choose_deletions, retain
+from spotwise.checkpoint.write import clean_temporaries
 from spotwise.errors import CorruptCheckpointError
 from spotwise.runtime.commit import (
-    CheckpointInfo,
-    clean_temporaries,
     list_checkpoints,
     load_checkpoint,
     load_newest_valid,
-    retain,
     verify_checkpoint,
     write_checkpoint,
 )
-from spotwise.runtime.format import MANIFEST, STATE_FILE, TENSORS_FILE
-from spotwise.runtime.retention import RetentionPolicy, choose_deletions
 
 
 def sample_tensors() -> dict[str, torch.Tensor]:

@@ -13,9 +13,9 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from spotwise.checkpoint.format import MANIFEST, STATE_FILE, TENSORS_FILE
 from spotwise.errors import CorruptCheckpointError
 from spotwise.runtime.commit import load_checkpoint, verify_checkpoint, write_checkpoint
-from spotwise.runtime.format import MANIFEST, STATE_FILE, TENSORS_FILE
 from spotwise.runtime.snapshot import SnapshotBuffer
 
 MiB = 1 << 20

@@ -8,9 +8,9 @@ from pathlib import Path
 import torch
 from typer.testing import CliRunner
 
+from spotwise.checkpoint.format import TENSORS_FILE
 from spotwise.cli.main import app
 from spotwise.runtime import write_checkpoint
-from spotwise.runtime.format import TENSORS_FILE
 
 runner = CliRunner()
 

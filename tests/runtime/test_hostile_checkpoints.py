@@ -33,19 +33,18 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
+from spotwise.checkpoint.format import MANIFEST, STATE_FILE, TENSORS_FILE, step_dir_name
+from spotwise.checkpoint.retention import RetentionPolicy, retain
+from spotwise.checkpoint.write import clean_temporaries
 from spotwise.cli.main import app
 from spotwise.errors import CorruptCheckpointError, StateMismatchError
 from spotwise.runtime import Run
 from spotwise.runtime.commit import (
-    clean_temporaries,
     list_checkpoints,
     load_checkpoint,
-    retain,
     verify_checkpoint,
     write_checkpoint,
 )
-from spotwise.runtime.format import MANIFEST, STATE_FILE, TENSORS_FILE, step_dir_name
-from spotwise.runtime.retention import RetentionPolicy
 
 pytestmark = pytest.mark.timeout(120)
 NEWEST, PREVIOUS = step_dir_name(15), step_dir_name(10)

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from spotwise.checkpoint.format import MANIFEST, STATE_FILE, TENSORS_FILE, step_dir_name
 from spotwise.runtime.commit import list_checkpoints, verify_checkpoint
-from spotwise.runtime.format import MANIFEST, STATE_FILE, TENSORS_FILE, step_dir_name
 from spotwise.telemetry.events import EVENTS_FILE, EventLog, read_events
 
 sys.path.insert(0, str(Path(__file__).parent))

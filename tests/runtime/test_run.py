@@ -9,11 +9,11 @@ from typing import Any
 import pytest
 import torch
 
+from spotwise.checkpoint.format import MANIFEST, TENSORS_FILE
+from spotwise.checkpoint.read import CheckpointInfo
 from spotwise.errors import CheckpointError, ConfigError, SaveError, StateMismatchError
 from spotwise.notices.base import NoticeKind
 from spotwise.runtime import Run, list_checkpoints, load_checkpoint
-from spotwise.runtime.commit import CheckpointInfo
-from spotwise.runtime.format import MANIFEST, TENSORS_FILE
 from spotwise.telemetry.events import read_events
 
 STEPS = 40  # 9 batches per epoch: resumes land mid-epoch

@@ -28,11 +28,11 @@ from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
+from spotwise.checkpoint.format import MANIFEST, STATE_FILE, TENSORS_FILE, step_dir_name
 from spotwise.cli.main import app
 from spotwise.errors import CorruptCheckpointError
 from spotwise.runtime import Run
 from spotwise.runtime.commit import load_checkpoint, verify_checkpoint
-from spotwise.runtime.format import MANIFEST, STATE_FILE, TENSORS_FILE, step_dir_name
 
 pytestmark = pytest.mark.timeout(600)
 STEP = 4

@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from spotwise.checkpoint.remote import is_remote, scan_remote
+from spotwise.checkpoint.retention import RetentionPolicy
 from spotwise.errors import EncryptionKeyError, NoCheckpointError, SaveError
 from spotwise.runtime.commit import (
     list_checkpoints,
@@ -15,15 +17,7 @@ from spotwise.runtime.commit import (
     verify_checkpoint,
     write_checkpoint,
 )
-from spotwise.runtime.retention import RetentionPolicy
-from spotwise.runtime.tiered import (
-    TieredMirror,
-    is_remote,
-    pull_newest,
-    push,
-    scan_remote,
-    staging_dir,
-)
+from spotwise.runtime.tiered import TieredMirror, pull_newest, push, staging_dir
 from spotwise.storage.crypt import EncryptedStorage
 from spotwise.storage.s3 import S3Storage
 

@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from spotwise.checkpoint.remote import scan_remote
 from spotwise.runtime.commit import write_checkpoint
-from spotwise.runtime.tiered import pull_newest, push, scan_remote
+from spotwise.runtime.tiered import pull_newest, push
 from spotwise.storage.s3 import S3Storage
 
 from .conftest import FAST_RETRY, SMALL_TRANSFER

@@ -10,9 +10,10 @@ import pytest
 import torch
 from torch import nn
 
+from spotwise.checkpoint.remote import scan_remote
 from spotwise.errors import ConfigError
 from spotwise.runtime import Run
-from spotwise.runtime.tiered import TieredMirror, scan_remote
+from spotwise.runtime.tiered import TieredMirror
 from spotwise.storage.memory import MemoryStorage
 from spotwise.storage.s3 import S3Storage
 

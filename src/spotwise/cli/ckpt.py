@@ -17,18 +17,24 @@ ckpt_app = typer.Typer(
 
 
 def _checkpoints(location: str, deep: bool) -> list[Any]:
+    """The verdicts on the checkpoints at ``location``: with ``deep``, those of loading (which
+    needs torch), else the listing checks (torch-free)."""
+    from spotwise.checkpoint.read import list_checkpoints
+    from spotwise.checkpoint.remote import is_remote, list_remote
     from spotwise.errors import ConfigError
-    from spotwise.runtime.commit import list_checkpoints
-    from spotwise.runtime.tiered import is_remote, list_remote
 
-    if is_remote(location):
-        return list_remote(location, deep=deep)
-    run_dir = Path(location)
-    if not run_dir.is_dir():
+    remote = is_remote(location)
+    if not remote and not Path(location).is_dir():
         raise ConfigError(
-            f"{run_dir} is not a directory", hint="pass the run directory given to spotwise.Run"
+            f"{Path(location)} is not a directory",
+            hint="pass the run directory given to spotwise.Run",
         )
-    return list_checkpoints(run_dir, deep=deep)
+    if not deep:
+        return list_remote(location) if remote else list_checkpoints(location)
+    from spotwise.runtime.commit import list_checkpoints as verified
+    from spotwise.runtime.tiered import verify_remote
+
+    return verify_remote(location) if remote else verified(location, deep=True)
 
 
 def _human_size(n: int) -> str:
@@ -118,8 +124,9 @@ def pull_command(
     """Download the newest valid checkpoint, verified against its manifest, into DEST."""
     from rich.console import Console
 
+    from spotwise.checkpoint.remote import is_remote, open_remote
     from spotwise.errors import ConfigError
-    from spotwise.runtime.tiered import is_remote, open_remote, pull_newest
+    from spotwise.runtime.tiered import pull_newest
 
     if not is_remote(uri):
         raise ConfigError(f"{uri!r} is not an object-store URI", hint="use s3://bucket/prefix")
@@ -141,9 +148,11 @@ def export_command(
 ) -> None:
     """Write the model's full weights (unsharded, from any number of ranks) as one safetensors
     file that safetensors and Hugging Face loaders read."""
+    from spotwise.checkpoint.format import step_of_dir
+    from spotwise.checkpoint.write import write_durable
     from spotwise.errors import ConfigError
-    from spotwise.runtime.commit import load_newest_valid, write_durable
-    from spotwise.runtime.format import pack_tensors, step_of_dir
+    from spotwise.runtime.commit import load_newest_valid
+    from spotwise.runtime.format import pack_tensors
     from spotwise.runtime.sharded import consolidated
 
     if fmt != "safetensors":

@@ -42,7 +42,6 @@ from spotwise.control.pricing import zone_interruption_rates
 from spotwise.control.progress import (
     Committed,
     compute_s,
-    load_readers,
     progress_s,
     read_committed,
 )
@@ -167,10 +166,8 @@ def submit(
                 f"{spec.expected_runtime_s:.0f}s of {market} on {spec.provider.name}",
                 hint=f"raise budget_usd to at least {cheapest:.2f} or shorten the job",
             )
-    if plans(spec, provider):
-        load_readers()
-        if spec.expected_runtime_s:  # bad terms fail here
-            build_driver(spec, provider, spec.expected_runtime_s, provider.features.zones)
+    if plans(spec, provider) and spec.expected_runtime_s:  # bad terms fail here
+        build_driver(spec, provider, spec.expected_runtime_s, provider.features.zones)
     stored = spec.model_dump(mode="json")
     stored["workdir_archive"] = submit_workdir(
         spec.workdir,
@@ -379,8 +376,6 @@ class Controller:
             f"controller {os.getpid()} started in state {job.state.value}",
         )
         self._sweep(job)  # machines a crashed controller left behind
-        if plans(self.spec, self.provider):
-            load_readers()
 
     def tick(self) -> JobState | None:
         """One pass of the loop: the job's final state once it has ended (after cleanup),

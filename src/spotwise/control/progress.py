@@ -1,10 +1,10 @@
 """Progress as committed work: what a preemption cannot take away.
 
-The controller measures a job's progress by its newest *committed* checkpoint (the runtime's
-manifest, read with the runtime's own listing functions, for a local run directory or an
-``s3://`` one through the ``Storage`` seam) and its step rate from the runtime's ``events.jsonl``.
-Work done after the last commit is lost when the machine goes, so it never counts. Running time
-is not progress.
+The controller measures a job's progress by its newest *committed* checkpoint (its manifest,
+read with the listing checks of :mod:`spotwise.checkpoint`, torch-free, for a local run
+directory or an ``s3://`` one through the ``Storage`` seam) and its step rate from the
+runtime's ``events.jsonl``. Work done after the last commit is lost when the machine goes, so it
+never counts. Running time is not progress.
 """
 
 from __future__ import annotations
@@ -14,6 +14,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from spotwise.checkpoint.read import list_checkpoints
+from spotwise.checkpoint.remote import is_remote, list_remote
 
 
 @dataclass(frozen=True)
@@ -51,29 +54,17 @@ def _event_points(events: list[dict[str, Any]]) -> list[tuple[float, int, bool]]
     ]
 
 
-def load_readers() -> None:
-    """Import the runtime's checkpoint readers (they bring in torch: seconds on a busy machine)
-    before a job's clock starts, so that its first tick boundary is not spent importing."""
-    import spotwise.runtime.commit
-    import spotwise.runtime.tiered  # noqa: F401
-
-
 def read_committed(checkpoint_dir: str | os.PathLike[str]) -> Committed:
     """The newest committed step and the measured step rate of a run directory or URI.
 
     A remote run directory keeps its events on the machine, so there the rate comes from the
     commit times of consecutive checkpoints (an outage between two of them lowers it: a safe
     error, since it makes the remaining work look longer)."""
-    from spotwise.runtime.tiered import is_remote
-
     location = os.fspath(checkpoint_dir)
     if is_remote(location):
-        from spotwise.runtime.tiered import list_remote
-
         infos = [i for i in list_remote(location) if i.valid]
         points = [(i.wall_time, i.step, n == 0) for n, i in enumerate(infos) if i.wall_time]
     else:
-        from spotwise.runtime.commit import list_checkpoints
         from spotwise.telemetry.events import EVENTS_FILE, read_events
 
         infos = [i for i in list_checkpoints(location) if i.valid]

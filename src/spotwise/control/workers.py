@@ -21,6 +21,7 @@ from typing import Any
 
 import yaml
 
+from spotwise.checkpoint.durable import write_atomic
 from spotwise.control.controller import Controller, submit
 from spotwise.control.spec import JobSpec, parse_spec
 from spotwise.control.store import JobState, Store, spotwise_home
@@ -54,9 +55,7 @@ class Group:
 
     def save(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(asdict(self), indent=1))
-        tmp.replace(self.path)
+        write_atomic(self.path, json.dumps(asdict(self), indent=1).encode())
 
 
 def groups_dir() -> Path:

@@ -25,6 +25,7 @@ from typing import Any
 
 import yaml
 
+from spotwise.checkpoint.durable import write_atomic
 from spotwise.emulators.kube_api import KubeApiServer, ObjectStore
 from spotwise.emulators.kubelet import GPU, Cluster, NodeSpec
 
@@ -173,10 +174,7 @@ class KubernetesEmulator:
                 }
             ],
         }
-        tmp = self.kubeconfig.with_suffix(".tmp")
-        tmp.touch(mode=0o600)
-        tmp.write_text(yaml.safe_dump(doc, sort_keys=False))
-        tmp.replace(self.kubeconfig)
+        write_atomic(self.kubeconfig, yaml.safe_dump(doc, sort_keys=False).encode(), mode=0o600)
 
     def leftovers(self) -> dict[str, list[str]]:
         """Jobs and pods still present, and containers still running (all empty when clean)."""

@@ -36,6 +36,7 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from spotwise.checkpoint.durable import write_atomic
 from spotwise.errors import ConfigError
 from spotwise.exitcode import EXIT_INTERRUPTED
 from spotwise.notices.base import Notice, NoticeSource
@@ -110,9 +111,7 @@ class NoticeFile:
             "deadline_monotonic": notice.deadline_monotonic,
             "signal": None if forwarded is None else forwarded.name,
         }
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        tmp.write_text(json.dumps(doc) + "\n")
-        os.replace(tmp, self.path)
+        write_atomic(self.path, (json.dumps(doc) + "\n").encode())
         self.written = notice
 
     def close(self) -> None:

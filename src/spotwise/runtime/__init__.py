@@ -6,19 +6,18 @@ Imports no cloud SDK (a test enforces it), so the training process stays lean.
 
 from __future__ import annotations
 
+from spotwise.checkpoint.read import CheckpointInfo
+from spotwise.checkpoint.retention import RetentionPolicy, retain
 from spotwise.runtime.commit import (
-    CheckpointInfo,
     LoadedCheckpoint,
     list_checkpoints,
     load_checkpoint,
     load_newest_valid,
-    retain,
     verify_checkpoint,
     write_checkpoint,
 )
 from spotwise.runtime.config import CheckpointConfig
 from spotwise.runtime.interval import young_daly_interval_s
-from spotwise.runtime.retention import RetentionPolicy
 from spotwise.runtime.run import EXIT_INTERRUPTED, Mirror, Run
 
 __all__ = [

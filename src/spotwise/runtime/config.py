@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from spotwise.checkpoint.retention import RetentionPolicy
 from spotwise.errors import ConfigError
 from spotwise.runtime.interval import (
     DEFAULT_MTBI_S,
@@ -24,7 +25,6 @@ from spotwise.runtime.interval import (
     Schedule,
     parse_every,
 )
-from spotwise.runtime.retention import RetentionPolicy
 
 
 @dataclass(frozen=True)

@@ -47,16 +47,10 @@ from torch.distributed.checkpoint.planner import (
 from torch.distributed.checkpoint.storage import StorageReader, StorageWriter, WriteResult
 from torch.futures import Future
 
+from spotwise.checkpoint.format import MAX_NDIM, FileEntry
 from spotwise.errors import CorruptCheckpointError, SaveError
 from spotwise.runtime.commit import read_member
-from spotwise.runtime.format import (
-    DTYPE_TO_ST,
-    MAX_NDIM,
-    ST_TO_DTYPE,
-    FileEntry,
-    TensorBlob,
-    parse_safetensors,
-)
+from spotwise.runtime.format import DTYPE_TO_ST, ST_TO_DTYPE, TensorBlob, parse_safetensors
 
 DCP_FILE = "dcp-{rank:05d}.safetensors"
 

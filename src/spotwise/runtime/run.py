@@ -45,6 +45,10 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 import torch
 from torch.utils.data import DataLoader
 
+from spotwise.checkpoint.read import CheckpointInfo
+from spotwise.checkpoint.remote import RemoteCheckpoint, is_remote, open_remote
+from spotwise.checkpoint.retention import retain
+from spotwise.checkpoint.write import clean_temporaries
 from spotwise.errors import (
     CheckpointError,
     ConfigError,
@@ -57,14 +61,7 @@ from spotwise.exitcode import EXIT_INTERRUPTED
 from spotwise.notices.base import Notice, NoticeSource
 from spotwise.notices.watcher import open_notices
 from spotwise.runtime import agent, dirlock, distributed
-from spotwise.runtime.commit import (
-    CheckpointInfo,
-    LoadedCheckpoint,
-    clean_temporaries,
-    loadable_checkpoints,
-    retain,
-    write_checkpoint,
-)
+from spotwise.runtime.commit import LoadedCheckpoint, loadable_checkpoints, write_checkpoint
 from spotwise.runtime.config import CheckpointConfig, checkpoint_config
 from spotwise.runtime.format import TensorBlob, pack_tensors
 from spotwise.runtime.interval import notice_exit_due, save_due
@@ -85,14 +82,7 @@ from spotwise.runtime.state import (
     check_run_state,
     restore_rng,
 )
-from spotwise.runtime.tiered import (
-    RemoteCheckpoint,
-    TieredMirror,
-    is_remote,
-    open_remote,
-    retain_remote,
-    staging_dir,
-)
+from spotwise.runtime.tiered import TieredMirror, retain_remote, staging_dir
 from spotwise.runtime.workers import LoaderWorkers
 from spotwise.storage.base import Storage
 from spotwise.telemetry.events import EVENTS_FILE, EventLog

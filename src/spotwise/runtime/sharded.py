@@ -54,6 +54,11 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.tensor import DTensor
 
+from spotwise.checkpoint.durable import remove_tree
+from spotwise.checkpoint.format import STATE_FILE, TENSORS_FILE, parse_state, step_dir_name
+from spotwise.checkpoint.read import CheckpointInfo
+from spotwise.checkpoint.remote import RemoteCheckpoint, scan_remote
+from spotwise.checkpoint.write import TMP_PREFIX, write_durable
 from spotwise.errors import (
     ConfigError,
     CorruptCheckpointError,
@@ -65,36 +70,18 @@ from spotwise.errors import (
 )
 from spotwise.runtime import distributed
 from spotwise.runtime.commit import (
-    TMP_PREFIX,
-    CheckpointInfo,
     LoadedCheckpoint,
     commit_files,
     fresh_buffer,
     list_checkpoints,
     load_checkpoint,
-    remove_tree,
-    write_durable,
 )
 from spotwise.runtime.dcp_storage import DCP_FILE, SpotwiseReader, SpotwiseWriter, dcp_tensors
 from spotwise.runtime.distributed import Ranks
-from spotwise.runtime.format import (
-    STATE_FILE,
-    TENSORS_FILE,
-    TensorBlob,
-    pack_tensors,
-    parse_safetensors,
-    parse_state,
-    step_dir_name,
-)
+from spotwise.runtime.format import TensorBlob, pack_tensors, parse_safetensors
 from spotwise.runtime.snapshot import SnapshotBuffer
 from spotwise.runtime.state import StateEncoder, capture_rng, decode
-from spotwise.runtime.tiered import (
-    RemoteCheckpoint,
-    commit_remote,
-    pull_alone,
-    push_files,
-    scan_remote,
-)
+from spotwise.runtime.tiered import commit_remote, pull_alone, push_files
 from spotwise.storage.base import Storage
 
 log = logging.getLogger(__name__)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import os
 import re
 import secrets
 import time
@@ -141,13 +140,8 @@ def ensure_admin_token(store: Store, home: Path) -> str | None:
 
 
 def write_private(path: Path, text: str) -> None:
-    """Write ``text`` to a new file readable by its owner only (0600 from its creation)."""
+    """Write ``text`` to a file readable by its owner only (0600 from its creation), durably."""
+    from spotwise.checkpoint.durable import write_atomic
+
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    try:
-        os.write(fd, text.encode())
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
+    write_atomic(path, text.encode(), mode=0o600)

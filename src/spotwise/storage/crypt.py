@@ -32,6 +32,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import IO, Any
 
+from spotwise.checkpoint.durable import write_atomic
 from spotwise.errors import EncryptionKeyError, IntegrityError
 from spotwise.registry import require
 from spotwise.storage.base import ObjectInfo, Storage, validate_key
@@ -275,17 +276,14 @@ class EncryptedStorage:
     def get_file(self, key: str, dest: Path) -> None:
         dest = Path(dest)
         spool = self._spool(key)
-        tmp = dest.with_name(f".{dest.name}.{uuid.uuid4().hex[:8]}.part")
         try:
             self.inner.get_file(key, spool)
             dest.parent.mkdir(parents=True, exist_ok=True)
-            with open(spool, "rb") as src, open(tmp, "wb") as out:
-                for plain in self._cipher.decrypt(key, src, os.fstat(src.fileno()).st_size):
-                    out.write(plain)
-            os.replace(tmp, dest)
+            with open(spool, "rb") as src:
+                size = os.fstat(src.fileno()).st_size
+                write_atomic(dest, lambda out: out.writelines(self._cipher.decrypt(key, src, size)))
         finally:
             spool.unlink(missing_ok=True)
-            tmp.unlink(missing_ok=True)
 
     def list(self, prefix: str = "") -> list[ObjectInfo]:
         return [ObjectInfo(o.key, plaintext_size(o.size)) for o in self.inner.list(prefix)]

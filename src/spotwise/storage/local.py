@@ -12,12 +12,17 @@ from __future__ import annotations
 import os
 import shutil
 import stat
-import uuid
 from collections.abc import Iterator
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
 
+from spotwise.checkpoint.durable import (
+    ATOMIC_TMP_PREFIX,
+    disk_problem,
+    write_atomic,
+    write_atomic_at,
+)
 from spotwise.dirfd import open_entry, opened_path
 from spotwise.errors import (
     StorageError,
@@ -26,8 +31,6 @@ from spotwise.errors import (
     StoragePermissionError,
 )
 from spotwise.storage.base import ObjectInfo, validate_key
-
-TMP_PREFIX = ".spotwise-tmp-"  # names of in-progress puts; never listed
 
 
 @contextmanager
@@ -38,8 +41,6 @@ def _translated(what: str) -> Iterator[None]:
     except FileNotFoundError as exc:
         raise StorageNotFoundError(f"{what}: not found ({exc.filename})") from exc
     except OSError as exc:
-        from spotwise.runtime.commit import disk_problem  # the errno map checkpoints use
-
         problem = disk_problem(exc)
         if problem in ("full", "too-large"):
             raise StorageFullError(
@@ -85,20 +86,7 @@ class LocalStorage:
         with _translated(f"cannot store {key!r} in {self.root}"):
             self.root.mkdir(parents=True, exist_ok=True)
             with opened_path(self.root, dirs, create=True) as fds:
-                parent = fds[-1]
-                tmp = f"{TMP_PREFIX}{name}-{uuid.uuid4().hex[:8]}"
-                try:
-                    fd = open_entry(parent, tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
-                    with open(fd, "wb") as out:
-                        fill(out)
-                        out.flush()
-                        os.fsync(out.fileno())
-                    os.replace(tmp, name, src_dir_fd=parent, dst_dir_fd=parent)
-                except BaseException:
-                    with suppress(FileNotFoundError):
-                        os.unlink(tmp, dir_fd=parent)
-                    raise
-                os.fsync(parent)
+                write_atomic_at(fds[-1], name, fill)
 
     def put_file(self, key: str, source: Path) -> None:
         with _translated(f"cannot read {source}"), open(source, "rb") as src:
@@ -108,15 +96,11 @@ class LocalStorage:
         self._atomic_write(key, lambda out: out.write(data))
 
     def get_file(self, key: str, dest: Path) -> None:
-        dest = Path(dest)
-        tmp = dest.with_name(f"{TMP_PREFIX}{dest.name}-{uuid.uuid4().hex[:8]}")
-        with _translated(f"cannot fetch {key!r} from {self.root}"):
-            try:
-                with self._opened(key, os.O_RDONLY) as src, open(tmp, "xb") as out:
-                    shutil.copyfileobj(src, out, 16 << 20)
-                os.replace(tmp, dest)
-            finally:
-                tmp.unlink(missing_ok=True)
+        with (
+            _translated(f"cannot fetch {key!r} from {self.root}"),
+            self._opened(key, os.O_RDONLY) as src,
+        ):
+            write_atomic(dest, lambda out: shutil.copyfileobj(src, out, 16 << 20))
 
     def get_bytes(self, key: str) -> bytes:
         with (
@@ -132,12 +116,12 @@ class LocalStorage:
         if not self.root.is_dir():
             return found
         for dirpath, dirnames, filenames, dir_fd in os.fwalk(self.root):
-            dirnames[:] = [d for d in dirnames if not d.startswith(TMP_PREFIX)]
+            dirnames[:] = [d for d in dirnames if not d.startswith(ATOMIC_TMP_PREFIX)]
             rel = os.path.relpath(dirpath, self.root)
             base = "" if rel == "." else rel.replace(os.sep, "/") + "/"
             for name in filenames:
                 key = base + name
-                if name.startswith(TMP_PREFIX) or not key.startswith(prefix):
+                if name.startswith(ATOMIC_TMP_PREFIX) or not key.startswith(prefix):
                     continue
                 try:
                     st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)

@@ -10,6 +10,7 @@ import threading
 from pathlib import Path
 from typing import Any, ClassVar
 
+from spotwise.checkpoint.durable import write_atomic
 from spotwise.errors import StorageNotFoundError
 from spotwise.storage.base import ObjectInfo, validate_key
 
@@ -40,7 +41,7 @@ class MemoryStorage:
             self._objects[key] = bytes(data)
 
     def get_file(self, key: str, dest: Path) -> None:
-        Path(dest).write_bytes(self.get_bytes(key))
+        write_atomic(dest, self.get_bytes(key))
 
     def get_bytes(self, key: str) -> bytes:
         validate_key(key)

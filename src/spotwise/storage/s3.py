@@ -16,16 +16,16 @@ import os
 import random
 import threading
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import IO, Any, TypeVar
 
 import crc32c
 
+from spotwise.checkpoint.durable import write_atomic
 from spotwise.errors import (
     ConfigError,
     IntegrityError,
@@ -455,24 +455,23 @@ class S3Storage:
         dest = Path(dest)
         size, expected = self._head(key, full)
         dest.parent.mkdir(parents=True, exist_ok=True)
-        tmp = dest.with_name(f".{dest.name}.{uuid.uuid4().hex[:8]}.part")
-        try:
-            with open(tmp, "wb") as fh:
-                fh.truncate(size)
-                fd = fh.fileno()
-                ranges = plan_parts(size, self.transfer.part_size)
-                if size < self.transfer.multipart_threshold:
-                    ranges = [(0, size)] if size else []
 
-                def fetch(number: int, offset: int, length: int) -> None:
-                    self._download_range(key, full, fd, offset, length)
+        def fill(out: IO[bytes]) -> None:
+            out.truncate(size)
+            fd = out.fileno()
+            ranges = plan_parts(size, self.transfer.part_size)
+            if size < self.transfer.multipart_threshold:
+                ranges = [(0, size)] if size else []
 
-                self._parallel(fetch, [(n, off, ln) for n, (off, ln) in enumerate(ranges, 1)])
-            if expected is not None and _file_crc(tmp) != expected:
+            def fetch(number: int, offset: int, length: int) -> None:
+                self._download_range(key, full, fd, offset, length)
+
+            self._parallel(fetch, [(n, off, ln) for n, (off, ln) in enumerate(ranges, 1)])
+            out.seek(0)
+            if expected is not None and _stream_crc(out) != expected:
                 raise self._integrity(key)
-            os.replace(tmp, dest)
-        finally:
-            tmp.unlink(missing_ok=True)
+
+        write_atomic(dest, fill)
 
     def _download_range(self, key: str, full: str, fd: int, offset: int, length: int) -> None:
         """Stream one byte range into the file; a cut-off body resumes where it stopped."""
@@ -586,10 +585,14 @@ def _expected_crc(metadata: dict[str, str] | None) -> int | None:
 
 
 def _file_crc(path: Path) -> int:
-    value = 0
     with open(path, "rb") as fh:
-        while chunk := fh.read(8 * MiB):
-            value = crc32c.crc32c(chunk, value)
+        return _stream_crc(fh)
+
+
+def _stream_crc(fh: IO[bytes]) -> int:
+    value = 0
+    while chunk := fh.read(8 * MiB):
+        value = crc32c.crc32c(chunk, value)
     return value
 
 

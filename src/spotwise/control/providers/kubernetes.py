@@ -26,6 +26,7 @@ from calendar import timegm
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from spotwise.checkpoint.durable import write_atomic
 from spotwise.control.providers.base import (
     AttemptStatus,
     CheckpointHome,
@@ -527,8 +528,8 @@ class KubernetesProvider:
             self._copy_log(handle, pod, final=True)
         outcome = Path(handle["dir"]) / "outcome.json"
         outcome.parent.mkdir(parents=True, exist_ok=True)
-        tmp = outcome.with_suffix(".tmp")
-        tmp.write_text(
+        write_atomic(
+            outcome,
             json.dumps(
                 {
                     "phase": status.phase.value,
@@ -537,9 +538,8 @@ class KubernetesProvider:
                     "running_at": status.running_at,
                     "detail": status.detail,
                 }
-            )
+            ).encode(),
         )
-        tmp.replace(outcome)
         self._delete(handle["id"], grace_s=0)
         return status
 
@@ -578,9 +578,7 @@ class KubernetesProvider:
             with open(handle["log"], "a", encoding="utf-8") as out:
                 out.write(new)
         mark.parent.mkdir(parents=True, exist_ok=True)
-        tmp = mark.with_suffix(".tmp")
-        tmp.write_text(json.dumps({**done, pod.metadata.name: start + len(new)}))
-        tmp.replace(mark)
+        write_atomic(mark, json.dumps({**done, pod.metadata.name: start + len(new)}).encode())
 
     def _delete(self, name: str, grace_s: int) -> None:
         rest = self._kube.client.exceptions

@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from spotwise.checkpoint.durable import write_atomic
 from spotwise.proctree import descendants
 
 
@@ -43,12 +44,7 @@ def proc_start_ticks(pid: int) -> int | None:
 
 
 def write_json_atomic(path: Path, doc: dict[str, Any]) -> None:
-    tmp = path.with_suffix(".tmp")
-    with open(tmp, "w") as f:
-        json.dump(doc, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    write_atomic(path, json.dumps(doc).encode())
 
 
 def _kill_group(pgid: int, sig: int) -> None:

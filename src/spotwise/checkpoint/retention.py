@@ -1,11 +1,21 @@
-"""Which checkpoints to delete: a pure decision over what a listing found (no I/O here; the
-deletion itself is ``commit.retain``)."""
+"""Which checkpoints to delete (:func:`choose_deletions`, a pure decision over what a listing
+found, local or remote) and deleting them from a run directory (:func:`retain`)."""
 
 from __future__ import annotations
 
+import logging
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol, TypeVar
+
+from spotwise.checkpoint.durable import remove_logged
+from spotwise.checkpoint.format import MANIFEST
+from spotwise.checkpoint.read import CheckpointInfo, list_checkpoints
+from spotwise.dirfd import open_dir, open_subdir
+
+log = logging.getLogger(__name__)
 
 
 class Listed(Protocol):
@@ -62,3 +72,39 @@ def choose_deletions(checkpoints: Sequence[C], policy: RetentionPolicy) -> list[
     doomed = [c for c in valid if c.step not in keep]
     doomed += [c for c in checkpoints if not c.valid and c.step < newest]
     return sorted(doomed, key=lambda c: c.step)
+
+
+def delete_checkpoint(path: Path) -> None:
+    """Remove the manifest first, so a half-deleted directory is never mistaken for valid. The
+    directory is opened relative to the run directory without following links, so a link in
+    its place is removed itself and nothing it points to is touched."""
+    try:
+        parent = open_dir(path.parent)
+    except OSError as exc:
+        log.warning("could not remove %s: %s", path, exc)
+        return
+    try:
+        try:
+            dir_fd = open_subdir(parent, path.name)
+        except OSError:  # gone, or not a real directory: just the entry goes
+            remove_logged(parent, path.name, path.parent)
+            return
+        try:
+            os.unlink(MANIFEST, dir_fd=dir_fd)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            log.warning("could not remove %s: %s", path / MANIFEST, exc)
+        finally:
+            os.close(dir_fd)
+        remove_logged(parent, path.name, path.parent)
+    finally:
+        os.close(parent)
+
+
+def retain(run_dir: str | os.PathLike[str], policy: RetentionPolicy) -> list[CheckpointInfo]:
+    """Apply ``policy`` to ``run_dir`` and return what was deleted. Call it after a commit."""
+    doomed = choose_deletions(list_checkpoints(run_dir), policy)
+    for info in doomed:
+        delete_checkpoint(info.path)
+    return doomed
