@@ -7,7 +7,9 @@ argv: RUN_DIR TRACE MODE WORKERS [DATA]
   plain     Lightning's own resume: ModelCheckpoint(every_n_train_steps=2, save_last=True) and
             fit(model, datamodule, ckpt_path="last") (what Lightning's docs say to do)
   DATA      "datamodule" (default: its loader keeps persistent workers) or "loaders": the same
-            loader without persistent workers, passed as fit(model, train_dataloaders=...)
+            loader without persistent workers, passed as fit(model, train_dataloaders=...), or
+            "ddp": the datamodule under strategy="ddp" with 2 CPU processes (gloo) started by
+            Lightning's own launcher, each with half the batch (the same 5 steps an epoch)
 """
 
 from __future__ import annotations
@@ -31,9 +33,9 @@ SLEEP_S = 0.02  # per step, so that a kill can land anywhere
 
 
 class Data(L.LightningDataModule):
-    def __init__(self, workers: int) -> None:
+    def __init__(self, workers: int, batch: int = BATCH) -> None:
         super().__init__()
-        self.workers = workers
+        self.workers, self.batch = workers, batch
 
     def setup(self, stage: str) -> None:
         g = torch.Generator().manual_seed(0)
@@ -43,7 +45,7 @@ class Data(L.LightningDataModule):
     def train_dataloader(self, persistent: bool = True) -> DataLoader:
         return DataLoader(
             self.train,
-            batch_size=BATCH,
+            batch_size=self.batch,
             shuffle=True,
             num_workers=self.workers,
             persistent_workers=persistent and self.workers > 0,
@@ -59,7 +61,12 @@ class Net(L.LightningModule):
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
         x, y = batch
         loss = nn.functional.cross_entropy(self.net(x), y)
-        line = {"step": self.global_step, "loss": loss.float().item(), "x": x.sum().item()}
+        line = {
+            "rank": self.global_rank,
+            "step": self.global_step,
+            "loss": loss.float().item(),
+            "x": x.sum().item(),
+        }
         with open(self.trace, "a") as f:
             f.write(json.dumps(line) + "\n")
         time.sleep(SLEEP_S)
@@ -76,6 +83,8 @@ def main() -> None:
     torch.manual_seed(1)
     model = Net(trace)
     kwargs: dict[str, Any] = {}
+    data = sys.argv[5] if len(sys.argv) > 5 else "datamodule"
+    world = 2 if data == "ddp" else 1
     if mode == "spotwise":
         from spotwise.integrations.lightning import SpotwiseCallback
 
@@ -96,16 +105,21 @@ def main() -> None:
         enable_progress_bar=False,
         enable_model_summary=False,
         default_root_dir=run_dir + "-logs",
+        devices=world,
+        strategy="ddp" if world > 1 else "auto",
     )
-    data = Data(workers)
-    if sys.argv[5:] == ["loaders"]:
-        data.setup("fit")
-        trainer.fit(model, train_dataloaders=data.train_dataloader(persistent=False), **kwargs)
+    datamodule = Data(workers, BATCH // world)
+    if data == "loaders":
+        datamodule.setup("fit")
+        loader = datamodule.train_dataloader(persistent=False)
+        trainer.fit(model, train_dataloaders=loader, **kwargs)
     else:
-        trainer.fit(model, data, **kwargs)
+        trainer.fit(model, datamodule, **kwargs)
     resumed = callbacks[0].run.resumed_from if mode == "spotwise" else kwargs.get("ckpt_path")
     if resumed is not None:
         print(f"resumed-from: {getattr(resumed, 'step', resumed)}", flush=True)
+    if trainer.global_rank > 0:  # the same weights on every rank: rank 0 prints them
+        return
     digest = hashlib.sha256()
     for name, tensor in sorted(model.state_dict().items()):
         digest.update(name.encode())

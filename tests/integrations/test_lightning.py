@@ -8,6 +8,7 @@ uninterrupted run's weights and the same loss at every step; Lightning's own res
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -26,10 +27,10 @@ pytestmark = pytest.mark.e2e
 
 
 def launch(
-    run_dir: Path, trace: Path, mode: str, data: str = "datamodule"
+    run_dir: Path, trace: Path, mode: str, data: str = "datamodule", workers: int = WORKERS
 ) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, str(CHILD), str(run_dir), str(trace), mode, str(WORKERS), data],
+        [sys.executable, str(CHILD), str(run_dir), str(trace), mode, str(workers), data],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -38,18 +39,18 @@ def launch(
     )
 
 
-def finish(child: subprocess.Popen[str]) -> str:
-    out, err = child.communicate(timeout=120)
+def finish(child: subprocess.Popen[str], timeout: float = 120) -> str:
+    out, err = child.communicate(timeout=timeout)
     assert child.returncode == 0, err[-3000:]
     return out
 
 
-def per_step(records: list[dict[str, Any]]) -> dict[int, tuple[float, float]]:
-    """(loss, batch sum) per global step; a replayed step must equal its first run."""
-    seen: dict[int, tuple[float, float]] = {}
+def per_step(records: list[dict[str, Any]]) -> dict[tuple[int, int], tuple[float, float]]:
+    """(loss, batch sum) per (rank, global step); a replayed step must equal its first run."""
+    seen: dict[tuple[int, int], tuple[float, float]] = {}
     for r in records:
-        value = (r["loss"], r["x"])
-        assert seen.setdefault(r["step"], value) == value, f"step {r['step']} differs on replay"
+        key, value = (r["rank"], r["step"]), (r["loss"], r["x"])
+        assert seen.setdefault(key, value) == value, f"rank, step {key} differ on replay"
     return seen
 
 
@@ -126,6 +127,70 @@ def test_plain_lightning_resume_differs_on_the_same_script(tmp_path: Path) -> No
     resumed = {r["step"]: (r["loss"], r["x"]) for r in records}  # the last run of each step
     assert digest != final_hash(reference)
     assert resumed != expected
+
+
+DDP_TIMEOUT_S = 300  # two processes importing Lightning on a loaded 2-core machine
+
+
+def rank_one(child: subprocess.Popen[str], timeout: float = 120) -> int:
+    """The pid of DDP rank 1: Lightning's launcher starts it as a child of rank 0 (the script
+    run again with LOCAL_RANK=1 in its environment)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for pid in Path(f"/proc/{child.pid}/task/{child.pid}/children").read_text().split():
+            try:
+                environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if b"LOCAL_RANK=1" in environ:
+                return int(pid)
+        assert child.poll() is None, child.communicate()[1][-3000:]
+        time.sleep(0.05)
+    raise AssertionError("Lightning started no rank 1")
+
+
+def wait_lines(trace: Path, count: int, child: subprocess.Popen[str]) -> None:
+    while len(lines(trace)) < count:
+        assert child.poll() is None, child.communicate()[1][-3000:]
+        time.sleep(0.005)
+
+
+def test_ddp_two_processes_survive_a_group_sigkill_and_a_notice_to_one_rank(
+    tmp_path: Path,
+) -> None:
+    """``strategy="ddp"`` with 2 CPU processes (gloo) started by Lightning's own launcher, one
+    loader worker each: the whole group SIGKILLed mid-epoch, restarted at once, then SIGTERM
+    to rank 1 alone (rank 0 learns of it through Run's agreement): both ranks save the same
+    step and exit 75; the last restart ends with the uninterrupted run's weights and the same
+    loss and batch on each rank at every step."""
+    ref_trace = tmp_path / "ref.jsonl"
+    ref = launch(tmp_path / "ref", ref_trace, "spotwise", "ddp", 1)
+    reference = final_hash(finish(ref, DDP_TIMEOUT_S))
+    expected = per_step(lines(ref_trace))
+    assert {rank for rank, _ in expected} == {0, 1}
+
+    run_dir, trace = tmp_path / "run", tmp_path / "run.jsonl"
+    child = launch(run_dir, trace, "spotwise", "ddp", 1)
+    wait_lines(trace, 2 * 4, child)  # step 3 on both ranks: mid-epoch, past a checkpoint
+    os.killpg(child.pid, signal.SIGKILL)  # rank 1 is in the launcher's process group
+    child.communicate(timeout=DDP_TIMEOUT_S)
+    assert child.returncode == -signal.SIGKILL
+
+    child = launch(run_dir, trace, "spotwise", "ddp", 1)
+    rank1 = rank_one(child)
+    wait_lines(trace, len(lines(trace)) + 2 * 3, child)
+    os.kill(rank1, signal.SIGTERM)
+    _, err = child.communicate(timeout=DDP_TIMEOUT_S)
+    assert child.returncode == EXIT_INTERRUPTED, err[-3000:]
+    # the ranks share one pipe: their lines may run together
+    saved = re.findall(r"saved step (\d+) in \S+; exiting with code 75", err)
+    assert len(saved) == 2 and saved[0] == saved[1], err[-3000:]  # both ranks, one step
+    assert "signal notice" in err and "another rank's notice" in err, err[-3000:]
+
+    out = finish(launch(run_dir, trace, "spotwise", "ddp", 1), DDP_TIMEOUT_S)
+    assert re.findall(r"resumed-from: (\d+)", out) == [saved[0]] * 2, out
+    assert per_step(lines(trace)) == expected
+    assert final_hash(out) == reference
 
 
 # --- settings spotwise cannot make exact: refused at start, naming the setting and the fix ------

@@ -104,16 +104,15 @@ class SpotwiseCallback(_Callback):
         self._steps: Generator[Any, None, None] | None = None
         self._position = _LoaderPosition()
         self._loader: Any = None
+        self._shard = (0, 1)  # (rank, world size): under DDP each rank trains its share
 
     # --- before training: refuse what cannot be exact, resume ------------------------------------
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
         if stage != "fit":
             return
         if trainer.world_size > 1:
-            raise ConfigError(
-                f"the Trainer runs {trainer.world_size} processes; SpotwiseCallback resumes one",
-                hint="use devices=1 (multi-process training is not handled yet)",
-            )
+            _check_strategy(trainer.strategy)
+            self._shard = (trainer.global_rank, trainer.world_size)
         if trainer.accumulate_grad_batches != 1:
             raise ConfigError(
                 f"Trainer(accumulate_grad_batches={trainer.accumulate_grad_batches}) with "
@@ -127,6 +126,19 @@ class SpotwiseCallback(_Callback):
             **self.options,
         )
         trainer.fit_loop._data_source = _ResumableSource(trainer.fit_loop._data_source, self)
+        if trainer.world_size > 1:
+            self._keep_sampler(trainer)
+
+    def _keep_sampler(self, trainer: Any) -> None:
+        """Under DDP Lightning would put a ``DistributedSampler`` into every loader; the train
+        loader's resumable sampler deals each step's samples across the ranks itself (as
+        ``Run`` does under torchrun), so that one loader is left as it is. Validation and test
+        loaders get Lightning's sampler as before."""
+        connector = trainer._data_connector
+        requires = connector._requires_distributed_sampler
+        connector._requires_distributed_sampler = lambda loader: (
+            loader is not self._loader and requires(loader)
+        )
 
     def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
         """Refuse ``fit(ckpt_path=...)``: Lightning has just loaded that file over the spotwise
@@ -150,7 +162,8 @@ class SpotwiseCallback(_Callback):
                 f"SpotwiseCallback resumes one train DataLoader, got a {type(loader).__name__}",
                 hint="return a single torch DataLoader from train_dataloader()",
             )
-        resumable, sampler = make_resumable(loader, run.seed)
+        rank, world = self._shard
+        resumable, sampler = make_resumable(loader, run.seed, rank=rank, world=world)
         # Lightning iterates it: its workers must still ignore a notice sent to the whole
         # process group (a container stop), or they die and fail the step or the save
         LoaderWorkers(resumable).protect_iterators()
@@ -254,6 +267,22 @@ class SpotwiseCallback(_Callback):
             self._steps = None
         if self.run is not None:
             self.run.close()
+
+
+def _check_strategy(strategy: Any) -> None:
+    """Several processes resume exactly under DDP started by Lightning's own launcher or by
+    torchrun: every rank holds the whole model and optimizer, so rank 0's checkpoint document
+    is every rank's. Sharded strategies (FSDP, DeepSpeed) and spawned processes are refused."""
+    ddp = require("lightning.pytorch.strategies", "lightning", "the Lightning integration")
+    if type(strategy) is not ddp.DDPStrategy or strategy._start_method != "popen":
+        name = type(strategy).__name__
+        method = getattr(strategy, "_start_method", None)
+        raise ConfigError(
+            f"SpotwiseCallback with {name}"
+            + (f"(start_method={method!r})" if method not in (None, "popen") else "")
+            + ": several processes resume exactly under strategy='ddp' only",
+            hint="use Trainer(strategy='ddp', devices=N) (started by Lightning or by torchrun)",
+        )
 
 
 __all__ = ["SpotwiseCallback"]

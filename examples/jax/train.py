@@ -1,15 +1,15 @@
 """A JAX/Flax training script that knows nothing of spotwise, for ``spotwise run``.
 
 It checkpoints with Orbax (parameters, optimizer state, step) and stops at a step boundary on
-SIGTERM, which is how ``spotwise run -- python jax_train.py`` passes on a spot notice. Every
+SIGTERM, which is how ``spotwise run -- python train.py`` passes on a spot notice. Every
 random draw is a function of the step (``jax.random.fold_in``), so a resumed run needs no
 loader or RNG state beyond the step.
 
     pip install jax flax orbax-checkpoint
-    python jax_train.py --ckpt-dir runs/jax --steps 200          # alone
-    spotwise run -- python jax_train.py --ckpt-dir runs/jax      # as a job's training process
+    python train.py --ckpt-dir runs/jax --steps 200          # alone
+    spotwise run -- python train.py --ckpt-dir runs/jax      # as a job's training process
 
-The last line is ``final-params-sha256: <hex>`` over every parameter's bytes.
+The last line is ``final-weights-sha256: <hex>`` over every parameter's bytes.
 """
 
 from __future__ import annotations
@@ -104,7 +104,7 @@ def main() -> None:
     for leaf in jax.tree_util.tree_leaves(state["params"]):
         digest.update(np.asarray(leaf).tobytes())
     print(f"loss: {float(loss):.6f}")
-    print(f"final-params-sha256: {digest.hexdigest()}", flush=True)
+    print(f"final-weights-sha256: {digest.hexdigest()}", flush=True)
 
 
 if __name__ == "__main__":
