@@ -19,7 +19,7 @@ import os
 import string
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
@@ -939,8 +939,24 @@ class Controller:
 
 def job_summary(store: Store, job: Job, now: float | None = None) -> dict[str, Any]:
     """The ``spotwise status --json`` document."""
+    return job_summaries(store, [job], now)[0]
+
+
+def job_summaries(
+    store: Store, jobs: Sequence[Job], now: float | None = None
+) -> list[dict[str, Any]]:
+    """``job_summary`` of each job, reading the store a few times for all of them (not per job:
+    a listing of thousands of jobs must answer in well under a second)."""
     now = time.time() if now is None else now
-    attempts = store.attempts(job.id)
+    ids = [job.id for job in jobs]
+    attempts = store.attempts_by_job(ids)
+    placements = store.last_event_data(ids, "placement")
+    return [_summary(job, attempts[job.id], placements.get(job.id), now) for job in jobs]
+
+
+def _summary(
+    job: Job, attempts: list[Attempt], placement: dict[str, Any] | None, now: float
+) -> dict[str, Any]:
     spec = JobSpec.model_validate(job.spec)
     cost = sum(a.cost_usd(now) for a in attempts)
     ondemand = sum(a.ondemand_cost_usd(now) for a in attempts)
@@ -967,9 +983,7 @@ def job_summary(store: Store, job: Job, now: float | None = None) -> dict[str, A
         "budget_usd": spec.budget_usd,
         "log": str(job.log_path),
         "controller_alive": controller_alive(job),
-        "placement": next(  # where the provider chose to run, and why (aws advises one)
-            (e["data"] for e in reversed(store.events(job.id)) if e["kind"] == "placement"), None
-        ),
+        "placement": placement,  # where the provider chose to run, and why (aws advises one)
     }
 
 

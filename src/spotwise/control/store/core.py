@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import secrets
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from enum import Enum
 from pathlib import Path
@@ -37,6 +37,18 @@ _JOB = sa.select(jobs).where(jobs.c.id == _ID)
 _JOBS = sa.select(jobs).order_by(jobs.c.created_at)
 _ATTEMPTS = sa.select(attempts).where(attempts.c.job_id == _ID).order_by(attempts.c.n)
 _EVENTS = sa.select(events).where(events.c.job_id == _ID).order_by(events.c.id)
+# Listing reads many jobs' rows at once, this many ids a query (within every engine's bound
+# on parameters, and one query per page rather than per job).
+IDS_PER_QUERY = 500
+_IDS: sa.BindParameter[list[str]] = sa.bindparam("job_ids", expanding=True)
+_ATTEMPTS_OF = (
+    sa.select(attempts).where(attempts.c.job_id.in_(_IDS)).order_by(attempts.c.job_id, attempts.c.n)
+)
+_LAST_OF_KIND = (
+    sa.select(events.c.job_id, events.c.data_json)
+    .where(events.c.job_id.in_(_IDS), events.c.kind == sa.bindparam("kind"))
+    .order_by(events.c.id)
+)
 
 
 def _row_job(r: sa.RowMapping) -> Job:
@@ -221,6 +233,16 @@ class Store:
             rows = db.execute(_ATTEMPTS, {"job_id": job_id}).mappings().all()
         return [_row_attempt(r) for r in rows]
 
+    def attempts_by_job(self, job_ids: Sequence[str]) -> dict[str, list[Attempt]]:
+        """Every listed job's attempts (in order; ``[]`` for a job without one), a few queries
+        for all of them: what a listing of many jobs reads."""
+        found: dict[str, list[Attempt]] = {job_id: [] for job_id in job_ids}
+        with self._read() as db:
+            for chunk in _chunks(job_ids):
+                for r in db.execute(_ATTEMPTS_OF, {"job_ids": chunk}).mappings():
+                    found[r["job_id"]].append(_row_attempt(r))
+        return found
+
     def open_attempt(
         self,
         job_id: str,
@@ -334,6 +356,22 @@ class Store:
             }
             for r in rows
         ]
+
+    def last_event_data(self, job_ids: Sequence[str], kind: str) -> dict[str, dict[str, Any]]:
+        """The data of each listed job's latest event of ``kind`` (jobs without one are absent),
+        a few queries for all of them."""
+        found: dict[str, dict[str, Any]] = {}
+        with self._read() as db:
+            for chunk in _chunks(job_ids):
+                for r in db.execute(_LAST_OF_KIND, {"job_ids": chunk, "kind": kind}).mappings():
+                    found[r["job_id"]] = json.loads(r["data_json"])
+        return found
+
+
+def _chunks(job_ids: Sequence[str]) -> Iterator[list[str]]:
+    unique = list(dict.fromkeys(job_ids))  # (an id listed twice is read once)
+    for start in range(0, len(unique), IDS_PER_QUERY):
+        yield unique[start : start + IDS_PER_QUERY]
 
 
 def _reason(exc: BaseException, url: sa.URL) -> str:
