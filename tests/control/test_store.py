@@ -239,3 +239,16 @@ def test_a_listing_reads_each_jobs_own_attempts_placement_and_lock_in_a_few_quer
     assert by_id[running.id]["cost_usd"] == pytest.approx(180 / 3600)
     assert by_id[running.id]["budget_usd"] == 5.0
     assert job_summaries(store, [], now=300.0) == []
+
+
+def test_a_new_job_whose_id_is_drawn_twice_gets_another(monkeypatch: pytest.MonkeyPatch):
+    import secrets
+
+    drawn = iter(["aaaaaa", "aaaaaa", "bbbbbb"])
+    monkeypatch.setattr(secrets, "token_hex", lambda n: next(drawn))
+    store = Store()
+    first = store.create_job("sweep", {"command": ["x"]}, None)
+    second = store.create_job("sweep", {"command": ["y"]}, None)
+    assert (first.id, second.id) == ("sweep-aaaaaa", "sweep-bbbbbb")
+    assert store.job(first.id).spec == {"command": ["x"]}
+    assert [e["kind"] for e in store.events(second.id)] == ["created"]

@@ -28,6 +28,8 @@ from spotwise.errors import ControlError, JobNotFoundError
 
 # Ids are ``<name[:24]>-<6 hex>``; anything much longer is not an id (and is not echoed whole).
 MAX_ID_CHARS = 128
+# How many fresh ids a new job draws before giving up (one is taken only by chance).
+ID_TRIES = 5
 # How many jobs an ambiguous prefix error lists.
 CANDIDATES_SHOWN = 10
 
@@ -150,21 +152,28 @@ class Store:
         owner: str | None = None,
     ) -> Job:
         now = time.time() if now is None else now
-        job_id = f"{name[:24]}-{secrets.token_hex(3)}"
-        with self._tx() as db:
-            db.execute(
-                jobs.insert().values(
-                    id=job_id,
-                    name=name,
-                    spec_json=json.dumps(spec),
-                    spec_path=spec_path,
-                    state=JobState.PENDING.value,
-                    created_at=now,
-                    updated_at=now,
-                    owner=owner,
-                )
-            )
-            self._event(db, job_id, now, "created", f"job {job_id} created")
+        for tries_left in reversed(range(ID_TRIES)):
+            # (6 random hex digits: among 10,000 jobs of one name, a few ids are drawn twice)
+            job_id = f"{name[:24]}-{secrets.token_hex(3)}"
+            try:
+                with self._tx() as db:
+                    db.execute(
+                        jobs.insert().values(
+                            id=job_id,
+                            name=name,
+                            spec_json=json.dumps(spec),
+                            spec_path=spec_path,
+                            state=JobState.PENDING.value,
+                            created_at=now,
+                            updated_at=now,
+                            owner=owner,
+                        )
+                    )
+                    self._event(db, job_id, now, "created", f"job {job_id} created")
+                break
+            except sa.exc.IntegrityError:
+                if not tries_left:
+                    raise
         job = self.job(job_id)
         job.dir.mkdir(parents=True, exist_ok=True)
         return job
