@@ -13,8 +13,10 @@ exits 75, and the server relaunches the job in ``zb``. Prints
 - ``server-imports-torch``: whether the server process has torch loaded.
 
 The store is SQLite in a temporary SPOTWISE_HOME, or ``SPOTWISE_DB`` when set (PostgreSQL).
+``--jobs 0`` measures the listing alone (no sim jobs run).
 
     .venv/bin/python benchmarks/bench_server.py --jobs 50 --stored 1000
+    .venv/bin/python benchmarks/bench_server.py --jobs 0 --stored 10000
 """
 
 from __future__ import annotations
@@ -113,7 +115,7 @@ def p99(values: list[float]) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--jobs", type=int, default=1000, help="concurrent sim jobs")
+    parser.add_argument("--jobs", type=int, default=1000, help="concurrent sim jobs (0: none)")
     parser.add_argument("--stored", type=int, default=10_000, help="finished jobs when listing")
     parser.add_argument("--listings", type=int, default=20, help="GET /api/v1/jobs timed")
     parser.add_argument("--preempt-after", type=float, default=60.0, help="wall s in zone za")
@@ -159,6 +161,26 @@ def _measure(api: Client, pid: int, traces: Path, home: Path, args: argparse.Nam
     from spotwise.control.store import Store
 
     store = Store()  # progress is watched here, in the store, not through the server's API
+    if args.jobs > 0:
+        _drive(api, pid, store, traces, home, args)
+    started = time.time()
+    _store_finished(store, args.stored)
+    print(f"stored {args.stored} finished jobs in {time.time() - started:.1f}s", flush=True)
+    timings = []
+    for _ in range(args.listings):
+        t0 = time.perf_counter()
+        listed = api.call("GET", "/api/v1/jobs")
+        timings.append((time.perf_counter() - t0) * 1000)
+    median = statistics.median(timings)
+    print(f"api-jobs-p99-ms: {p99(timings):.1f} (median {median:.1f}; {len(listed)} jobs listed)")
+    maps = Path(f"/proc/{pid}/maps").read_text()
+    print(f"server-imports-torch: {'libtorch' in maps}")
+
+
+def _drive(
+    api: Client, pid: int, store: Any, traces: Path, home: Path, args: argparse.Namespace
+) -> None:
+    """N sim jobs driven at once, each preempted and relaunched: memory and reaction time."""
 
     def attempts() -> list[list[Any]]:
         return [store.attempts(j.id) for j in store.jobs()]
@@ -192,26 +214,25 @@ def _measure(api: Client, pid: int, traces: Path, home: Path, args: argparse.Nam
     median = statistics.median(reactions)
     print(f"server-reaction-p99-s: {p99(reactions):.3f} (median {median:.3f})", flush=True)
 
-    _store_finished(store, args.stored)
-    timings = []
-    for _ in range(args.listings):
-        t0 = time.perf_counter()
-        listed = api.call("GET", "/api/v1/jobs")
-        timings.append((time.perf_counter() - t0) * 1000)
-    print(f"api-jobs-p99-ms: {p99(timings):.1f} ({len(listed)} jobs listed)")
-    maps = Path(f"/proc/{pid}/maps").read_text()
-    print(f"server-imports-torch: {'libtorch' in maps}")
-
 
 def _store_finished(store: Any, count: int) -> None:
-    """``count`` finished jobs, written straight into the store (listing is what is measured)."""
+    """``count`` finished jobs, written straight into the store (listing is what is measured);
+    every fourth was preempted once and relaunched elsewhere, with its placement recorded."""
     from spotwise.control.spec import parse_spec
     from spotwise.control.store import JobState
 
     spec = parse_spec({"name": "done", "command": "true", "provider": "local"})
     doc = spec.model_dump(mode="json")
-    for _ in range(count):
+    prices = {"usd_per_hour": 1.0, "ondemand_usd_per_hour": 3.0, "time_scale": 1.0}
+    for n in range(count):
         job = store.create_job("done", doc, None)
+        if n % 4 == 0:
+            for zone, reason in (("za", "preempted"), ("zb", "succeeded")):
+                a = store.open_attempt(job.id, provider="sim", market="spot", zone=zone, **prices)
+                store.update_attempt(
+                    job.id, a.n, state="ended", ended_at=time.time(), reason=reason
+                )
+                store.event(job.id, "placement", f"zone {zone}", {"zone": zone})
         store.update_job(job.id, state=JobState.SUCCEEDED, message="stored by the benchmark")
 
 

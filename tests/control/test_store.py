@@ -199,3 +199,56 @@ def test_a_second_store_in_one_process_loses_no_commit_when_another_process_clos
     assert kinds.stdout.split() == ["created", "one", "two"]
     second.close()
     first.close()
+
+
+def test_a_listing_reads_each_jobs_own_attempts_placement_and_lock_in_a_few_queries():
+    """``job_summaries`` (a few queries for all jobs) gives exactly each job's ``job_summary``."""
+    from spotwise.control.controller import controller_lock, job_summaries, job_summary
+    from spotwise.control.spec import parse_spec
+
+    store = Store()
+    spec = parse_spec({"name": "j", "command": "true", "provider": "local"}).model_dump(mode="json")
+    spot = {**spec, "market": "spot", "budget_usd": 5.0}
+    idle, done, preempted, running = (
+        store.create_job(name, doc, None, now=100.0)
+        for name, doc in (("idle", spec), ("done", spec), ("pre", spot), ("run", spot))
+    )
+    prices = {"usd_per_hour": 1.0, "ondemand_usd_per_hour": 3.0, "time_scale": 1.0}
+    first = store.open_attempt(done.id, provider="local", market="spot", zone="a", **prices)
+    store.update_attempt(done.id, first.n, state="ended", ended_at=200.0, reason="succeeded")
+    store.update_job(done.id, state=JobState.SUCCEEDED, message="done")
+    for zone, reason in (("a", "preempted"), ("b", "lost"), ("c", "switched")):
+        a = store.open_attempt(preempted.id, provider="sim", market="spot", zone=zone, **prices)
+        store.update_attempt(preempted.id, a.n, state="ended", ended_at=150.0, reason=reason)
+        store.event(preempted.id, "placement", f"zone {zone}", {"zone": zone})
+    store.open_attempt(running.id, provider="sim", market="spot", zone="z", now=120.0, **prices)
+    store.event(running.id, "placement", "zone z", {"zone": "z", "why": "cheapest"})
+    store.update_job(running.id, state=JobState.RUNNING, policy=None)
+
+    jobs = [*store.jobs(), done]  # (a job listed twice is summarised twice)
+    with controller_lock(running):
+        listed = job_summaries(store, jobs, now=300.0)
+        assert listed == [job_summary(store, job, now=300.0) for job in jobs]
+    by_id = {doc["id"]: doc for doc in listed}
+    assert [len(by_id[j.id]["attempts"]) for j in (idle, done, preempted, running)] == [0, 1, 3, 1]
+    assert (by_id[preempted.id]["preemptions"], by_id[preempted.id]["switches"]) == (2, 1)
+    assert by_id[preempted.id]["placement"] == {"zone": "c"}  # the latest
+    assert by_id[running.id]["placement"] == {"zone": "z", "why": "cheapest"}
+    assert by_id[idle.id]["placement"] is None and by_id[done.id]["placement"] is None
+    assert [by_id[j.id]["controller_alive"] for j in (idle, running)] == [False, True]
+    assert by_id[running.id]["cost_usd"] == pytest.approx(180 / 3600)
+    assert by_id[running.id]["budget_usd"] == 5.0
+    assert job_summaries(store, [], now=300.0) == []
+
+
+def test_a_new_job_whose_id_is_drawn_twice_gets_another(monkeypatch: pytest.MonkeyPatch):
+    import secrets
+
+    drawn = iter(["aaaaaa", "aaaaaa", "bbbbbb"])
+    monkeypatch.setattr(secrets, "token_hex", lambda n: next(drawn))
+    store = Store()
+    first = store.create_job("sweep", {"command": ["x"]}, None)
+    second = store.create_job("sweep", {"command": ["y"]}, None)
+    assert (first.id, second.id) == ("sweep-aaaaaa", "sweep-bbbbbb")
+    assert store.job(first.id).spec == {"command": ["x"]}
+    assert [e["kind"] for e in store.events(second.id)] == ["created"]

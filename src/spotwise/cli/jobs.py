@@ -263,10 +263,10 @@ def register(app: typer.Typer) -> None:
         if client is not None:
             rows = client.jobs()
         else:
-            from spotwise.control.controller import job_summary
+            from spotwise.control.controller import job_summaries
 
             store = _store()
-            rows = [job_summary(store, j) for j in store.jobs()]
+            rows = job_summaries(store, store.jobs())
         if as_json:
             typer.echo(dumps(rows, indent=2))
             return

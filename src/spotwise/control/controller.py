@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import fcntl
 import os
+import shlex
 import string
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
@@ -934,9 +935,38 @@ class Controller:
 
 def job_summary(store: Store, job: Job, now: float | None = None) -> dict[str, Any]:
     """The ``spotwise status --json`` document."""
+    return job_summaries(store, [job], now)[0]
+
+
+def job_summaries(
+    store: Store, jobs: Sequence[Job], now: float | None = None
+) -> list[dict[str, Any]]:
+    """``job_summary`` of each job, reading the store a few times for all of them (not per job:
+    a listing of thousands of jobs must answer in well under a second)."""
     now = time.time() if now is None else now
-    attempts = store.attempts(job.id)
-    spec = stored_spec(job.id, job.spec)
+    ids = [job.id for job in jobs]
+    attempts = store.attempts_by_job(ids)
+    placements = store.last_event_data(ids, "placement")
+    return [_summary(job, attempts[job.id], placements.get(job.id), now) for job in jobs]
+
+
+def _shown_spec(stored: dict[str, Any]) -> dict[str, Any]:
+    """What a listing shows of a job's stored spec, read as stored (validating 10,000 specs
+    would dominate a listing, and a job recorded by an older spotwise must still be listed)."""
+    provider = stored.get("provider")
+    budget = stored.get("budget_usd")
+    return {
+        "command": shlex.join(str(w) for w in stored.get("command") or []),
+        "provider": provider.get("name") if isinstance(provider, dict) else None,
+        "market": stored.get("market"),
+        "budget_usd": float(budget) if isinstance(budget, (int, float)) else None,
+    }
+
+
+def _summary(
+    job: Job, attempts: list[Attempt], placement: dict[str, Any] | None, now: float
+) -> dict[str, Any]:
+    shown = _shown_spec(job.spec)
     cost = sum(a.cost_usd(now) for a in attempts)
     ondemand = sum(a.ondemand_cost_usd(now) for a in attempts)
     return {
@@ -944,9 +974,9 @@ def job_summary(store: Store, job: Job, now: float | None = None) -> dict[str, A
         "name": job.name,
         "state": job.state.value,
         "message": job.message,
-        "command": spec.command_line,
-        "provider": spec.provider.name,
-        "market": spec.market,
+        "command": shown["command"],
+        "provider": shown["provider"],
+        "market": shown["market"],
         "created_at": job.created_at,
         "updated_at": job.updated_at,
         "attempts": [a.as_dict(now) for a in attempts],
@@ -959,12 +989,10 @@ def job_summary(store: Store, job: Job, now: float | None = None) -> dict[str, A
         "cost_usd": round(cost, 6),
         "ondemand_cost_usd": round(ondemand, 6),
         "savings_usd": round(ondemand - cost, 6),
-        "budget_usd": spec.budget_usd,
+        "budget_usd": shown["budget_usd"],
         "log": str(job.log_path),
         "controller_alive": controller_alive(job),
-        "placement": next(  # where the provider chose to run, and why (aws advises one)
-            (e["data"] for e in reversed(store.events(job.id)) if e["kind"] == "placement"), None
-        ),
+        "placement": placement,  # where the provider chose to run, and why (aws advises one)
     }
 
 

@@ -26,7 +26,7 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import BaseRoute, Mount, Route
 from starlette.types import Receive, Scope, Send
 
-from spotwise.control.controller import job_summary, submit
+from spotwise.control.controller import job_summaries, job_summary, submit
 from spotwise.control.jobfile import MAX_FILE_BYTES, parse_job_bytes
 from spotwise.control.spec import parse_spec
 from spotwise.control.store import Job, Store
@@ -115,9 +115,10 @@ def create_app(
         principal = caller(request)
 
         def summaries() -> list[dict[str, Any]]:
-            return [job_summary(store, j) for j in store.jobs() if principal.can_read(job_owner(j))]
+            readable = [j for j in store.jobs() if principal.can_read(job_owner(j))]
+            return job_summaries(store, readable)
 
-        # (a few queries per job: on a worker thread, so that other requests are answered)
+        # (on a worker thread, so that other requests are answered meanwhile)
         return FiniteJSONResponse(await run_in_threadpool(summaries))
 
     async def submit_job(request: Request) -> Response:

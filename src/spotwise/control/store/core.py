@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import secrets
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from enum import Enum
 from pathlib import Path
@@ -28,6 +28,8 @@ from spotwise.errors import ControlError, JobNotFoundError
 
 # Ids are ``<name[:24]>-<6 hex>``; anything much longer is not an id (and is not echoed whole).
 MAX_ID_CHARS = 128
+# How many fresh ids a new job draws before giving up (one is taken only by chance).
+ID_TRIES = 5
 # How many jobs an ambiguous prefix error lists.
 CANDIDATES_SHOWN = 10
 
@@ -37,6 +39,18 @@ _JOB = sa.select(jobs).where(jobs.c.id == _ID)
 _JOBS = sa.select(jobs).order_by(jobs.c.created_at)
 _ATTEMPTS = sa.select(attempts).where(attempts.c.job_id == _ID).order_by(attempts.c.n)
 _EVENTS = sa.select(events).where(events.c.job_id == _ID).order_by(events.c.id)
+# Listing reads many jobs' rows at once, this many ids a query (within every engine's bound
+# on parameters, and one query per page rather than per job).
+IDS_PER_QUERY = 500
+_IDS: sa.BindParameter[list[str]] = sa.bindparam("job_ids", expanding=True)
+_ATTEMPTS_OF = (
+    sa.select(attempts).where(attempts.c.job_id.in_(_IDS)).order_by(attempts.c.job_id, attempts.c.n)
+)
+_LAST_OF_KIND = (
+    sa.select(events.c.job_id, events.c.data_json)
+    .where(events.c.job_id.in_(_IDS), events.c.kind == sa.bindparam("kind"))
+    .order_by(events.c.id)
+)
 
 
 def _row_job(r: sa.RowMapping) -> Job:
@@ -138,21 +152,28 @@ class Store:
         owner: str | None = None,
     ) -> Job:
         now = time.time() if now is None else now
-        job_id = f"{name[:24]}-{secrets.token_hex(3)}"
-        with self._tx() as db:
-            db.execute(
-                jobs.insert().values(
-                    id=job_id,
-                    name=name,
-                    spec_json=json.dumps(spec),
-                    spec_path=spec_path,
-                    state=JobState.PENDING.value,
-                    created_at=now,
-                    updated_at=now,
-                    owner=owner,
-                )
-            )
-            self._event(db, job_id, now, "created", f"job {job_id} created")
+        for tries_left in reversed(range(ID_TRIES)):
+            # (6 random hex digits: among 10,000 jobs of one name, a few ids are drawn twice)
+            job_id = f"{name[:24]}-{secrets.token_hex(3)}"
+            try:
+                with self._tx() as db:
+                    db.execute(
+                        jobs.insert().values(
+                            id=job_id,
+                            name=name,
+                            spec_json=json.dumps(spec),
+                            spec_path=spec_path,
+                            state=JobState.PENDING.value,
+                            created_at=now,
+                            updated_at=now,
+                            owner=owner,
+                        )
+                    )
+                    self._event(db, job_id, now, "created", f"job {job_id} created")
+                break
+            except sa.exc.IntegrityError:
+                if not tries_left:
+                    raise
         job = self.job(job_id)
         job.dir.mkdir(parents=True, exist_ok=True)
         return job
@@ -220,6 +241,16 @@ class Store:
         with self._read() as db:
             rows = db.execute(_ATTEMPTS, {"job_id": job_id}).mappings().all()
         return [_row_attempt(r) for r in rows]
+
+    def attempts_by_job(self, job_ids: Sequence[str]) -> dict[str, list[Attempt]]:
+        """Every listed job's attempts (in order; ``[]`` for a job without one), a few queries
+        for all of them: what a listing of many jobs reads."""
+        found: dict[str, list[Attempt]] = {job_id: [] for job_id in job_ids}
+        with self._read() as db:
+            for chunk in _chunks(job_ids):
+                for r in db.execute(_ATTEMPTS_OF, {"job_ids": chunk}).mappings():
+                    found[r["job_id"]].append(_row_attempt(r))
+        return found
 
     def open_attempt(
         self,
@@ -334,6 +365,22 @@ class Store:
             }
             for r in rows
         ]
+
+    def last_event_data(self, job_ids: Sequence[str], kind: str) -> dict[str, dict[str, Any]]:
+        """The data of each listed job's latest event of ``kind`` (jobs without one are absent),
+        a few queries for all of them."""
+        found: dict[str, dict[str, Any]] = {}
+        with self._read() as db:
+            for chunk in _chunks(job_ids):
+                for r in db.execute(_LAST_OF_KIND, {"job_ids": chunk, "kind": kind}).mappings():
+                    found[r["job_id"]] = json.loads(r["data_json"])
+        return found
+
+
+def _chunks(job_ids: Sequence[str]) -> Iterator[list[str]]:
+    unique = list(dict.fromkeys(job_ids))  # (an id listed twice is read once)
+    for start in range(0, len(unique), IDS_PER_QUERY):
+        yield unique[start : start + IDS_PER_QUERY]
 
 
 def _reason(exc: BaseException, url: sa.URL) -> str:
