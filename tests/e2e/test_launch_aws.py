@@ -126,6 +126,7 @@ def test_digits_on_ec2_spot_survives_an_interruption_with_identical_weights(
         text=True,
     )
     env = {**ec2.env, "SPOTWISE_HOME": str(tmp_path / "home")}
+    earlier = set(s3_checkpoints(env))  # (jobs of the tests before this one)
     launch = subprocess.Popen(
         [*SPOTWISE, "launch", str(JOB)],
         env=env,
@@ -134,7 +135,7 @@ def test_digits_on_ec2_spot_survives_an_interruption_with_identical_weights(
         stderr=subprocess.STDOUT,
     )
     deadline = time.monotonic() + 300
-    while not (saved := s3_checkpoints(env)):  # the first instance has saved to S3
+    while not (saved := s3_checkpoints(env, earlier)):  # the first instance has saved to S3
         assert launch.poll() is None and time.monotonic() < deadline, "no checkpoint in S3"
         time.sleep(0.5)
     [(job_id, steps)] = saved.items()

@@ -76,6 +76,7 @@ def test_digits_on_azure_spot_survives_an_eviction_with_identical_weights(
 
     baseline = uninterrupted(load_spec(JOB))
     env = {**azure.env, "SPOTWISE_HOME": str(tmp_path / "home")}
+    earlier = set(s3_checkpoints(env))  # (jobs of the tests before this one)
     launch = subprocess.Popen(
         [*SPOTWISE, "launch", str(JOB)],
         env=env,
@@ -84,7 +85,7 @@ def test_digits_on_azure_spot_survives_an_eviction_with_identical_weights(
         stderr=subprocess.STDOUT,
     )
     deadline = time.monotonic() + 300
-    while not (saved := s3_checkpoints(env)):  # the first VM has saved to S3
+    while not (saved := s3_checkpoints(env, earlier)):  # the first VM has saved to S3
         assert launch.poll() is None and time.monotonic() < deadline, "no checkpoint in S3"
         time.sleep(0.5)
     [(job_id, steps)] = saved.items()

@@ -85,6 +85,7 @@ def test_digits_on_gcp_spot_survives_a_preemption_with_identical_weights(
 
     baseline = uninterrupted(load_spec(JOB))
     env = {**gce.env, "SPOTWISE_HOME": str(tmp_path / "home")}
+    earlier = set(s3_checkpoints(env))  # (jobs of the tests before this one)
     launch = subprocess.Popen(
         [*SPOTWISE, "launch", str(JOB)],
         env=env,
@@ -93,7 +94,7 @@ def test_digits_on_gcp_spot_survives_a_preemption_with_identical_weights(
         stderr=subprocess.STDOUT,
     )
     deadline = time.monotonic() + 300
-    while not (saved := s3_checkpoints(env)):  # the first VM has saved to the object store
+    while not (saved := s3_checkpoints(env, earlier)):  # the first VM has saved to the object store
         assert launch.poll() is None and time.monotonic() < deadline, "no checkpoint saved"
         time.sleep(0.5)
     [(job_id, steps)] = saved.items()
