@@ -26,11 +26,14 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 
+from sqlalchemy.exc import SQLAlchemyError
+
 from spotwise.control.controller import Controller, controller_lock
 from spotwise.control.store import Store
 from spotwise.errors import ControlError, JobNotFoundError
 
 log = logging.getLogger(__name__)
+_MAX_REASON = 300  # characters of an exception shown on the job
 
 DEFAULT_WORKERS = 8
 MIN_POLL_S = 0.25  # a provider's own poll (sim: 0.05 s) is for one job per process
@@ -167,10 +170,10 @@ class Driver:
                 driven.lock.close()
             self._done(job_id, retry=True)
             return
-        except Exception:
+        except Exception as exc:  # a bug or an outage in one job never stops the server
             if driven is not None:
                 driven.lock.close()
-            self._failed(job_id)
+            self._failed(job_id, exc)
             return
         with self._cond:
             self._driven[job_id] = driven
@@ -182,9 +185,9 @@ class Driver:
             driven = self._driven[job_id]
         try:
             state = driven.controller.tick()
-        except Exception:
+        except Exception as exc:  # (as in _adopt: recorded on the job, adopted again later)
             self._release(job_id)
-            self._failed(job_id)
+            self._failed(job_id, exc)
             return
         if state is not None:
             self._release(job_id)
@@ -207,18 +210,20 @@ class Driver:
             if retry:
                 self._not_before[job_id] = time.time() + self.retry_s
 
-    def _failed(self, job_id: str) -> None:
-        """A controller raised: say so on the job, and adopt it again after ``retry_s``."""
-        log.exception("the controller of job %s failed; adopting it again later", job_id)
+    def _failed(self, job_id: str, exc: Exception) -> None:
+        """A controller raised: say what on the job (``spotwise status``, the API) and in the
+        server's log with its traceback, and adopt the job again after ``retry_s``."""
+        log.error("the controller of job %s failed; adopting it again later", job_id, exc_info=exc)
+        what = f"{type(exc).__name__}: {exc}"[:_MAX_REASON]
         try:
             self.store.event(
                 job_id,
                 "controller",
-                f"server: the controller failed; adopting the job again in {self.retry_s:g}s "
-                "(see the server's log)",
+                f"server: the controller failed ({what}); adopting the job again in "
+                f"{self.retry_s:g}s (traceback in the server's log)",
             )
-        except Exception:
-            log.exception("cannot record the failure of job %s", job_id)
+        except (SQLAlchemyError, OSError) as outage:  # the store is what failed: the log says it
+            log.error("cannot record the failure of job %s: %s", job_id, outage)
         self._done(job_id, retry=True)
 
 
