@@ -9,7 +9,6 @@ local process in a root of its own and gets a Scheduled Events ``Preempt`` on sc
 from __future__ import annotations
 
 import tempfile
-import time
 from pathlib import Path
 
 import typer
@@ -42,30 +41,10 @@ def azure_compute(
     duration: float = typer.Option(None, help="Stop after this many seconds."),
 ) -> None:
     """Emulate Azure Resource Manager (VMs, disks, NICs) + S3 on 127.0.0.1."""
-    from spotwise.cli.emulate import listen
+    from spotwise.cli.emulate import listen, loopback_aws, serve_until
     from spotwise.emulators.azure_compute import SUBSCRIPTION
-    from spotwise.registry import require
 
-    moto_server = require("moto.server", "emulate", "spotwise emulate azure-compute")
-    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=s3_port, verbose=False)
-    server.start()
-    host, bound = server.get_host_and_port()
-    s3_url = f"http://{host}:{bound}"
-    aws = {
-        "AWS_ENDPOINT_URL": s3_url,
-        "AWS_ACCESS_KEY_ID": "testing",
-        "AWS_SECRET_ACCESS_KEY": "testing",
-        "AWS_DEFAULT_REGION": "us-east-1",
-        "AWS_EC2_METADATA_DISABLED": "true",
-    }
-    import boto3
-
-    s3 = boto3.client(
-        "s3", endpoint_url=s3_url, region_name="us-east-1",
-        aws_access_key_id="testing", aws_secret_access_key="testing",
-    )  # fmt: skip
-    for name in bucket:
-        s3.create_bucket(Bucket=name)
+    aws = loopback_aws(s3_port, bucket, "azure-compute")
     home = workdir or Path(tempfile.mkdtemp(prefix="spotwise-azure-"))
     arm = AzureComputeEmulator(
         home,
@@ -73,28 +52,20 @@ def azure_compute(
         interrupt_after_s=interrupt_after,
         notice_lead_s=notice_lead,
         stop_grace_s=stop_grace,
-        machine_env=aws,
+        machine_env=aws.env(),
     )
     try:
         for text in fault:
             add_fault(arm, text)
         url = listen(arm, arm.host, port)
     except BaseException:
-        server.stop()
+        aws.server.stop()
         raise
     typer.echo(f"azure-compute emulator listening on {url} (VMs in {home})")
     typer.echo(f"subscription_id: {SUBSCRIPTION}, resource_group: {arm.resource_groups[0]}")
-    for line in (f"SPOTWISE_AZURE_ENDPOINT_URL={url}", *(f"{k}={v}" for k, v in aws.items())):
-        typer.echo(f"export {line}")
-    started = time.monotonic()
-    try:
-        while duration is None or time.monotonic() - started < duration:
-            time.sleep(0.2)
-    except KeyboardInterrupt:
-        typer.echo("stopping")
-    finally:
-        arm.stop()
-        server.stop()
+    serve_until(
+        duration, {"SPOTWISE_AZURE_ENDPOINT_URL": url, **aws.env()}, arm.stop, aws.server.stop
+    )
 
 
 def add_fault(arm: AzureComputeEmulator, text: str) -> None:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import re
 import tempfile
-import time
 from pathlib import Path
 
 import typer
@@ -57,28 +56,13 @@ def gcp_compute(
     """Emulate the Compute Engine API (+ S3) on 127.0.0.1: VMs run as local processes."""
     from spotwise.registry import require
 
-    moto_server = require("moto.server", "emulate", "spotwise emulate gcp-compute")
     require("google.cloud.compute_v1", "gcp", "spotwise emulate gcp-compute")
-    from spotwise.cli.emulate import listen
+    from spotwise.cli.emulate import listen, loopback_aws, serve_until
     from spotwise.control.providers.gcp import ENDPOINT_ENV
     from spotwise.emulators.gcp_compute import GcpComputeEmulator
 
     faults = [parse_fault(f) for f in fault]
-    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=s3_port, verbose=False)
-    server.start()
-    host, bound = server.get_host_and_port()
-    s3_url = f"http://{host}:{bound}"
-    import boto3
-
-    s3 = boto3.client(
-        "s3",
-        endpoint_url=s3_url,
-        region_name="us-east-1",
-        aws_access_key_id="testing",
-        aws_secret_access_key="testing",
-    )
-    for name in bucket:
-        s3.create_bucket(Bucket=name)
+    aws = loopback_aws(s3_port, bucket, "gcp-compute")
     home = workdir or Path(tempfile.mkdtemp(prefix="spotwise-gce-"))
     double = GcpComputeEmulator(
         home,
@@ -87,35 +71,17 @@ def gcp_compute(
         interrupt_after_s=interrupt_after,
         notice_lead_s=notice_lead,
         stop_grace_s=stop_grace,
-        s3_endpoint=s3_url,
+        s3_endpoint=aws.url,
     )
-    for code, count, zone in faults:
-        try:
-            double.fail("insert", code, count, zone)
-        except ValueError as exc:
-            server.stop()
-            raise ConfigError(str(exc), hint=FAULT_HELP) from None
     try:
+        for code, count, zone in faults:
+            try:
+                double.fail("insert", code, count, zone)
+            except ValueError as exc:
+                raise ConfigError(str(exc), hint=FAULT_HELP) from None
         url = listen(double, "127.0.0.1", port)
     except ConfigError:
-        server.stop()
+        aws.server.stop()
         raise
-    typer.echo(f"gcp-compute emulator listening on {url} (VMs in {home}; S3 on {s3_url})")
-    for line in (
-        f"{ENDPOINT_ENV}={url}",
-        f"AWS_ENDPOINT_URL={s3_url}",
-        "AWS_ACCESS_KEY_ID=testing",
-        "AWS_SECRET_ACCESS_KEY=testing",
-        "AWS_DEFAULT_REGION=us-east-1",
-        "AWS_EC2_METADATA_DISABLED=true",
-    ):
-        typer.echo(f"export {line}")
-    started = time.monotonic()
-    try:
-        while duration is None or time.monotonic() - started < duration:
-            time.sleep(0.2)
-    except KeyboardInterrupt:
-        typer.echo("stopping")
-    finally:
-        double.stop()
-        server.stop()
+    typer.echo(f"gcp-compute emulator listening on {url} (VMs in {home}; S3 on {aws.url})")
+    serve_until(duration, {ENDPOINT_ENV: url, **aws.env()}, double.stop, aws.server.stop)

@@ -10,6 +10,8 @@ Engine API); ``kubernetes`` a loopback Kubernetes API with pods as local process
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -178,6 +180,76 @@ def _build(cls: Any, **kwargs: Any) -> Any:
         raise ConfigError(str(exc), hint="see spotwise emulate --help") from None
 
 
+@dataclass
+class LoopbackAws:
+    """A moto server on 127.0.0.1 (EC2 + S3 for the ec2 emulator, the run dir's S3 for the
+    others) with the buckets asked for, and the variables a client exports to reach it."""
+
+    server: Any
+    url: str
+
+    def env(self, endpoint: str | None = None, region: str = "us-east-1") -> dict[str, str]:
+        return {
+            "AWS_ENDPOINT_URL": endpoint or self.url,
+            "AWS_ACCESS_KEY_ID": "testing",
+            "AWS_SECRET_ACCESS_KEY": "testing",
+            "AWS_DEFAULT_REGION": region,
+            "AWS_EC2_METADATA_DISABLED": "true",
+        }
+
+
+def loopback_aws(
+    port: int, buckets: list[str], command: str, region: str = "us-east-1"
+) -> LoopbackAws:
+    """Start moto on ``port`` (0: any) and create ``buckets`` in it."""
+    from spotwise.registry import require
+
+    moto_server = require("moto.server", "emulate", f"spotwise emulate {command}")
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    host, bound = server.get_host_and_port()
+    aws = LoopbackAws(server, f"http://{host}:{bound}")
+    import boto3
+
+    s3 = boto3.client(
+        "s3",
+        endpoint_url=aws.url,
+        region_name=region,
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+    )
+    from botocore.exceptions import ClientError
+
+    for name in buckets:
+        try:
+            s3.create_bucket(Bucket=name)
+        except ClientError as exc:
+            server.stop()
+            raise ConfigError(
+                f"--bucket {name!r}: {exc.response['Error'].get('Message', exc)}",
+                hint="S3 bucket names are 3-63 lowercase letters, digits, dots and hyphens",
+            ) from None
+    return aws
+
+
+def serve_until(
+    duration: float | None, exports: dict[str, str], *stops: Callable[[], None]
+) -> None:
+    """Print the ``export`` lines a client needs, run until ``duration`` or Ctrl-C, then call
+    ``stops`` in order (each emulator's own stop)."""
+    for name, value in exports.items():
+        typer.echo(f"export {name}={value}")
+    started = time.monotonic()
+    try:
+        while duration is None or time.monotonic() - started < duration:
+            time.sleep(0.2)
+    except KeyboardInterrupt:
+        typer.echo("stopping")
+    finally:
+        for stop in stops:
+            stop()
+
+
 def listen(emu: Any, host: str, port: int) -> str:
     """Start an emulator; a port in use (or a bad address) is a clear error, not a traceback."""
     try:
@@ -286,59 +358,25 @@ def _register_ec2(emulate: typer.Typer) -> None:
         """Emulate EC2 + S3 on 127.0.0.1: moto keeps the API, machines run as local processes."""
         import tempfile
 
-        from spotwise.registry import require
-
-        moto_server = require("moto.server", "emulate", "spotwise emulate ec2")
         from spotwise.emulators.ec2 import Ec2DataPlane
         from spotwise.emulators.fault_proxy import FaultProxy
 
         faults = [parse_ec2_fault(f) for f in fault]
-        server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-        server.start()
-        host, bound = server.get_host_and_port()
-        moto_url = f"http://{host}:{bound}"
-        proxy = FaultProxy(moto_url) if faults else None
+        aws = loopback_aws(port, bucket, "ec2", region)
+        proxy = FaultProxy(aws.url) if faults else None
         for f in faults:
             assert proxy is not None
             proxy.add(f)
-        import boto3
-
-        s3 = boto3.client(
-            "s3",
-            endpoint_url=moto_url,
-            region_name=region,
-            aws_access_key_id="testing",
-            aws_secret_access_key="testing",
-        )
-        for name in bucket:
-            s3.create_bucket(Bucket=name)
         home = workdir or Path(tempfile.mkdtemp(prefix="spotwise-ec2-"))
         plane = Ec2DataPlane(
-            moto_url,
+            aws.url,
             workdir=home,
             region=region,
             interrupt_after_s=interrupt_after,
             notice_lead_s=notice_lead,
             stop_grace_s=stop_grace,
         ).start()
-        endpoint = proxy.url if proxy else moto_url
+        endpoint = proxy.url if proxy else aws.url
         typer.echo(f"ec2 emulator listening on {endpoint} (machines in {home})")
-        for line in (
-            f"AWS_ENDPOINT_URL={endpoint}",
-            "AWS_ACCESS_KEY_ID=testing",
-            "AWS_SECRET_ACCESS_KEY=testing",
-            f"AWS_DEFAULT_REGION={region}",
-            "AWS_EC2_METADATA_DISABLED=true",
-        ):
-            typer.echo(f"export {line}")
-        started = time.monotonic()
-        try:
-            while duration is None or time.monotonic() - started < duration:
-                time.sleep(0.2)
-        except KeyboardInterrupt:
-            typer.echo("stopping")
-        finally:
-            plane.stop()
-            if proxy is not None:
-                proxy.close()
-            server.stop()
+        stops = [plane.stop, *([proxy.close] if proxy is not None else []), aws.server.stop]
+        serve_until(duration, aws.env(endpoint, region), *stops)
