@@ -102,6 +102,24 @@ def aws_env(moto_server: str, monkeypatch: pytest.MonkeyPatch) -> str:
     return moto_server
 
 
+@pytest.fixture()
+def retail_api(monkeypatch: pytest.MonkeyPatch):
+    """A loopback Azure Retail Prices API (tests/market/retail_api.py), set as the source's URL."""
+    import importlib.util
+
+    from spotwise.market.sources.azure import URL_ENV
+
+    spec = importlib.util.spec_from_file_location(
+        "retail_api", Path(__file__).parent / "market" / "retail_api.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    with module.serving() as server:
+        monkeypatch.setenv(URL_ENV, module.url_of(server))
+        yield server
+
+
 @pytest.fixture(scope="session")
 def postgres_url() -> str:
     """The PostgreSQL server of the store tests: ``SPOTWISE_TEST_POSTGRES_URL`` (.ci/run exports

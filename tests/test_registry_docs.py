@@ -24,3 +24,29 @@ def test_docs_name_every_value_of_spotwise_platform() -> None:
     rows = "|".join(re.findall(r"^\| `SPOTWISE_PLATFORM=([^`]+)` \|", text, re.M))
     named = set(re.split(r"\\?\|", rows)) | {"auto"}  # (unset means auto)
     assert named == set(platforms())
+
+
+def test_the_plugin_docs_table_lists_every_registry_with_its_names() -> None:
+    from spotwise.batch.leases import LEASE_BOARDS
+    from spotwise.market.policies import POLICIES
+    from spotwise.market.sources import PRICE_SOURCES
+    from spotwise.notices import CLOUDS, DETECTORS
+    from spotwise.storage import STORAGE
+
+    text = (DOCS / "plugins.md").read_text()
+    rows = re.findall(r"^\| `spotwise\.([\w.]+)\.(\w+)` \| `([\w.]+)` \| ([^|]+) \|", text, re.M)
+    documented = {
+        name: (group, sorted(n.strip() for n in names.split(","))) for _, name, group, names in rows
+    }
+    by_name = {
+        "PROVIDERS": PROVIDERS,
+        "STORAGE": STORAGE,
+        "DETECTORS": DETECTORS,
+        "CLOUDS": CLOUDS,
+        "PRICE_SOURCES": PRICE_SOURCES,
+        "POLICIES": POLICIES,
+        "LEASE_BOARDS": LEASE_BOARDS,
+    }
+    assert set(documented) == set(by_name)
+    for name, registry in by_name.items():
+        assert documented[name] == (registry.group, registry.names()), name

@@ -1,68 +1,22 @@
-"""Factories of every Provider backend that the contract suite runs against.
+"""Factories of every Provider backend that the contract suite (``spotwise.testing``) runs
+against here.
 
-To add a provider, add one entry: ``name -> factory(request, tmp_path, plan) -> Backend``.
-``plan[n - 1] = (exit_code, run_s)`` is what attempt ``n`` does: run for ``run_s`` seconds, then
-exit with ``exit_code``; on SIGTERM (the notice) it exits 75, as the runtime does after its
-emergency save. A real backend runs that as a process; the in-memory fake is scripted with it.
+To add a provider, add one entry: ``name -> factory(request, tmp_path, plan) -> Backend``; the
+plan's meaning is in :mod:`spotwise.testing.provider`.
 """
 
 from __future__ import annotations
 
 import os
-import sys
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from spotwise.control.providers import LaunchRequest, Placement, Provider, make_provider
-
-Plan = list[tuple[int, float]]
-
-ATTEMPT = """
-import signal, sys, time
-signal.signal(signal.SIGTERM, lambda *_: (print("saved on notice", flush=True), sys.exit(75)))
-print("attempt running", flush=True)
-end = time.time() + float(sys.argv[2])
-while time.time() < end:
-    time.sleep(0.02)
-sys.exit(int(sys.argv[1]))
-"""
-
-
-@dataclass
-class Backend:
-    provider: Provider
-    tmp: Path
-    plan: Plan
-    job_id: str
-    options: dict[str, Any]
-
-    @property
-    def attempts_dir(self) -> Path:
-        return self.tmp / "attempts"
-
-    def request(self, n: int, market: str = "on-demand") -> LaunchRequest:
-        code, run_s = self.plan[n - 1]
-        # as the controller does: a remote machine gets none of this host's environment
-        env = dict(os.environ) if self.provider.features.same_host else {}
-        env["SPOTWISE_PLATFORM"] = "none"
-        return LaunchRequest(
-            job_id=self.job_id,
-            n=n,
-            argv=(sys.executable, "-c", ATTEMPT, str(code), str(run_s)),
-            # a remote machine has its image's directories, none of this host's
-            workdir=self.tmp if self.provider.features.same_host else Path("/"),
-            env=env,
-            log_path=self.tmp / "job.log",
-            attempt_dir=self.attempts_dir / str(n),
-            placement=Placement(market, self.provider.features.zones[0]),
-            grace_s=5.0,
-        )
-
+from spotwise.control.providers import make_provider
+from spotwise.testing import Backend, Plan
 
 Factory = Callable[[pytest.FixtureRequest, Path, Plan], Backend]
 

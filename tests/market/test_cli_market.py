@@ -175,3 +175,22 @@ def test_ingest_exit_status_says_whether_rows_were_rejected(tmp_path):
     latest = json.loads(run("prices", "show", "--type", "Standard_NC6s_v3", "--db", db,
                             "--json").output)  # fmt: skip
     assert {r["region"] for r in latest} == {"brazilsouth", "São Paulo"}
+
+
+def test_ingest_source_names_come_from_the_registry(tmp_path, retail_api):
+    db = str(tmp_path / "p.db")
+    clean = tmp_path / "clean.csv"
+    clean.write_text(f"{SPOTWISE_HEADER}\naws,us-east-1,,p3.2xlarge,on-demand,3.06,2026-01-01\n")
+    read = run("prices", "ingest", "--source", "csv", str(clean), "--source", "azure",
+               "--type", "Standard_NC24s_v3", "--db", db)  # fmt: skip
+    assert read.exit_code == 3, read.output  # the recorded pages hold two bad rows
+    assert "csv:clean.csv: 1 rows read" in read.output
+    assert "azure:retail-prices: 5 rows read" in read.output
+    assert "p.db: 6 rows in total" in read.output
+    unknown = run("prices", "ingest", "--source", "azur", "--db", db)
+    assert "unknown price source 'azur'" in str(unknown.exception)
+    assert "did you mean azure" in str(unknown.exception)
+    unread = run("prices", "ingest", "--source", "azure", str(clean), "--db", db)
+    assert "no --source named reads files" in str(unread.exception)
+    no_files = run("prices", "ingest", "--source", "aws-json", "--db", db)
+    assert "--source aws-json FILE" in str(no_files.exception)

@@ -248,6 +248,7 @@ LEASE_BOARDS: Registry[LeaseBoard] = Registry(
         "sqlite": "spotwise.batch.leases:SQLiteLeases",
         "s3": Entry("spotwise.batch.leases:object_leases", "s3"),
     },
+    group="spotwise.lease_boards",
 )
 
 

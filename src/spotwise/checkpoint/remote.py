@@ -5,7 +5,6 @@ where the runtime's tiered mirror (``spotwise.runtime.tiered``) starts from.
 
 from __future__ import annotations
 
-import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,16 +17,10 @@ from spotwise.errors import (
     IntegrityError,
     StorageNotFoundError,
 )
+from spotwise.storage import is_remote as is_remote  # where the runtime and the CLI look for it
 from spotwise.storage.base import Storage
 
 _STEP_KEY = re.compile(r"^(step-(\d{8,}))/(.+)$")
-_REMOTE_SCHEMES = ("s3://", "memory://")
-
-
-def is_remote(run_dir: str | os.PathLike[str]) -> bool:
-    """True for run directories that name an object store (``s3://bucket/prefix``; ``memory://``
-    is the in-process fake that tests use)."""
-    return os.fspath(run_dir).startswith(_REMOTE_SCHEMES)
 
 
 def open_remote(uri: str) -> Storage:

@@ -144,8 +144,15 @@ def prices_ingest(
     paths: list[Path] = typer.Argument(
         None, help="CSV dumps (AWS history, SkyPilot, spotwise) or AWS CLI JSON."
     ),
-    aws: bool = typer.Option(False, "--aws", help="Fetch AWS DescribeSpotPriceHistory (boto3)."),
-    azure: bool = typer.Option(False, "--azure", help="Fetch the Azure Retail Prices API."),
+    source_names: list[str] = typer.Option(
+        None,
+        "--source",
+        help="A registered price source to read (repeatable): csv and aws-json read the PATHS, "
+        "aws and azure fetch the clouds' APIs, a plugin's source by its name; an unknown name "
+        "lists them all. Without it, PATHS are read by their content (AWS CLI JSON, else CSV).",
+    ),
+    aws: bool = typer.Option(False, "--aws", help="Same as --source aws."),
+    azure: bool = typer.Option(False, "--azure", help="Same as --source azure."),
     region: list[str] = typer.Option(None, "--region", help="Regions to fetch (default: all)."),
     instance_type: list[str] = typer.Option(
         None, "--type", help="Instance types / SKUs to fetch (default: GPU types in the catalog)."
@@ -164,31 +171,38 @@ def prices_ingest(
     from rich.progress import Progress, SpinnerColumn, TextColumn
 
     from spotwise.market.prices import ingest
-    from spotwise.market.sources import PriceSource
+    from spotwise.market.sources import PRICE_SOURCES, PriceSource, SourceQuery, open_sources
     from spotwise.market.sources.awsjson import AwsCliJsonSource, looks_like_json
     from spotwise.market.sources.csvfile import CsvSource
 
+    names = [*(source_names or []), *(["aws"] if aws else []), *(["azure"] if azure else [])]
+    for name in names:
+        PRICE_SOURCES.check(name)  # every name before any source is read
+    start = _since(since)
+    query = SourceQuery(
+        paths=tuple(paths or ()),
+        regions=tuple(region or ()),
+        instance_types=tuple(instance_type or ()),
+        since=datetime.fromtimestamp(start, tz=timezone.utc) if start else None,
+        cloud=cloud,
+    )
     sources: list[PriceSource] = [
-        AwsCliJsonSource(p) if looks_like_json(p) else CsvSource(p, cloud=cloud)
-        for p in paths or []
+        s for name in dict.fromkeys(names) for s in open_sources(name, query)
     ]
-    if aws:
-        from spotwise.market.sources.aws import AwsSpotPriceSource
-
-        start = _since(since)
-        sources.append(
-            AwsSpotPriceSource(
-                regions=region or None,
-                instance_types=instance_type or None,
-                start=datetime.fromtimestamp(start, tz=timezone.utc) if start else None,
-            )
+    if not source_names:  # without --source, files are read by their content
+        sources[:0] = [
+            AwsCliJsonSource(p) if looks_like_json(p) else CsvSource(p, cloud=cloud)
+            for p in query.paths
+        ]
+    elif query.paths and not any(getattr(s, "path", None) in query.paths for s in sources):
+        raise ConfigError(
+            f"{len(query.paths)} file(s) given, but no --source named reads files",
+            hint="add --source csv or --source aws-json, or leave out --source",
         )
-    if azure:
-        from spotwise.market.sources.azure import AzureRetailSource
-
-        sources.append(AzureRetailSource(skus=instance_type or None, regions=region or ()))
     if not sources:
-        raise ConfigError("nothing to ingest", hint="pass CSV paths, --aws or --azure")
+        raise ConfigError(
+            "nothing to ingest", hint="pass CSV paths, --source aws or --source azure"
+        )
     console = Console(stderr=True)
     rejected = 0
     with _store(db, must_exist=False) as store:

@@ -20,6 +20,7 @@ DETECTORS: Registry[Detector] = Registry(
         "gcp": "spotwise.notices.gcp:GcpDetector",
         "azure": "spotwise.notices.azure:AzureDetector",
     },
+    group="spotwise.detectors",
 )
 
 # Clouds with a metadata service: endpoint override, probe and detector factory.
@@ -30,6 +31,7 @@ CLOUDS: Registry[object] = Registry(
         "gcp": "spotwise.notices.gcp:PLATFORM",
         "azure": "spotwise.notices.azure:PLATFORM",
     },
+    group="spotwise.clouds",
 )
 
 __all__ = ["CLOUDS", "DETECTORS", "Detector", "Notice", "NoticeKind", "NoticeSource"]

@@ -1,12 +1,14 @@
 """Storage backends by name, and ``open_storage(uri)`` choosing one by URI.
 
 ``/path`` or ``file:///path`` -> local, ``memory://name`` -> in-memory (tests), ``s3://bucket/prefix``
--> S3 (needs ``pip install 'spotwise[s3]'``). Adding a backend: one file plus one line below and,
-for a new URI scheme, one entry in ``SCHEMES``.
+-> S3 (needs ``pip install 'spotwise[s3]'``). A backend's registry name is its URI scheme (only
+``local`` is spelt ``file://``), so adding one is one file plus one line below, or an entry point
+in the ``spotwise.storage`` group of another package.
 """
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from spotwise.errors import ConfigError
@@ -20,22 +22,37 @@ STORAGE: Registry[Storage] = Registry(
         "memory": "spotwise.storage.memory:MemoryStorage",
         "s3": Entry("spotwise.storage.s3:S3Storage", "s3"),
     },
+    group="spotwise.storage",
 )
 
-SCHEMES = {"file": "local", "memory": "memory", "s3": "s3"}
+LOCAL = "local"  # the one backend whose scheme is not its name: file:///path, or a plain path
+
+
+def schemes() -> list[str]:
+    """Every URI scheme a run directory may use, from the registry."""
+    return sorted(("file" if name == LOCAL else name) for name in STORAGE.names())
 
 
 def backend_for(uri: str) -> str:
     """The registry name serving ``uri`` (a plain path is local)."""
     if "://" not in uri:
-        return "local"
+        return LOCAL
     scheme = uri.split("://", 1)[0].lower()
-    if scheme not in SCHEMES:
+    if scheme == "file":
+        return LOCAL
+    if scheme == LOCAL or scheme not in STORAGE:
         raise ConfigError(
             f"unsupported storage URI scheme {scheme!r} in {uri!r}",
-            hint=f"use a local path or one of: {', '.join(f'{s}://' for s in sorted(SCHEMES))}",
+            hint=f"use a local path or one of: {', '.join(f'{s}://' for s in schemes())}",
         )
-    return SCHEMES[scheme]
+    return scheme
+
+
+def is_remote(location: str | os.PathLike[str]) -> bool:
+    """True when ``location`` names an object store rather than a local directory (an unknown
+    ``scheme://`` is refused, never taken for a folder named ``scheme:``)."""
+    text = os.fspath(location)
+    return "://" in text and backend_for(text) != LOCAL
 
 
 def open_storage(uri: str, **options: Any) -> Storage:
@@ -44,4 +61,13 @@ def open_storage(uri: str, **options: Any) -> Storage:
     return backend.from_uri(uri, **options)
 
 
-__all__ = ["STORAGE", "ObjectInfo", "Storage", "backend_for", "open_storage", "validate_key"]
+__all__ = [
+    "STORAGE",
+    "ObjectInfo",
+    "Storage",
+    "backend_for",
+    "is_remote",
+    "open_storage",
+    "schemes",
+    "validate_key",
+]

@@ -21,6 +21,7 @@ POLICIES: Registry[type[Policy]] = Registry(
         "optimal": "spotwise.market.policies.optimal:OptimalPolicy",
         "spotwise": "spotwise.market.policies.spotwise:SpotwisePolicy",
     },
+    group="spotwise.policies",
 )
 
 

@@ -1,7 +1,9 @@
 """Where price history comes from: one small protocol, one module per source, a registry.
 
 A ``PriceSource`` yields :class:`PriceRecord` rows (and :class:`RowError` for rows it could not
-read, with their line numbers) for :func:`spotwise.market.prices.ingest` to store.
+read, with their line numbers) for :func:`spotwise.market.prices.ingest` to store. A registered
+source class also offers ``from_query(query)``: the sources :class:`SourceQuery` asks for, so
+``spotwise prices ingest --source NAME`` can open any of them, a plugin's too.
 """
 
 from __future__ import annotations
@@ -11,9 +13,10 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import Protocol, runtime_checkable
 
-from spotwise.errors import IngestError
+from spotwise.errors import ConfigError, IngestError
 from spotwise.registry import Entry, Registry
 
 
@@ -50,6 +53,32 @@ class PriceSource(Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class SourceQuery:
+    """What ``prices ingest`` was asked for; each source reads the fields it understands (a file
+    source its ``paths``, an API source its ``regions``, ``instance_types`` and ``since``)."""
+
+    paths: tuple[Path, ...] = ()
+    regions: tuple[str, ...] = ()
+    instance_types: tuple[str, ...] = ()
+    since: datetime | None = None
+    cloud: str | None = None  # of SkyPilot-format CSVs, whose rows do not say
+
+    def need_paths(self, source: str) -> tuple[Path, ...]:
+        """The files a file source reads, or a clear error when none were given."""
+        if not self.paths:
+            raise ConfigError(
+                f"the {source!r} price source reads files, and none were given",
+                hint=f"spotwise prices ingest --source {source} FILE...",
+            )
+        return self.paths
+
+
+def open_sources(name: str, query: SourceQuery) -> list[PriceSource]:
+    """The sources registered as ``name`` (one per file for a file source) for ``query``."""
+    return list(PRICE_SOURCES.load(name).from_query(query))
+
+
 PRICE_SOURCES: Registry[PriceSource] = Registry(
     "price source",
     {
@@ -58,6 +87,7 @@ PRICE_SOURCES: Registry[PriceSource] = Registry(
         "azure": "spotwise.market.sources.azure:AzureRetailSource",
         "aws-json": "spotwise.market.sources.awsjson:AwsCliJsonSource",
     },
+    group="spotwise.price_sources",
 )
 
 

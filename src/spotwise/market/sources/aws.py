@@ -12,7 +12,7 @@ from datetime import datetime
 from typing import Any
 
 from spotwise.errors import IngestError
-from spotwise.market.sources import PriceRecord, RowError
+from spotwise.market.sources import PriceRecord, RowError, SourceQuery
 from spotwise.registry import require
 
 log = logging.getLogger(__name__)
@@ -30,6 +30,11 @@ class AwsSpotPriceSource:
     """Spot prices of GPU types in every (or the given) region, all pages of each."""
 
     name = "aws:DescribeSpotPriceHistory"
+
+    @classmethod
+    def from_query(cls, query: SourceQuery) -> list[AwsSpotPriceSource]:
+        since = query.since
+        return [cls(regions=query.regions, instance_types=query.instance_types, start=since)]
 
     def __init__(
         self,

@@ -18,7 +18,7 @@ from typing import Any
 
 from spotwise.echo import printable, shown
 from spotwise.errors import IngestError
-from spotwise.market.sources import PriceRecord, RowError, parse_timestamp
+from spotwise.market.sources import PriceRecord, RowError, SourceQuery, parse_timestamp
 from spotwise.market.sources.aws import LINUX_PRODUCTS
 
 MAX_FILE_BYTES = 1 << 30  # a year of every GPU type in every region is ~200 MB of JSON
@@ -47,6 +47,10 @@ def region_of_zone(zone: str) -> str:
 class AwsCliJsonSource:
     """Records from one ``describe-spot-price-history`` JSON file; items it cannot use become
     RowError with their position in the list."""
+
+    @classmethod
+    def from_query(cls, query: SourceQuery) -> list[AwsCliJsonSource]:
+        return [cls(path) for path in query.need_paths("aws-json")]
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)

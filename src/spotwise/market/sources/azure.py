@@ -19,7 +19,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from spotwise.errors import IngestError
-from spotwise.market.sources import PriceRecord, RowError, parse_timestamp
+from spotwise.market.sources import PriceRecord, RowError, SourceQuery, parse_timestamp
 
 DEFAULT_URL = "https://prices.azure.com/api/retail/prices"
 URL_ENV = "SPOTWISE_AZURE_PRICES_URL"  # point at a loopback server in tests
@@ -76,6 +76,10 @@ class AzureRetailSource:
     """All pages of the Retail Prices API for GPU VM SKUs, following ``NextPageLink``."""
 
     name = "azure:retail-prices"
+
+    @classmethod
+    def from_query(cls, query: SourceQuery) -> list[AzureRetailSource]:
+        return [cls(skus=query.instance_types or None, regions=query.regions)]
 
     def __init__(
         self,

@@ -32,7 +32,13 @@ from typing import Any
 from spotwise.echo import printable, shown
 from spotwise.errors import IngestError
 from spotwise.market.catalog import GPU_MEMORY_GB, canonical_gpu, gcp_attached_type, gcp_vm_gpus
-from spotwise.market.sources import PriceRecord, RowError, aws_region_of_zone_id, parse_timestamp
+from spotwise.market.sources import (
+    PriceRecord,
+    RowError,
+    SourceQuery,
+    aws_region_of_zone_id,
+    parse_timestamp,
+)
 
 log = logging.getLogger(__name__)
 
@@ -176,6 +182,10 @@ def infer_cloud(path: Path, header: list[str]) -> str | None:
 
 class CsvSource:
     """Records from one CSV file; malformed rows become RowError with their line number."""
+
+    @classmethod
+    def from_query(cls, query: SourceQuery) -> list[CsvSource]:
+        return [cls(path, cloud=query.cloud) for path in query.need_paths("csv")]
 
     def __init__(self, path: str | Path, cloud: str | None = None, default_ts: int | None = None):
         self.path = Path(path)
