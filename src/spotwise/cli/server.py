@@ -42,11 +42,12 @@ def register(app: typer.Typer) -> None:
         at /api/v1/openapi.json) and the dashboard at /. Stops on Ctrl-C or SIGTERM; the
         jobs' machines keep running and the next start adopts them. See docs/server.md.
         """
+        from spotwise import settings
         from spotwise.server.serve import check_bind, serve
 
         check_bind(host, tls_cert, tls_key, behind_proxy)  # before anything is opened
         if home is not None:
-            os.environ["SPOTWISE_HOME"] = str(home.expanduser().resolve())
+            os.environ[settings.HOME.name] = str(home.expanduser().resolve())
         serve(
             host=host,
             port=port,

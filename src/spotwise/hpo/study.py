@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
+from spotwise import settings
 from spotwise.errors import ConfigError, PlanMismatchError
 from spotwise.hpo.claims import TrialLeases
 from spotwise.registry import require
@@ -227,8 +228,8 @@ def _run_trial(
     attempts.append(
         {
             "holder": holder,
-            "job": os.environ.get("SPOTWISE_JOB_ID", ""),
-            "attempt": os.environ.get("SPOTWISE_ATTEMPT", ""),
+            "job": settings.JOB_ID.raw(),
+            "attempt": settings.ATTEMPT.raw(),
             "pid": os.getpid(),
             "start": time.time(),
         }

@@ -8,7 +8,6 @@ stored as Unix seconds (UTC); sources convert whatever zone their timestamps car
 
 from __future__ import annotations
 
-import os
 import sqlite3
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -16,6 +15,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
+from spotwise import settings
 from spotwise.errors import IngestError, MarketError
 from spotwise.market.catalog import Catalog, Offer
 from spotwise.market.sources import PriceRecord, PriceSource, RowError
@@ -72,7 +72,7 @@ WHERE p.cloud = ? AND p.instance_type = ?
 
 
 def default_db_path() -> Path:
-    home = os.environ.get("SPOTWISE_HOME") or str(Path.home() / ".spotwise")
+    home = str(settings.home())
     return Path(home) / "prices.db"
 
 

@@ -32,6 +32,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import IO, Any
 
+from spotwise import settings
 from spotwise.checkpoint.durable import write_atomic
 from spotwise.errors import EncryptionKeyError, IntegrityError
 from spotwise.registry import require
@@ -39,8 +40,8 @@ from spotwise.storage.base import ObjectInfo, Storage, validate_key
 
 SCHEME = "aes-256-gcm-chunked-v1"
 SCHEME_LINE = f"SPOTWISE-ENCRYPTED {SCHEME}\n".encode()
-KEY_ENV = "SPOTWISE_ENCRYPTION_KEY"
-KEY_FILE_ENV = "SPOTWISE_ENCRYPTION_KEY_FILE"
+KEY_ENV = settings.ENCRYPTION_KEY.name
+KEY_FILE_ENV = settings.ENCRYPTION_KEY_FILE.name
 CHUNK = 1024 * 1024
 TAG = 16
 _KEY_ID_LEN = 8
@@ -70,10 +71,9 @@ def parse_key(text_or_bytes: str | bytes, source: str) -> bytes:
 
 def load_key(env: Mapping[str, str] | None = None) -> bytes | None:
     """The KEK configured in the environment, or None when encryption is not configured."""
-    env = os.environ if env is None else env
-    if env.get(KEY_ENV):
-        return parse_key(env[KEY_ENV], KEY_ENV)
-    path = env.get(KEY_FILE_ENV)
+    if settings.ENCRYPTION_KEY.raw(env):
+        return parse_key(settings.ENCRYPTION_KEY.raw(env), KEY_ENV)
+    path = settings.ENCRYPTION_KEY_FILE.text(env)
     if path:
         try:
             return parse_key(Path(path).expanduser().read_bytes(), f"{KEY_FILE_ENV}={path}")

@@ -15,19 +15,17 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import threading
 import time
 from collections.abc import Sequence
 from typing import Any
 
+from spotwise import settings
 from spotwise.registry import require
 from spotwise.telemetry.jsonsafe import dumps
 
 log = logging.getLogger(__name__)
 
-GROUP_ENV = "SPOTWISE_CLOUDWATCH_LOG_GROUP"
-STREAM_ENV = "SPOTWISE_CLOUDWATCH_LOG_STREAM"
 MAX_EVENTS = 10_000
 MAX_BYTES = 1_048_576
 EVENT_OVERHEAD = 26
@@ -90,10 +88,10 @@ class CloudWatchSink:
 
     @classmethod
     def from_environment(cls, default_stream: str) -> CloudWatchSink | None:
-        group = os.environ.get(GROUP_ENV)
+        group = settings.CLOUDWATCH_LOG_GROUP.text()
         if not group:
             return None
-        stream = os.environ.get(STREAM_ENV) or default_stream
+        stream = settings.CLOUDWATCH_LOG_STREAM.text() or default_stream
         require("boto3", "aws", "shipping events to CloudWatch Logs")  # a missing extra: say so
         try:
             return cls(group, stream)
@@ -103,7 +101,7 @@ class CloudWatchSink:
                 group,
                 stream,
                 exc,
-                GROUP_ENV,
+                settings.CLOUDWATCH_LOG_GROUP.name,
             )
             return None
 

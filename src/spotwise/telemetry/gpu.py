@@ -18,7 +18,6 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 DEFAULT_INTERVAL_S = 5.0
-INTERVAL_ENV = "SPOTWISE_GPU_SAMPLE_S"  # seconds between samples; 0 turns sampling off
 
 
 class Nvml:

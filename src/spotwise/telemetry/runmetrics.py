@@ -20,6 +20,7 @@ import time
 from collections.abc import Iterator, Mapping
 from typing import Any, Protocol
 
+from spotwise import settings
 from spotwise.errors import ConfigError
 from spotwise.registry import require
 from spotwise.telemetry import gpu
@@ -28,7 +29,6 @@ from spotwise.telemetry.events import EventLog
 
 log = logging.getLogger(__name__)
 
-PORT_ENV = "SPOTWISE_METRICS_PORT"
 LOG_EVERY_S = 1.0  # at most one ``metrics`` event a second from run.log(...)
 
 
@@ -66,13 +66,13 @@ class RunTelemetry:
         self.last_checkpoint_time: float | None = None
         self._last_logged = -LOG_EVERY_S
         port = _number_from_env(
-            "metrics_port" if metrics_port is not None else PORT_ENV,
-            metrics_port if metrics_port is not None else os.environ.get(PORT_ENV),
+            "metrics_port" if metrics_port is not None else settings.METRICS_PORT.name,
+            metrics_port if metrics_port is not None else settings.METRICS_PORT.text(),
             integer=True,
         )
         interval = _number_from_env(
-            "gpu_sample_s" if gpu_sample_s is not None else gpu.INTERVAL_ENV,
-            gpu_sample_s if gpu_sample_s is not None else os.environ.get(gpu.INTERVAL_ENV),
+            "gpu_sample_s" if gpu_sample_s is not None else settings.GPU_SAMPLE_S.name,
+            gpu_sample_s if gpu_sample_s is not None else settings.GPU_SAMPLE_S.text(),
             integer=False,
         )
         self.port: int | None = None
@@ -103,7 +103,7 @@ class RunTelemetry:
         except OSError as exc:
             raise ConfigError(
                 f"cannot serve training metrics on 127.0.0.1:{port}: {exc.strerror}",
-                hint=f"choose another {PORT_ENV}",
+                hint=f"choose another {settings.METRICS_PORT.name}",
             ) from exc
         self.port = int(self._server.server_port)
         self.run.events.subscribe(self._observe)
@@ -154,8 +154,8 @@ def _node_local_rank() -> int:
 
 def _stream_name(run: RunLike) -> str:
     """``<job or run dir>/attempt-<n>/<pid>``: one stream per process, as the service wants."""
-    job = os.environ.get("SPOTWISE_JOB_ID") or run.events.path.parent.name
-    return f"{job}/attempt-{os.environ.get('SPOTWISE_ATTEMPT', '0')}/{os.getpid()}"
+    job = settings.JOB_ID.text() or run.events.path.parent.name
+    return f"{job}/attempt-{settings.ATTEMPT.text() or '0'}/{os.getpid()}"
 
 
 class _RunCollector:

@@ -82,7 +82,7 @@ class Webhook(BaseModel):
         if v is not None and not _ENV_REF.match(v):
             raise ValueError(
                 "expected env:NAME, the environment variable of the controller (or server) "
-                "that holds the value, e.g. env:SPOTWISE_WEBHOOK_SECRET"
+                "that holds the value, e.g. env:WEBHOOK_SECRET"
             )
         return v
 

@@ -11,10 +11,11 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from spotwise import settings
 from spotwise.errors import ConfigError
 from spotwise.registry import require
 
-DB_ENV = "SPOTWISE_DB"
+DB_ENV = settings.DB.name
 DB_FILE = "spotwise.db"
 # Execution option of a SQLite transaction that writes: it takes the write lock at BEGIN, so that
 # a read-then-write transaction never fails half-way with "database is locked".
@@ -27,7 +28,7 @@ _URL_FORMS = "sqlite:///PATH or postgresql://USER:PASSWORD@HOST:PORT/DATABASE"
 
 def database_url(home: Path) -> sa.URL:
     """``SPOTWISE_DB`` if set, else ``<home>/spotwise.db``; ``postgresql://`` means psycopg 3."""
-    raw = os.environ.get(DB_ENV, "").strip()
+    raw = settings.DB.raw()
     if not raw:
         return sa.URL.create("sqlite", database=str(home / DB_FILE))
     try:

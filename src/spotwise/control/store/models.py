@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 from typing import Any
+
+from spotwise.settings import home as spotwise_home  # where the store's callers find it
 
 
 class JobState(str, Enum):
@@ -22,10 +23,6 @@ class JobState(str, Enum):
     @property
     def terminal(self) -> bool:
         return self in (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED)
-
-
-def spotwise_home() -> Path:
-    return Path(os.environ.get("SPOTWISE_HOME") or Path.home() / ".spotwise").expanduser()
 
 
 @dataclass

@@ -11,18 +11,18 @@ region; dropped: Windows, Low Priority, DevTest and reservation rows.
 from __future__ import annotations
 
 import json
-import os
 import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from spotwise import settings
 from spotwise.errors import IngestError
 from spotwise.market.sources import PriceRecord, RowError, SourceQuery, parse_timestamp
 
 DEFAULT_URL = "https://prices.azure.com/api/retail/prices"
-URL_ENV = "SPOTWISE_AZURE_PRICES_URL"  # point at a loopback server in tests
+URL_ENV = settings.AZURE_PRICES_URL.name  # point at a loopback server in tests
 API_VERSION = "2023-01-01-preview"
 
 
@@ -90,7 +90,7 @@ class AzureRetailSource:
         timeout_s: float = 30.0,
         max_pages: int = 10_000,
     ) -> None:
-        self.base_url = base_url or os.environ.get(URL_ENV) or DEFAULT_URL
+        self.base_url = base_url or settings.AZURE_PRICES_URL.text() or DEFAULT_URL
         if urllib.parse.urlsplit(self.base_url).scheme not in ("http", "https"):
             raise IngestError(f"the Azure prices URL must be http(s): {self.base_url!r}")
         self.skus = list(skus) if skus is not None else None
