@@ -1,6 +1,6 @@
-"""Checkpoints in an object store (``s3://bucket/prefix``), found and checked from one listing
-and their manifests, without torch: what ``ckpt list`` and the controller's progress read, and
-where the runtime's tiered mirror (``spotwise.runtime.tiered``) starts from.
+"""Checkpoints in an object store (``s3://``, ``gs://``, ``az://``), found and checked from one
+listing and their manifests, without torch: what ``ckpt list`` and the controller's progress
+read, and where the runtime's tiered mirror (``spotwise.runtime.tiered``) starts from.
 """
 
 from __future__ import annotations
@@ -18,16 +18,17 @@ from spotwise.errors import (
     IntegrityError,
     StorageNotFoundError,
 )
+from spotwise.storage import is_object_store
 from spotwise.storage.base import Storage
 
 _STEP_KEY = re.compile(r"^(step-(\d{8,}))/(.+)$")
-_REMOTE_SCHEMES = ("s3://", "memory://")
 
 
 def is_remote(run_dir: str | os.PathLike[str]) -> bool:
-    """True for run directories that name an object store (``s3://bucket/prefix``; ``memory://``
-    is the in-process fake that tests use)."""
-    return os.fspath(run_dir).startswith(_REMOTE_SCHEMES)
+    """True for run directories that name an object store (``s3://``, ``gs://``, ``az://``, any
+    scheme the storage registry serves but ``file://``; ``memory://`` is the in-process fake
+    that tests use)."""
+    return is_object_store(os.fspath(run_dir))
 
 
 def open_remote(uri: str) -> Storage:

@@ -30,6 +30,23 @@ CRC_METADATA_KEY = "spotwise-crc32c"  # user metadata on every object: its CRC32
 
 T = TypeVar("T")
 
+# Exception class names (anywhere in the MRO) raised while a request or its body is on the wire,
+# by botocore, requests, urllib3, azure-core or the socket layer: retrying them is safe.
+NETWORK_ERRORS = frozenset(
+    {
+        "ConnectionError", "HTTPClientError", "ReadTimeoutError", "ConnectTimeoutError",
+        "ConnectionClosedError", "EndpointConnectionError", "IncompleteReadError",
+        "ResponseStreamingError", "ProtocolError", "ReadTimeout", "ConnectTimeout", "Timeout",
+        "ConnectionResetError", "BrokenPipeError", "TimeoutError", "IncompleteRead",
+        "RemoteDisconnected", "ChunkedEncodingError", "ServiceRequestError",
+        "ServiceResponseError",
+    }
+)  # fmt: skip
+
+
+def is_network_error(exc: BaseException) -> bool:
+    return not {cls.__name__ for cls in type(exc).__mro__}.isdisjoint(NETWORK_ERRORS)
+
 
 class Failure(Enum):
     """What a vendor exception means for the caller (decided by each backend's ``classify``)."""

@@ -42,6 +42,7 @@ from spotwise.storage.objectstore import (
     expected_crc,
     file_crc,
     integrity_error,
+    is_network_error,
     parse_bucket_uri,
     stream_crc,
 )
@@ -98,13 +99,6 @@ _PERMISSION_CODES = frozenset(
     }
 )  # fmt: skip
 _NOT_FOUND_CODES = frozenset({"NoSuchKey", "NotFound", "404", "NoSuchUpload"})
-# Exceptions raised while a request or its body is on the wire; retrying them is safe.
-_RETRY_EXCEPTIONS = (
-    "ConnectionError", "HTTPClientError", "ReadTimeoutError", "ConnectTimeoutError",
-    "ConnectionClosedError", "EndpointConnectionError", "IncompleteReadError",
-    "ResponseStreamingError", "ProtocolError", "ReadTimeout", "ConnectionResetError",
-    "BrokenPipeError", "TimeoutError", "IncompleteRead", "RemoteDisconnected",
-)  # fmt: skip
 
 
 def classify(exc: BaseException) -> Failure:
@@ -126,7 +120,7 @@ def classify(exc: BaseException) -> Failure:
     names = {cls.__name__ for cls in type(exc).__mro__}
     if "NoCredentialsError" in names or "PartialCredentialsError" in names:
         return Failure.PERMISSION
-    if names.intersection(_RETRY_EXCEPTIONS):
+    if is_network_error(exc):
         return Failure.RETRY
     return Failure.FATAL
 
