@@ -24,3 +24,17 @@ def test_docs_name_every_value_of_spotwise_platform() -> None:
     rows = "|".join(re.findall(r"^\| `SPOTWISE_PLATFORM=([^`]+)` \|", text, re.M))
     named = set(re.split(r"\\?\|", rows)) | {"auto"}  # (unset means auto)
     assert named == set(platforms())
+
+
+def test_storage_docs_table_is_exactly_the_registered_schemes() -> None:
+    from spotwise.storage import SCHEMES, STORAGE
+
+    text = (DOCS / "storage.md").read_text()
+    start = text.index("| URI ")
+    table = text[start : text.index("\n\n", start)]
+    rows = [line for line in table.splitlines()[2:] if line.startswith("|")]
+    uris = [u for row in rows for u in re.findall(r"`([^`]+)`", row.split("|")[1])]
+    schemes = {u.split("://", 1)[0] for u in uris if "://" in u}
+    assert schemes == set(SCHEMES)
+    modules = {re.search(r"`storage/(\w+)\.py`", row).group(1) for row in rows}  # type: ignore[union-attr]
+    assert modules == set(STORAGE.names())  # each backend's module is named as it is registered
