@@ -46,7 +46,7 @@ from spotwise.errors import ConfigError, StorageNotFoundError
 from spotwise.exitcode import EXIT_INTERRUPTED
 from spotwise.notices.base import NoticeSource
 from spotwise.notices.watcher import open_notices
-from spotwise.storage import Storage, open_storage
+from spotwise.storage import Storage, object_store_schemes, open_storage
 from spotwise.telemetry.events import EventLog
 
 log = logging.getLogger(__name__)
@@ -150,7 +150,7 @@ def ensure_plan(storage: Storage, plan: Plan) -> None:
 def default_leases(out: str) -> str:
     """Leases next to the outputs: a SQLite file in a local directory, objects under
     ``<prefix>/leases/`` in a bucket."""
-    if out.startswith("s3://"):
+    if out.startswith(tuple(object_store_schemes())):
         return out.rstrip("/") + "/leases"
     path = Path(out[len("file://") :] if out.startswith("file://") else out)
     return str(path.expanduser().absolute() / LEASES_FILE)
