@@ -82,8 +82,20 @@ class AzureBlobEmulator(LoopbackEmulator):
             f"BlobEndpoint={self.account_url};"
         )
 
+    NAME_RULE = (
+        "container names are 3-63 lowercase letters, digits and single hyphens, starting and "
+        "ending with a letter or digit"
+    )
+
     def env(self) -> dict[str, str]:
         return {"AZURE_STORAGE_CONNECTION_STRING": self.connection_string()}
+
+    def add_bucket(self, name: str) -> None:
+        """Create a container (as Create Container does); ValueError for a name Azure refuses."""
+        if not _CONTAINER_NAME.match(name) or "--" in name:
+            raise ValueError(f"invalid container name {name!r}")
+        with self._data_lock:
+            self.containers.setdefault(name, {})
 
     # --- hostile hooks ------------------------------------------------------------------------
     def corrupt(self, container: str, name: str) -> None:

@@ -21,6 +21,7 @@ import base64
 import hashlib
 import itertools
 import json
+import re
 import secrets
 import threading
 import time
@@ -33,6 +34,7 @@ import crc32c
 from spotwise.emulators._server import LoopbackEmulator, Request, Response, json_body
 
 _PAGE = 1000  # GCS's default and maximum maxResults
+_BUCKET_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{1,61}[a-z0-9]$")
 
 
 @dataclass
@@ -73,9 +75,21 @@ class GcsEmulator(LoopbackEmulator):
         self._generations = itertools.count(int(time.time() * 1e6))
         self._data_lock = threading.Lock()
 
+    NAME_RULE = (
+        "bucket names are 3-63 lowercase letters, digits, '-', '_' and '.', starting and "
+        "ending with a letter or digit"
+    )
+
     def env(self) -> dict[str, str]:
         """What a client needs: the SDK's own emulator variable (no credentials are used)."""
         return {"STORAGE_EMULATOR_HOST": self.url}
+
+    def add_bucket(self, name: str) -> None:
+        """Create a bucket (as ``buckets.insert`` does); ValueError for a name GCS refuses."""
+        if not _BUCKET_NAME.match(name):
+            raise ValueError(f"invalid bucket name {name!r}")
+        with self._data_lock:
+            self.buckets.setdefault(name, {})
 
     # --- hostile hooks ------------------------------------------------------------------------
     def corrupt(self, bucket: str, name: str) -> None:
@@ -138,6 +152,8 @@ class GcsEmulator(LoopbackEmulator):
         name = str(_json(request.body).get("name", ""))
         if not name:
             return _error(400, "Required", "required")
+        if not _BUCKET_NAME.match(name):
+            return _error(400, f"Invalid bucket name: '{name}'", "invalid")
         if name in self.buckets:
             return _error(409, "Your previous request to create the named bucket succeeded "
                           "and you already own it.", "conflict")  # fmt: skip
