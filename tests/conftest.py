@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 
@@ -118,6 +119,55 @@ def retail_api(monkeypatch: pytest.MonkeyPatch):
     with module.serving() as server:
         monkeypatch.setenv(URL_ENV, module.url_of(server))
         yield server
+
+
+@pytest.fixture()
+def gcs_env(monkeypatch: pytest.MonkeyPatch):
+    """A loopback Google Cloud Storage (spotwise.emulators.gcs) that the real
+    google-cloud-storage client reaches through STORAGE_EMULATOR_HOST, with no credentials.
+    Yields the emulator; ``gcs_bucket`` makes a bucket on it."""
+    from spotwise.emulators.gcs import GcsEmulator
+
+    monkeypatch.delenv("GOOGLE_APPLICATION_CREDENTIALS", raising=False)
+    with GcsEmulator() as emulator:
+        for name, value in emulator.env().items():
+            monkeypatch.setenv(name, value)
+        yield emulator
+
+
+@pytest.fixture()
+def gcs_bucket(gcs_env) -> str:
+    from google.cloud import storage
+
+    name = f"spotwise-{uuid.uuid4().hex[:12]}"
+    storage.Client().create_bucket(name)
+    return name
+
+
+@pytest.fixture()
+def azure_blob_env(monkeypatch: pytest.MonkeyPatch):
+    """A loopback Azure Blob service (spotwise.emulators.azure_blob) that the real
+    azure-storage-blob client reaches through AZURE_STORAGE_CONNECTION_STRING (the development
+    account, shared-key signed). Yields the emulator; ``azure_container`` makes a container."""
+    from spotwise.emulators.azure_blob import AzureBlobEmulator
+
+    for name in ("AZURE_STORAGE_ACCOUNT", "AZURE_STORAGE_ACCOUNT_URL"):
+        monkeypatch.delenv(name, raising=False)
+    with AzureBlobEmulator() as emulator:
+        for name, value in emulator.env().items():
+            monkeypatch.setenv(name, value)
+        yield emulator
+
+
+@pytest.fixture()
+def azure_container(azure_blob_env) -> str:
+    from azure.storage.blob import BlobServiceClient
+
+    name = f"spotwise-{uuid.uuid4().hex[:12]}"
+    BlobServiceClient.from_connection_string(azure_blob_env.connection_string()).create_container(
+        name
+    )
+    return name
 
 
 @pytest.fixture(scope="session")

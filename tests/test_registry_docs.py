@@ -50,3 +50,15 @@ def test_the_plugin_docs_table_lists_every_registry_with_its_names() -> None:
     assert set(documented) == set(by_name)
     for name, registry in by_name.items():
         assert documented[name] == (registry.group, registry.names()), name
+
+
+def test_storage_docs_table_is_exactly_the_registered_schemes() -> None:
+    from spotwise.storage import schemes as registered_schemes
+
+    text = (DOCS / "storage.md").read_text()
+    start = text.index("| URI ")
+    table = text[start : text.index("\n\n", start)]
+    rows = [line for line in table.splitlines()[2:] if line.startswith("|")]
+    uris = [u for row in rows for u in re.findall(r"`([^`]+)`", row.split("|")[1])]
+    schemes = {u.split("://", 1)[0] for u in uris if "://" in u}
+    assert schemes == set(registered_schemes())

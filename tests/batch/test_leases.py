@@ -1,6 +1,7 @@
 """Both lease boards grant a shard to one holder at a time, hand it over only after expiry,
 refuse renewals of a lost lease and never lease a finished shard again (same scenario, real
-SQLite file and real S3 conditional writes on the loopback moto server)."""
+SQLite file and real conditional writes: S3 on the loopback moto server, GCS generations and
+Azure ETags on their loopback doubles through the official clients)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ import boto3
 import pytest
 
 from spotwise.batch import ObjectLeases, SQLiteLeases
+from spotwise.storage.azureblob import AzureBlobStorage
+from spotwise.storage.gcs import GCSStorage
 from spotwise.storage.s3 import S3Storage
 
 
@@ -21,16 +24,24 @@ class Clock:
         return self.now
 
 
-@pytest.fixture(params=["sqlite", "s3"])
+def _object_store(request, kind: str, prefix: str):
+    if kind == "gcs":
+        return GCSStorage(request.getfixturevalue("gcs_bucket"), prefix)
+    if kind == "azureblob":
+        return AzureBlobStorage(request.getfixturevalue("azure_container"), prefix)
+    endpoint = request.getfixturevalue("aws_env")
+    bucket = f"leases-{uuid.uuid4().hex[:8]}"
+    boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket=bucket)
+    return S3Storage(bucket, prefix, endpoint_url=endpoint)
+
+
+@pytest.fixture(params=["sqlite", "s3", "gcs", "azureblob"])
 def board(request, tmp_path):
     clock = Clock()
     if request.param == "sqlite":
         yield SQLiteLeases(tmp_path / "leases.db", clock=clock), clock
         return
-    endpoint = request.getfixturevalue("aws_env")
-    bucket = f"leases-{uuid.uuid4().hex[:8]}"
-    boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket=bucket)
-    yield ObjectLeases(S3Storage(bucket, "job/leases", endpoint_url=endpoint), clock=clock), clock
+    yield ObjectLeases(_object_store(request, request.param, "job/leases"), clock=clock), clock
 
 
 def test_one_holder_at_a_time_and_handover_after_expiry(board):
@@ -66,11 +77,11 @@ def test_a_released_lease_is_claimable_at_once(board):
     assert leases.claim("b", [7], ttl_s=60) is not None
 
 
-def test_the_object_store_refuses_a_second_create(aws_env):
-    """The primitive ObjectLeases relies on: moto honours If-None-Match: * and If-Match."""
-    bucket = f"cas-{uuid.uuid4().hex[:8]}"
-    boto3.client("s3", endpoint_url=aws_env).create_bucket(Bucket=bucket)
-    store = S3Storage(bucket, endpoint_url=aws_env)
+@pytest.mark.parametrize("kind", ["s3", "gcs", "azureblob"])
+def test_the_object_store_refuses_a_second_create(kind, request):
+    """The primitive ObjectLeases relies on: If-None-Match: * and If-Match (moto, Azure),
+    ifGenerationMatch=0 and ifGenerationMatch=<generation> (GCS)."""
+    store = _object_store(request, kind, "")
     first = store.put_if("k", b"1", etag=None)
     assert first is not None
     assert store.put_if("k", b"2", etag=None) is None

@@ -43,6 +43,23 @@ def make_s3(aws_env: str, bucket: str) -> Callable[..., S3Storage]:
     return make
 
 
+@pytest.fixture(params=["s3", "gcs", "azureblob"])
+def object_store(request: pytest.FixtureRequest) -> Any:
+    """An empty prefix on each object store's loopback double (moto, GCS, Azure Blob), for the
+    checkpoint-layer tests that must hold on all three."""
+    if request.param == "s3":
+        return request.getfixturevalue("make_s3")()
+    if request.param == "gcs":
+        from spotwise.storage.gcs import GCSStorage
+
+        bucket = request.getfixturevalue("gcs_bucket")
+        return GCSStorage(bucket, "run", chunk_size=MiB, retry=FAST_RETRY)
+    from spotwise.storage.azureblob import AzureBlobStorage
+
+    container = request.getfixturevalue("azure_container")
+    return AzureBlobStorage(container, "run", block_size=MiB, retry=FAST_RETRY)
+
+
 @pytest.fixture()
 def proxy(aws_env: str) -> Iterator[FaultProxy]:
     fault_proxy = FaultProxy(aws_env)

@@ -71,8 +71,8 @@ def test_upload_without_manifest_is_not_a_checkpoint(
     assert pull_newest(store, tmp_path / "b").name == "step-00000100"
 
 
-def test_corrupt_remote_objects_are_skipped(make_s3, tmp_path: Path) -> None:
-    store = make_s3()
+def test_corrupt_remote_objects_are_skipped(object_store, tmp_path: Path) -> None:
+    store = object_store
     for step in (100, 200, 300):
         push(store, _save(tmp_path / "a", step).path)
     # step 300: a data object was cut short (size mismatch shows in the listing alone)

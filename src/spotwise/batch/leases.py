@@ -179,7 +179,8 @@ class ObjectLeases:
         if not isinstance(store, ConditionalStore):
             raise ConfigError(
                 f"{getattr(store, 'uri', store)!r} has no conditional writes for leases",
-                hint="use an s3:// location for multi-machine leases, or leases=sqlite:///path",
+                hint="use an s3://, gs:// or az:// location for multi-machine leases, or "
+                "leases=sqlite:///path",
             )
         self.store = store
         self.prefix = prefix
@@ -247,6 +248,8 @@ LEASE_BOARDS: Registry[LeaseBoard] = Registry(
     {
         "sqlite": "spotwise.batch.leases:SQLiteLeases",
         "s3": Entry("spotwise.batch.leases:object_leases", "s3"),
+        "gs": Entry("spotwise.batch.leases:object_leases", "gcs"),
+        "az": Entry("spotwise.batch.leases:object_leases", "azureblob"),
     },
     group="spotwise.lease_boards",
 )
@@ -266,7 +269,7 @@ def open_leases(uri: str, *, clock: Clock = time.time) -> LeaseBoard:
     if scheme not in LEASE_BOARDS:
         raise ConfigError(
             f"unsupported lease location {uri!r}",
-            hint="use sqlite:///path/leases.db or s3://bucket/prefix",
+            hint="use sqlite:///path/leases.db or an s3://, gs:// or az://bucket/prefix",
         )
     board = LEASE_BOARDS.load(scheme)
     if scheme == "sqlite":

@@ -1,6 +1,6 @@
-"""Checkpoints in an object store (``s3://bucket/prefix``), found and checked from one listing
-and their manifests, without torch: what ``ckpt list`` and the controller's progress read, and
-where the runtime's tiered mirror (``spotwise.runtime.tiered``) starts from.
+"""Checkpoints in an object store (``s3://``, ``gs://``, ``az://``), found and checked from one
+listing and their manifests, without torch: what ``ckpt list`` and the controller's progress
+read, and where the runtime's tiered mirror (``spotwise.runtime.tiered``) starts from.
 """
 
 from __future__ import annotations

@@ -72,7 +72,7 @@ def register(app: typer.Typer) -> None:
 @ckpt_app.command("list")
 def list_command(
     run_dir: str = typer.Argument(
-        ..., help="run directory or s3://bucket/prefix (the one given to spotwise.Run)"
+        ..., help="run directory or s3://, gs://, az://bucket/prefix (the run_dir of spotwise.Run)"
     ),
     as_json: bool = typer.Option(False, "--json", help="print JSON instead of a table"),
     deep: bool = typer.Option(
@@ -95,7 +95,7 @@ def list_command(
 @ckpt_app.command("verify")
 def verify_command(
     run_dir: str = typer.Argument(
-        ..., help="run directory or s3://bucket/prefix (the one given to spotwise.Run)"
+        ..., help="run directory or s3://, gs://, az://bucket/prefix (the run_dir of spotwise.Run)"
     ),
     as_json: bool = typer.Option(False, "--json", help="print JSON instead of a table"),
 ) -> None:
@@ -118,7 +118,9 @@ def verify_command(
 
 @ckpt_app.command("pull")
 def pull_command(
-    uri: str = typer.Argument(..., help="s3://bucket/prefix (the run_dir given to spotwise.Run)"),
+    uri: str = typer.Argument(
+        ..., help="s3://, gs:// or az://bucket/prefix (the run_dir of spotwise.Run)"
+    ),
     dest: Path = typer.Argument(..., help="local directory to place the checkpoint in"),
 ) -> None:
     """Download the newest valid checkpoint, verified against its manifest, into DEST."""
@@ -129,7 +131,10 @@ def pull_command(
     from spotwise.runtime.tiered import pull_newest
 
     if not is_remote(uri):
-        raise ConfigError(f"{uri!r} is not an object-store URI", hint="use s3://bucket/prefix")
+        from spotwise.storage import object_store_schemes
+
+        schemes = ", ".join(f"{s}bucket/prefix" for s in object_store_schemes())
+        raise ConfigError(f"{uri!r} is not an object-store URI", hint=f"use {schemes}")
     with Console(stderr=True).status(f"pulling the newest valid checkpoint from {uri}"):
         path = pull_newest(open_remote(uri), dest)
     typer.echo(f"pulled {path.name} into {path}")

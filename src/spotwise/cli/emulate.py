@@ -4,7 +4,8 @@ Starts a loopback metadata server that announces an interruption after ``--notic
 seconds; point the training process at it with the printed environment variable. ``ec2`` runs
 a whole loopback EC2 + S3 (moto) with machines behind it, for rehearsing a job file with the
 ``aws`` provider; ``gcp-compute`` the same for the ``gcp`` provider (a loopback Compute
-Engine API); ``kubernetes`` a loopback Kubernetes API with pods as local processes.
+Engine API); ``kubernetes`` a loopback Kubernetes API with pods as local processes; ``gcs`` and
+``azure-blob`` the object stores of ``gs://`` and ``az://`` run dirs.
 """
 
 from __future__ import annotations
@@ -44,6 +45,10 @@ def register(app: typer.Typer) -> None:
     from spotwise.cli._emulate_azure import azure_compute
 
     emulate.command("azure-compute")(azure_compute)
+    from spotwise.cli._emulate_storage import azure_blob, gcs
+
+    emulate.command("gcs")(gcs)
+    emulate.command("azure-blob")(azure_blob)
 
     @emulate.command("aws")
     def aws(

@@ -239,7 +239,8 @@ def _make_handler(emulator: LoopbackEmulator) -> type[http.server.BaseHTTPReques
             self.send_response(response.status)
             for key, value in response.headers.items():
                 self.send_header(key, value)
-            self.send_header("Content-Length", str(len(response.body)))
+            if "Content-Length" not in response.headers:  # a HEAD states the GET's length
+                self.send_header("Content-Length", str(len(response.body)))
             self.end_headers()
             if self.command != "HEAD":
                 self.wfile.write(response.body)

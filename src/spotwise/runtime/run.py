@@ -952,9 +952,12 @@ def _local_run_dir(run_dir: str | os.PathLike[str]) -> Path:
         text = text[len("file://") :]
     elif "://" in text:
         scheme = text.split("://", 1)[0]
+        from spotwise.storage import object_store_schemes
+
         raise ConfigError(
             f"Run cannot use {scheme}:// run directories",
-            hint="use a local path, file:///path or s3://bucket/prefix",
+            hint="use a local path, file:///path or "
+            + ", ".join(f"{s}bucket/prefix" for s in object_store_schemes()),
         )
     path = Path(text).expanduser()
     if path.exists() and not path.is_dir():

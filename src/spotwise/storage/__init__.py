@@ -1,9 +1,10 @@
 """Storage backends by name, and ``open_storage(uri)`` choosing one by URI.
 
 ``/path`` or ``file:///path`` -> local, ``memory://name`` -> in-memory (tests), ``s3://bucket/prefix``
--> S3 (needs ``pip install 'spotwise[s3]'``). A backend's registry name is its URI scheme (only
-``local`` is spelt ``file://``), so adding one is one file plus one line below, or an entry point
-in the ``spotwise.storage`` group of another package.
+-> S3 (``spotwise[s3]``), ``gs://bucket/prefix`` -> Google Cloud Storage (``spotwise[gcs]``),
+``az://container/prefix`` -> Azure Blob Storage (``spotwise[azureblob]``). A backend's registry
+name is its URI scheme (only ``local`` is spelt ``file://``), so adding one is one file plus one
+line below, or an entry point in the ``spotwise.storage`` group of another package.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ STORAGE: Registry[Storage] = Registry(
         "local": "spotwise.storage.local:LocalStorage",
         "memory": "spotwise.storage.memory:MemoryStorage",
         "s3": Entry("spotwise.storage.s3:S3Storage", "s3"),
+        "gs": Entry("spotwise.storage.gcs:GCSStorage", "gcs"),
+        "az": Entry("spotwise.storage.azureblob:AzureBlobStorage", "azureblob"),
     },
     group="spotwise.storage",
 )
@@ -31,6 +34,12 @@ LOCAL = "local"  # the one backend whose scheme is not its name: file:///path, o
 def schemes() -> list[str]:
     """Every URI scheme a run directory may use, from the registry."""
     return sorted(("file" if name == LOCAL else name) for name in STORAGE.names())
+
+
+def object_store_schemes() -> list[str]:
+    """``['az://', 'gs://', 's3://']``: the schemes a user may give as a remote run dir (the
+    in-process ``memory://`` fake is for tests and left out)."""
+    return [f"{s}://" for s in schemes() if s not in ("file", "memory")]
 
 
 def backend_for(uri: str) -> str:
@@ -67,6 +76,7 @@ __all__ = [
     "Storage",
     "backend_for",
     "is_remote",
+    "object_store_schemes",
     "open_storage",
     "schemes",
     "validate_key",

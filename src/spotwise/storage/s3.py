@@ -13,13 +13,10 @@ from __future__ import annotations
 
 import logging
 import os
-import random
-import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
-from dataclasses import dataclass, field
-from enum import Enum
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, TypeVar
 
@@ -28,7 +25,6 @@ import crc32c
 from spotwise.checkpoint.durable import write_atomic
 from spotwise.errors import (
     ConfigError,
-    IntegrityError,
     StorageError,
     StorageNotFoundError,
     StoragePermissionError,
@@ -37,11 +33,23 @@ from spotwise.errors import (
 from spotwise.registry import require
 from spotwise.retry import RetryPolicy
 from spotwise.storage.base import ObjectInfo, validate_key
+from spotwise.storage.objectstore import (
+    Edge,
+    Failure,
+    MiB,
+    check_prefix,
+    crc_metadata,
+    expected_crc,
+    file_crc,
+    integrity_error,
+    is_network_error,
+    parse_bucket_uri,
+    stream_crc,
+)
 
 log = logging.getLogger(__name__)
 
-MiB = 1024 * 1024
-CRC_METADATA_KEY = "spotwise-crc32c"  # stored as x-amz-meta-spotwise-crc32c, 8 hex digits
+# The CRC32C goes into user metadata as x-amz-meta-spotwise-crc32c (objectstore.CRC_METADATA_KEY).
 _MAX_PARTS = 10_000  # S3's limit on parts per multipart upload
 _MIN_PART = 5 * MiB  # S3's minimum size of every part but the last
 _READ_CHUNK = 1 * MiB
@@ -76,14 +84,6 @@ def plan_parts(size: int, part_size: int) -> list[tuple[int, int]]:
     return [(off, min(part, size - off)) for off in range(0, size, part)]
 
 
-class Failure(Enum):
-    RETRY = "retry"
-    NOT_FOUND = "not_found"
-    NO_BUCKET = "no_bucket"
-    PERMISSION = "permission"
-    FATAL = "fatal"
-
-
 _RETRY_CODES = frozenset(
     {
         "SlowDown", "Throttling", "ThrottlingException", "RequestThrottled", "TooManyRequests",
@@ -99,13 +99,6 @@ _PERMISSION_CODES = frozenset(
     }
 )  # fmt: skip
 _NOT_FOUND_CODES = frozenset({"NoSuchKey", "NotFound", "404", "NoSuchUpload"})
-# Exceptions raised while a request or its body is on the wire; retrying them is safe.
-_RETRY_EXCEPTIONS = (
-    "ConnectionError", "HTTPClientError", "ReadTimeoutError", "ConnectTimeoutError",
-    "ConnectionClosedError", "EndpointConnectionError", "IncompleteReadError",
-    "ResponseStreamingError", "ProtocolError", "ReadTimeout", "ConnectionResetError",
-    "BrokenPipeError", "TimeoutError", "IncompleteRead", "RemoteDisconnected",
-)  # fmt: skip
 
 
 def classify(exc: BaseException) -> Failure:
@@ -127,37 +120,17 @@ def classify(exc: BaseException) -> Failure:
     names = {cls.__name__ for cls in type(exc).__mro__}
     if "NoCredentialsError" in names or "PartialCredentialsError" in names:
         return Failure.PERMISSION
-    if names.intersection(_RETRY_EXCEPTIONS):
+    if is_network_error(exc):
         return Failure.RETRY
     return Failure.FATAL
 
 
 def parse_s3_uri(uri: str) -> tuple[str, str]:
     """``s3://bucket/some/prefix`` -> ("bucket", "some/prefix")."""
-    if not uri.startswith("s3://"):
-        raise ConfigError(f"not an s3:// URI: {uri!r}", hint="use s3://bucket/prefix")
-    bucket, _, prefix = uri[len("s3://") :].partition("/")
-    if not bucket:
-        raise ConfigError(f"S3 URI {uri!r} has no bucket", hint="use s3://bucket/prefix")
-    prefix = prefix.strip("/")
-    if prefix:
-        validate_key(prefix)
-    return bucket, prefix
+    return parse_bucket_uri(uri, "s3")
 
 
 # --- the backend -------------------------------------------------------------------------------
-@dataclass
-class _Counters:
-    """Observed retries, so tests and benchmarks can tell what happened on the wire."""
-
-    retries: int = 0
-    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
-
-    def retried(self) -> None:
-        with self.lock:
-            self.retries += 1
-
-
 class S3Storage:
     """A key space under ``s3://bucket/prefix``; implements the ``Storage`` protocol."""
 
@@ -186,9 +159,7 @@ class S3Storage:
         self.uri = f"s3://{bucket}/{self.prefix}" if self.prefix else f"s3://{bucket}"
         self.transfer = transfer or TransferSettings()
         self.retry = retry or RetryPolicy.from_env()
-        self.counters = _Counters()
-        self._sleep = sleep
-        self._rand = random.Random()
+        self._edge = Edge(classify, self._translate, self.retry, sleep)
         self._client = client or self._make_client(
             endpoint_url, region, profile, addressing_style, connect_timeout_s, read_timeout_s
         )
@@ -242,22 +213,7 @@ class S3Storage:
 
     def _call(self, what: str, fn: Callable[[], T]) -> T:
         """Run ``fn`` with retries on transient failures; translate the final failure."""
-        attempt = 1
-        while True:
-            try:
-                return fn()
-            except StorageError:
-                raise
-            except Exception as exc:  # vendor errors are translated right here, at the edge
-                kind = classify(exc)
-                if kind is Failure.RETRY and attempt < self.retry.max_attempts:
-                    delay = self.retry.delay_s(attempt, self._rand.random())
-                    log.info("%s failed (%s), retry %d in %.2fs", what, _brief(exc), attempt, delay)
-                    self.counters.retried()
-                    self._sleep(delay)
-                    attempt += 1
-                    continue
-                raise self._translate(what, exc, kind, attempt) from exc
+        return self._edge.call(what, fn)
 
     def _translate(self, what: str, exc: BaseException, kind: Failure, attempts: int) -> Exception:
         where = f"{what} at {self.uri}"
@@ -286,7 +242,7 @@ class S3Storage:
     # -- Storage protocol ------------------------------------------------------------------------
     def put_bytes(self, key: str, data: bytes) -> None:
         full = self._full(key)
-        metadata = {CRC_METADATA_KEY: _crc_hex(crc32c.crc32c(data))}
+        metadata = crc_metadata(data)
         self._call(
             f"put {key!r}",
             lambda: self._client.put_object(
@@ -300,7 +256,7 @@ class S3Storage:
         (``If-Match``). Returns the new ETag, or None when another writer got there first."""
         full = self._full(key)
         condition = {"IfNoneMatch": "*"} if etag is None else {"IfMatch": etag}
-        metadata = {CRC_METADATA_KEY: _crc_hex(crc32c.crc32c(data))}
+        metadata = crc_metadata(data)
 
         def put() -> str | None:
             try:
@@ -335,10 +291,10 @@ class S3Storage:
         source = Path(source)
         try:
             size = source.stat().st_size
-            checksum = _file_crc(source)
+            checksum = file_crc(source)
         except FileNotFoundError as exc:
             raise StorageNotFoundError(f"cannot upload {source}: no such file") from exc
-        metadata = {CRC_METADATA_KEY: _crc_hex(checksum)}
+        metadata = crc_metadata(value=checksum)
         if size < self.transfer.multipart_threshold:
             data = source.read_bytes()
             self._call(
@@ -436,18 +392,18 @@ class S3Storage:
         head = self._call(
             f"get {key!r}", lambda: self._client.head_object(Bucket=self.bucket, Key=full)
         )
-        return int(head["ContentLength"]), _expected_crc(head.get("Metadata"))
+        return int(head["ContentLength"]), expected_crc(head.get("Metadata"))
 
     def get_bytes(self, key: str) -> bytes:
         full = self._full(key)
 
         def fetch() -> tuple[bytes, int | None]:
             response = self._client.get_object(Bucket=self.bucket, Key=full)
-            return response["Body"].read(), _expected_crc(response.get("Metadata"))
+            return response["Body"].read(), expected_crc(response.get("Metadata"))
 
         data, expected = self._call(f"get {key!r}", fetch)
         if expected is not None and crc32c.crc32c(data) != expected:
-            raise self._integrity(key)
+            raise integrity_error(self.uri, key)
         return data
 
     def get_file(self, key: str, dest: Path) -> None:
@@ -468,8 +424,8 @@ class S3Storage:
 
             self._parallel(fetch, [(n, off, ln) for n, (off, ln) in enumerate(ranges, 1)])
             out.seek(0)
-            if expected is not None and _stream_crc(out) != expected:
-                raise self._integrity(key)
+            if expected is not None and stream_crc(out) != expected:
+                raise integrity_error(self.uri, key)
 
         write_atomic(dest, fill)
 
@@ -491,15 +447,8 @@ class S3Storage:
 
         self._call(f"get {key!r} bytes {offset}-{end - 1}", stream)
 
-    def _integrity(self, key: str) -> IntegrityError:
-        return IntegrityError(
-            f"{self.uri}/{key}: downloaded bytes do not match the CRC32C recorded at upload",
-            hint="the stored object is corrupt or was overwritten by another tool; use an older "
-            "checkpoint",
-        )
-
     def list(self, prefix: str = "") -> list[ObjectInfo]:
-        _check_prefix(prefix)
+        check_prefix(prefix)
         root = f"{self.prefix}/" if self.prefix else ""
 
         def collect() -> list[ObjectInfo]:
@@ -539,7 +488,7 @@ class S3Storage:
 
     @property
     def retries(self) -> int:
-        return self.counters.retries
+        return self._edge.retries
 
 
 class _ShortBody(ConnectionError):
@@ -563,37 +512,6 @@ def _lost_race(exc: BaseException) -> bool:
     code = str((response.get("Error") or {}).get("Code", ""))
     status = int(response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
     return code in ("PreconditionFailed", "ConditionalRequestConflict") or status in (409, 412)
-
-
-def _check_prefix(prefix: str) -> None:
-    if prefix and (
-        prefix.startswith("/") or "\\" in prefix or any(p in (".", "..") for p in prefix.split("/"))
-    ):
-        raise ConfigError(
-            f"invalid listing prefix {prefix!r}",
-            hint="use a relative prefix such as 'step-00000100/'",
-        )
-
-
-def _crc_hex(value: int) -> str:
-    return f"{value:08x}"
-
-
-def _expected_crc(metadata: dict[str, str] | None) -> int | None:
-    value = (metadata or {}).get(CRC_METADATA_KEY)
-    return int(value, 16) if value else None
-
-
-def _file_crc(path: Path) -> int:
-    with open(path, "rb") as fh:
-        return _stream_crc(fh)
-
-
-def _stream_crc(fh: IO[bytes]) -> int:
-    value = 0
-    while chunk := fh.read(8 * MiB):
-        value = crc32c.crc32c(chunk, value)
-    return value
 
 
 def _brief(exc: BaseException) -> str:

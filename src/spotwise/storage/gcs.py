@@ -1,0 +1,317 @@
+"""Google Cloud Storage (``gs://bucket/prefix``) through the official ``google-cloud-storage``
+client (``pip install 'spotwise[gcs]'``, imported only when a ``gs://`` location is used).
+
+Credentials are Application Default Credentials (a VM's service account, workload identity,
+``GOOGLE_APPLICATION_CREDENTIALS``, ``gcloud auth application-default login``); the endpoint is
+the SDK's own ``STORAGE_EMULATOR_HOST`` for an emulator (then no credentials are needed).
+Every object carries the CRC32C of its bytes in user metadata, checked on every read, as on S3;
+GCS also checks its own CRC32C of every upload and download on the wire. Reads pin the
+object's generation, so an object overwritten mid-read is read again, never mixed.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import IO, Any, TypeVar
+
+import crc32c
+
+from spotwise.checkpoint.durable import write_atomic
+from spotwise.errors import (
+    ConfigError,
+    IntegrityError,
+    StorageError,
+    StorageNotFoundError,
+    StoragePermissionError,
+    TransientStorageError,
+)
+from spotwise.registry import require
+from spotwise.retry import RetryPolicy
+from spotwise.storage.base import ObjectInfo, validate_key
+from spotwise.storage.objectstore import (
+    Edge,
+    Failure,
+    MiB,
+    brief,
+    check_prefix,
+    crc_metadata,
+    expected_crc,
+    file_crc,
+    integrity_error,
+    is_network_error,
+    parse_bucket_uri,
+    stream_crc,
+)
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+_RESUMABLE_QUANTUM = 256 * 1024  # GCS resumable chunks are multiples of 256 KiB
+
+
+def classify(exc: BaseException) -> Failure:
+    """What to do about an exception from google-cloud-storage / google-auth / requests."""
+    names = {cls.__name__ for cls in type(exc).__mro__}
+    if "DataCorruption" in names:
+        return Failure.CORRUPT
+    if names & {"DefaultCredentialsError", "RefreshError"}:
+        return Failure.PERMISSION
+    code = getattr(exc, "code", None)
+    if "GoogleAPICallError" in names and isinstance(code, int):
+        if code in (401, 403):
+            return Failure.PERMISSION
+        if code == 404:
+            return Failure.NO_BUCKET if _names_bucket(str(exc)) else Failure.NOT_FOUND
+        # 412: a read pinned to a generation that was overwritten meanwhile; read again
+        if code in (408, 412, 429) or code >= 500:
+            return Failure.RETRY
+        return Failure.FATAL
+    if "TransportError" in names or is_network_error(exc):
+        return Failure.RETRY
+    return Failure.FATAL
+
+
+def _names_bucket(message: str) -> bool:
+    return "bucket does not exist" in message.lower()
+
+
+class GCSStorage:
+    """A key space under ``gs://bucket/prefix``; implements the ``Storage`` protocol."""
+
+    def __init__(
+        self,
+        bucket: str,
+        prefix: str = "",
+        *,
+        project: str | None = None,
+        chunk_size: int = 32 * MiB,
+        timeout_s: tuple[float, float] = (10.0, 60.0),
+        retry: RetryPolicy | None = None,
+        client: Any = None,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        if not bucket or "/" in bucket:
+            raise ConfigError(f"invalid GCS bucket name {bucket!r}", hint="use gs://bucket/prefix")
+        if chunk_size <= 0 or chunk_size % _RESUMABLE_QUANTUM:
+            raise ConfigError(
+                f"GCS chunk_size {chunk_size} is not a positive multiple of 256 KiB",
+                hint="use e.g. chunk_size=32 * 1024 * 1024",
+            )
+        self.bucket_name = bucket
+        self.prefix = prefix.strip("/")
+        if self.prefix:
+            validate_key(self.prefix)
+        self.uri = f"gs://{bucket}/{self.prefix}" if self.prefix else f"gs://{bucket}"
+        self.chunk_size = chunk_size  # objects above 8 MiB go up as resumable uploads of this
+        self.timeout = timeout_s  # (connect, read) seconds
+        self.retry = retry or RetryPolicy.from_env()
+        self._edge = Edge(classify, self._translate, self.retry, sleep)
+        self._client = client or self._connect(project)
+        self._bucket = self._client.bucket(bucket)
+
+    @classmethod
+    def from_uri(cls, uri: str, **options: Any) -> GCSStorage:
+        bucket, prefix = parse_bucket_uri(uri, "gs")
+        return cls(bucket, prefix, **options)
+
+    # -- helpers ---------------------------------------------------------------------------------
+    def _full(self, key: str) -> str:
+        validate_key(key)
+        return f"{self.prefix}/{key}" if self.prefix else key
+
+    def _call(self, what: str, fn: Callable[[], T]) -> T:
+        return self._edge.call(what, fn)
+
+    def _translate(self, what: str, exc: BaseException, kind: Failure, attempts: int) -> Exception:
+        where = f"{what} at {self.uri}"
+        if kind is Failure.NO_BUCKET:
+            return StorageNotFoundError(
+                f"GCS bucket {self.bucket_name!r} does not exist ({where})",
+                hint=f"create it (gcloud storage buckets create gs://{self.bucket_name}) or fix "
+                "the bucket in the URI; check STORAGE_EMULATOR_HOST if you use an emulator",
+            )
+        if kind is Failure.NOT_FOUND:
+            return StorageNotFoundError(f"not found: {where}")
+        if kind is Failure.PERMISSION:
+            return StoragePermissionError(
+                f"GCS refused access: {where} ({brief(exc)})",
+                hint="run `gcloud auth application-default login` or set "
+                "GOOGLE_APPLICATION_CREDENTIALS to a service-account key file; the identity "
+                "needs roles/storage.objectUser on the bucket",
+            )
+        if kind is Failure.CORRUPT:
+            return IntegrityError(
+                f"{where}: the bytes received failed GCS's CRC32C on every one of {attempts} "
+                "attempts",
+                hint="the stored object is corrupt; use an older checkpoint",
+            )
+        if kind is Failure.RETRY:
+            return TransientStorageError(
+                f"{where} still failing after {attempts} attempts ({brief(exc)})",
+                hint="the store is throttling, erroring or unreachable; check the network (and "
+                "STORAGE_EMULATOR_HOST), or raise RetryPolicy.max_attempts",
+            )
+        return StorageError(f"{where} failed: {brief(exc)}")
+
+    def _connect(self, project: str | None) -> Any:
+        storage = require("google.cloud.storage", "gcs", "gs:// checkpoint storage")
+        return self._call("connect", lambda: storage.Client(project=project))
+
+    def _blob(self, full: str, metadata: dict[str, str] | None = None) -> Any:
+        """A handle on one object; with ``metadata``, one to upload (in ``chunk_size`` pieces).
+        Downloads stream in one GET, so the client checks GCS's CRC32C of the whole object."""
+        if metadata is None:
+            return self._bucket.blob(full)
+        blob = self._bucket.blob(full, chunk_size=self.chunk_size)
+        blob.metadata = metadata
+        return blob
+
+    def _upload(self, full: str, data: bytes, generation: int | None = None) -> Any:
+        blob = self._blob(full, crc_metadata(data))
+        blob.upload_from_string(
+            data, retry=None, timeout=self.timeout, checksum="crc32c",
+            if_generation_match=generation,
+        )  # fmt: skip
+        return blob
+
+    def _stat(self, key: str, full: str) -> Any:
+        """The object's metadata (generation, size, our CRC32C); missing -> StorageNotFoundError."""
+        blob = self._blob(full)
+        self._call(f"get {key!r}", lambda: blob.reload(retry=None, timeout=self.timeout))
+        return blob
+
+    # -- Storage protocol ------------------------------------------------------------------------
+    def put_bytes(self, key: str, data: bytes) -> None:
+        full = self._full(key)
+        self._call(f"put {key!r}", lambda: self._upload(full, data))
+
+    def put_file(self, key: str, source: Path) -> None:
+        full = self._full(key)
+        source = Path(source)
+        try:
+            checksum = file_crc(source)
+        except FileNotFoundError as exc:
+            raise StorageNotFoundError(f"cannot upload {source}: no such file") from exc
+
+        def upload() -> None:
+            # above 8 MiB the client uploads resumably, chunk_size bytes per request, and checks
+            # the CRC32C GCS computed against its own at the end
+            blob = self._blob(full, crc_metadata(value=checksum))
+            blob.upload_from_filename(
+                str(source), retry=None, timeout=self.timeout, checksum="crc32c"
+            )
+
+        self._call(f"put {key!r}", upload)
+
+    def get_bytes(self, key: str) -> bytes:
+        full = self._full(key)
+
+        def fetch() -> bytes:
+            blob = self._blob(full)
+            blob.reload(retry=None, timeout=self.timeout)
+            data: bytes = blob.download_as_bytes(
+                retry=None, timeout=self.timeout, checksum="crc32c",
+                if_generation_match=blob.generation,
+            )  # fmt: skip
+            expected = expected_crc(blob.metadata)
+            if expected is not None and crc32c.crc32c(data) != expected:
+                raise integrity_error(self.uri, key)
+            return data
+
+        return self._call(f"get {key!r}", fetch)
+
+    def get_file(self, key: str, dest: Path) -> None:
+        full = self._full(key)
+        dest = Path(dest)
+        self._stat(key, full)  # a missing object fails before any file is made
+        dest.parent.mkdir(parents=True, exist_ok=True)
+
+        def fill(out: IO[bytes]) -> None:
+            def fetch() -> int | None:
+                out.seek(0)
+                out.truncate()
+                blob = self._blob(full)
+                blob.reload(retry=None, timeout=self.timeout)
+                blob.download_to_file(
+                    out, retry=None, timeout=self.timeout, checksum="crc32c",
+                    if_generation_match=blob.generation,
+                )  # fmt: skip
+                return expected_crc(blob.metadata)
+
+            expected = self._call(f"get {key!r}", fetch)
+            out.flush()
+            out.seek(0)
+            if expected is not None and stream_crc(out) != expected:
+                raise integrity_error(self.uri, key)
+
+        write_atomic(dest, fill)
+
+    def list(self, prefix: str = "") -> list[ObjectInfo]:
+        check_prefix(prefix)
+        root = f"{self.prefix}/" if self.prefix else ""
+
+        def collect() -> list[ObjectInfo]:
+            blobs = self._client.list_blobs(
+                self._bucket, prefix=root + prefix, retry=None, timeout=self.timeout
+            )
+            return [ObjectInfo(b.name[len(root) :], int(b.size or 0)) for b in blobs]
+
+        return sorted(self._call(f"list {prefix!r}", collect), key=lambda o: o.key)
+
+    def delete(self, key: str) -> None:
+        full = self._full(key)
+
+        def remove() -> None:
+            try:
+                self._blob(full).delete(retry=None, timeout=self.timeout)
+            except Exception as exc:
+                if classify(exc) is not Failure.NOT_FOUND:  # a missing bucket is still an error
+                    raise
+
+        self._call(f"delete {key!r}", remove)
+
+    # -- compare-and-swap (ObjectLeases) ---------------------------------------------------------
+    def put_if(self, key: str, data: bytes, *, etag: str | None) -> str | None:
+        """Create ``key`` only if absent (``etag=None``: ``ifGenerationMatch=0``) or replace it
+        only if it is still generation ``etag``. Returns the new generation, or None when another
+        writer got there first (412)."""
+        full = self._full(key)
+        generation = 0 if etag is None else int(etag)
+
+        def put() -> str | None:
+            try:
+                blob = self._upload(full, data, generation)
+            except Exception as exc:
+                if getattr(exc, "code", None) == 412:
+                    return None
+                raise
+            return str(blob.generation)
+
+        return self._call(f"conditional put {key!r}", put)
+
+    def get_tagged(self, key: str) -> tuple[bytes, str] | None:
+        """The object and its generation (for a later ``put_if``), or None if it does not exist."""
+        full = self._full(key)
+
+        def fetch() -> tuple[bytes, str] | None:
+            blob = self._blob(full)
+            try:
+                blob.reload(retry=None, timeout=self.timeout)
+            except Exception as exc:
+                if classify(exc) is Failure.NOT_FOUND:
+                    return None
+                raise
+            data = blob.download_as_bytes(
+                retry=None, timeout=self.timeout, checksum="crc32c",
+                if_generation_match=blob.generation,
+            )  # fmt: skip
+            return data, str(blob.generation)
+
+        return self._call(f"get {key!r}", fetch)
+
+    @property
+    def retries(self) -> int:
+        return self._edge.retries
