@@ -39,6 +39,7 @@ from spotwise.control.decisions import (
     stop_for_budget,
     zone_offers,
 )
+from spotwise.control.heartbeat import Heartbeat, heartbeat_location, machine_env
 from spotwise.control.pricing import zone_interruption_rates
 from spotwise.control.progress import (
     Committed,
@@ -307,6 +308,7 @@ def launch_request(
         SPOTWISE_CHECKPOINT_DIR=ckpt,
         SPOTWISE_GRACE_S=f"{features.grace_s:g}",
     )
+    env.update(machine_env(spec.unsupervised_limit_s, heartbeat_location(ckpt, features.same_host)))
     argv = list(spec.command)  # a remote machine expands $NAME itself, with its own values
     if features.same_host:
         argv = [string.Template(a).safe_substitute(env) for a in argv]
@@ -356,6 +358,11 @@ class Controller:
         self._interruptions = interruptions  # the advisor's estimates (default: shipped)
         self._terminate_sent: dict[int, float] = {}  # attempt -> when we asked it to stop
         self._driver: PolicyDriver | None = None  # the job's policy, restored from the store
+        ckpt = job_checkpoint_dir(self.spec, self.provider, job.id, job.dir)
+        self._heartbeat = Heartbeat(  # what tells the job's machines they are supervised
+            heartbeat_location(ckpt, self.provider.features.same_host),
+            self.spec.unsupervised_limit_s,
+        )
 
     # --- the loop --------------------------------------------------------------------------
     def run(self) -> JobState:
@@ -387,6 +394,9 @@ class Controller:
             if self.on_update:
                 self.on_update(job, self.store.attempts(self.job_id))
             return job.state
+        said = self._heartbeat.beat(self.clock())
+        if said is not None:
+            self.store.event(self.job_id, "heartbeat", said)
         try:
             self.step(job)
             if job.control_error_since is not None:

@@ -39,6 +39,8 @@ from spotwise.telemetry.webhooks import Notify
 log = logging.getLogger(__name__)
 
 MARKETS = ("spot", "on-demand", "auto")
+DEFAULT_UNSUPERVISED_LIMIT_S = 3600.0  # what a control plane gone for good costs at most
+MIN_UNSUPERVISED_LIMIT_S = 1.0  # below it, a late renewal would stop healthy machines
 _MAX_DETAIL = 400  # characters of one error's explanation
 _MAX_LINES = 20  # error lines shown for one file (a generated file may have thousands)
 
@@ -158,6 +160,8 @@ class JobSpec(BaseModel):
     restart_backoff_s: float = Field(default=2.0, ge=0)
     control_plane_timeout_s: float = Field(default=120.0, gt=0)
     zone_cooldown_s: float = Field(default=60.0, ge=0)  # keep away from a zone just lost
+    # a machine that sees no controller heartbeat this long saves and ends (none: never)
+    unsupervised_limit_s: float | None = DEFAULT_UNSUPERVISED_LIMIT_S
     provider: ProviderSpec = Field(default_factory=ProviderSpec)
     env: dict[str, str] = Field(default_factory=dict)
     # NAME: where its value is (a file, a Kubernetes Secret, AWS SSM / Secrets Manager): only
@@ -198,6 +202,22 @@ class JobSpec(BaseModel):
     @classmethod
     def _duration(cls, v: Any) -> float | None:
         return None if v is None else parse_duration_s(v)
+
+    @field_validator("unsupervised_limit_s", mode="before")
+    @classmethod
+    def _unsupervised_limit(cls, v: Any) -> float | None:
+        if v is None or (isinstance(v, str) and v.strip().lower() == "none"):
+            return None
+        try:
+            seconds = parse_duration_s(v)
+        except ValueError as exc:
+            raise ValueError(f"{exc}; or none to never stop a machine") from None
+        if seconds < MIN_UNSUPERVISED_LIMIT_S:
+            raise ValueError(
+                f"at least {MIN_UNSUPERVISED_LIMIT_S:g}s (the controller renews its heartbeat "
+                "a few times per limit); write e.g. 1h, or none to never stop a machine"
+            )
+        return seconds
 
     @field_validator("policy")
     @classmethod
@@ -301,6 +321,7 @@ _ALIASES = {
     "zone_cooldown": "zone_cooldown_s",
     "changeover": "changeover_s",
     "decision_interval": "decision_interval_s",
+    "unsupervised_limit": "unsupervised_limit_s",
 }
 
 

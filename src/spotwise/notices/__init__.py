@@ -19,6 +19,7 @@ DETECTORS: Registry[Detector] = Registry(
         "aws": "spotwise.notices.aws:AwsDetector",
         "gcp": "spotwise.notices.gcp:GcpDetector",
         "azure": "spotwise.notices.azure:AzureDetector",
+        "heartbeat": "spotwise.notices.heartbeat:HeartbeatDetector",
     },
     group="spotwise.detectors",
 )

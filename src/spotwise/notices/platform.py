@@ -8,7 +8,9 @@ Rules (docs/notices.md):
   ``SPOTWISE_AZURE_METADATA_ENDPOINT``) always runs that cloud's detectors against it, unprobed:
   that is how the loopback emulators are used;
 - unset (or ``auto``): the clouds are probed in parallel on a background thread, each probe
-  short and proxy-free, all within :data:`PROBE_BUDGET_S`; a cloud that does not answer stays off.
+  short and proxy-free, all within :data:`PROBE_BUDGET_S`; a cloud that does not answer stays off;
+- on every platform, the unsupervised-machine watchdog (:mod:`spotwise.notices.heartbeat`)
+  when the controller set ``SPOTWISE_HEARTBEAT_URI`` and ``SPOTWISE_UNSUPERVISED_LIMIT_S``.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from typing import cast
 
 from spotwise.errors import NoticeError
 from spotwise.notices.base import CloudPlatform, Detector
+from spotwise.notices.heartbeat import heartbeat_detectors
 from spotwise.notices.signals import SignalDetector
 
 log = logging.getLogger("spotwise.notices")
@@ -87,6 +90,7 @@ def plan_from_environment(env: Mapping[str, str] | None = None) -> Plan:
 
     platform = platform_from_env(env)
     plan = Plan(platform=platform, signals=signal_detector(platform, env))
+    plan.remote.extend(heartbeat_detectors(env))
     to_probe: list[CloudPlatform] = []
     for name in CLOUDS.names():
         spec = cloud(name)

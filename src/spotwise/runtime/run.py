@@ -59,6 +59,7 @@ from spotwise.errors import (
 )
 from spotwise.exitcode import EXIT_INTERRUPTED
 from spotwise.notices.base import Notice, NoticeSource
+from spotwise.notices.heartbeat import HEARTBEAT_KEY
 from spotwise.notices.watcher import open_notices
 from spotwise.runtime import agent, dirlock, distributed
 from spotwise.runtime.commit import LoadedCheckpoint, loadable_checkpoints, write_checkpoint
@@ -95,7 +96,8 @@ log = logging.getLogger(__name__)
 
 # a loader whose workers die this often at one position has a problem a restart does not fix
 MAX_LOADER_RESTARTS = 2
-_OURS = (dirlock.LOCK_FILE, EVENTS_FILE, "step-", ".tmp-step-", ".trash-step-")
+# (the controller's heartbeat may be there first: notices.heartbeat)
+_OURS = (dirlock.LOCK_FILE, EVENTS_FILE, HEARTBEAT_KEY, "step-", ".tmp-step-", ".trash-step-")
 
 
 @runtime_checkable
