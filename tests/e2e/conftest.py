@@ -143,7 +143,7 @@ def ec2_double(workdir: Path, *faults: Fault) -> Iterator[Ec2]:
         env.pop(name, None)
     aws_client("s3", env).create_bucket(Bucket="spotwise-digits")
     iam = aws_client("iam", env)
-    if not iam.list_instance_profiles()["InstanceProfiles"]:  # (moto's state is per process)
+    with contextlib.suppress(iam.exceptions.EntityAlreadyExistsException):  # (moto: per process)
         iam.create_instance_profile(InstanceProfileName="spotwise-digits")
     root = Path(__file__).resolve().parents[2]
     plane = Ec2DataPlane(
