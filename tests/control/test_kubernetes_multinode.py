@@ -103,8 +103,8 @@ def test_two_pods_meet_at_rank_0_and_losing_one_ends_both_with_75(tmp_path: Path
         assert f"--rdzv-endpoint={name}-0.{name}:29500" in command
         assert "--node-rank=$(JOB_COMPLETION_INDEX)" in command
         # both ranks run, their rendezvous at pod 0's name (the double: 127.0.0.1, own port)
-        wait_until(lambda: "rank 1/2 starts" in req.log_path.read_text()
-                   if req.log_path.exists() else False, 240)  # fmt: skip
+        wait_until(lambda: p.status(handle).phase is Phase.RUNNING and req.log_path.exists()
+                   and "rank 1/2 starts" in req.log_path.read_text(), 240)  # fmt: skip
         pods = sorted(emu.store.select("pods")[0], key=lambda o: o["metadata"]["name"])
         assert [o["spec"]["hostname"] for o in pods] == [f"{name}-0", f"{name}-1"]
         assert p.status(handle).phase is Phase.RUNNING

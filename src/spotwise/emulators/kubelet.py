@@ -6,14 +6,15 @@ containers are local processes.
   limits; otherwise the pod stays Pending with ``PodScheduled=False/Unschedulable`` and a
   ``FailedScheduling`` event saying why, as the real scheduler does.
 - Job controller: one pod per Job, or with ``completionMode: Indexed`` one pod per completion
-  index (``parallelism`` at a time, each with its index in the
+  index (``parallelism`` at a time; ``backoffLimitPerIndex`` 0: a failed index is never retried,
+  ``failedIndexes``, and the Job fails once every index has ended), each with its index in the
   ``batch.kubernetes.io/job-completion-index`` label and annotation, ``JOB_COMPLETION_INDEX`` in
   its env and ``<job>-<index>`` as host name), ``backoffLimit`` and ``podFailurePolicy``
-  (``onExitCodes``, ``onPodConditions``; FailJob / Ignore / Count), Complete / Failed conditions
-  (a failed Job's other pods are terminated with their grace period), ``suspend`` (a suspended
-  Job's pods are terminated, not counted as failures; ``Suspended`` condition; resuming starts
-  them again), and deletion with the batch API's propagation policies (the API default for Jobs
-  is ``Orphan``: pods survive).
+  (``onExitCodes``, ``onPodConditions``; FailJob / FailIndex / Ignore / Count), Complete / Failed
+  conditions (a failed Job's other pods are terminated with their grace period), ``suspend`` (a
+  suspended Job's pods are terminated, not counted as failures; ``Suspended`` condition;
+  resuming starts them again), and deletion with the batch API's propagation policies (the API
+  default for Jobs is ``Orphan``: pods survive).
 - Gang placement: the pods of an Indexed Job with ``parallelism`` > 1 are bound together or not
   at all (as Kueue's all-or-nothing admission or a gang scheduler places them; the default
   scheduler would place them one by one), with GPU and CPU capacity counted per node.
@@ -167,6 +168,11 @@ def _misfit(spec: Obj, node: Obj, held: list[float]) -> str | None:
     if _cpus(spec) > float(allocatable.get("cpu", 0)) - held[1]:
         return "Insufficient cpu"
     return None
+
+
+def _failed_indexes(job: Obj) -> set[int]:
+    text = (job.get("status") or {}).get("failedIndexes") or ""
+    return {int(i) for i in text.split(",") if i}
 
 
 def _index(pod: Obj) -> int:
@@ -357,7 +363,11 @@ class Cluster:
             self._job_status(job, active=max(1, len(active)))
             return
         done = {_index(p) for p in pods if (p.get("status") or {}).get("phase") == "Succeeded"}
+        done |= _failed_indexes(job)  # never retried (backoffLimitPerIndex)
         running = {_index(p) for p in active}
+        if _failed_indexes(job) and not running and len(done) >= int(spec.get("completions", 1)):
+            self._finish(job, "Failed", "FailedIndexes", "Job has failed indexes", active=0)
+            return
         for i in range(int(spec.get("completions", 1))):
             if len(running) >= int(spec.get("parallelism", 1)):
                 break
@@ -462,6 +472,15 @@ class Cluster:
         failed = int(status.get("failed", 0)) + 1
         if action == "FailJob":
             self._finish(job, "Failed", "PodFailurePolicy", why, failed=failed, active=0)
+        elif job["spec"].get("backoffLimitPerIndex") is not None:
+            # (the double keeps a per-index limit of 0: FailIndex and Count both fail the index)
+            indexes = sorted({*_failed_indexes(job), _index(pod)})
+
+            def mark(j: Obj) -> None:
+                j.setdefault("status", {})["failed"] = failed
+                j["status"]["failedIndexes"] = ",".join(map(str, indexes))
+
+            self.store.update("jobs", job["metadata"]["namespace"], job["metadata"]["name"], mark)
         elif failed > int(job["spec"].get("backoffLimit", 6)):
             self._finish(
                 job,

@@ -7,6 +7,9 @@ Why each part is there:
   preempted or interrupted attempt ends the Job at once, so Kubernetes never retries behind the
   controller's back (the controller decides where the next attempt goes and what it costs).
   ``podReplacementPolicy: Failed`` keeps a second pod from starting while the first still saves.
+  Several nodes: ``backoffLimitPerIndex: 0`` and FailIndex instead, so a pod's end fails its index
+  only and the other pods, saving through the runtime's agreement, end by themselves (the
+  provider stops any still up after the grace).
 - ``nvidia.com/gpu`` in requests and limits (extended resources must be equal in both), plus a
   toleration of the ``nvidia.com/gpu`` taint GPU node pools carry.
 - Spot placement per managed-cluster flavour: the label the service puts on spot nodes, and for
@@ -231,9 +234,15 @@ def job_manifest(
     if opts.image_pull_secrets:
         pod["imagePullSecrets"] = [{"name": s} for s in opts.image_pull_secrets]
     spec: dict[str, Any] = {}
+    # no retry by Kubernetes; one pod: its end is the Job's. Several: a pod's end fails its
+    # index only, never retried, and the Job ends when every index has: the other pods are
+    # saving (the runtime's agreement) and must not be killed by the Job failing at once
+    limits: dict[str, int] = {"backoffLimit": 0}
+    action = "FailJob"
     if nodes > 1:
         spec.update(completionMode="Indexed", completions=nodes, parallelism=nodes)
         pod["subdomain"] = name  # the headless Service: <name>-<index>.<name> in DNS
+        limits, action = {"backoffLimitPerIndex": 0}, "FailIndex"
     job_labels = dict(labels)
     if opts.kueue is not None:
         job_labels[LABEL_QUEUE] = opts.kueue.queue
@@ -244,12 +253,12 @@ def job_manifest(
         "metadata": {"name": name, "namespace": namespace, "labels": job_labels},
         "spec": {
             **spec,
-            "backoffLimit": 0,
+            **limits,
             "podReplacementPolicy": "Failed",
             "podFailurePolicy": {
                 "rules": [
                     {
-                        "action": "FailJob",
+                        "action": action,
                         "onExitCodes": {
                             "containerName": CONTAINER,
                             "operator": "In",
@@ -257,7 +266,7 @@ def job_manifest(
                         },
                     },
                     {
-                        "action": "FailJob",
+                        "action": action,
                         "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}],
                     },
                 ]

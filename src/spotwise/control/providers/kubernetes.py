@@ -439,12 +439,19 @@ class KubernetesProvider:
         jobs = self._call(
             "list Jobs", self._batch.list_namespaced_job, self.namespace, label_selector=selector
         ).items
-        services = self._call(
-            "list Services",
-            self._core.list_namespaced_service,
-            self.namespace,
-            label_selector=selector,
-        ).items
+        try:
+            services = self._call(
+                "list Services",
+                self._core.list_namespaced_service,
+                self.namespace,
+                label_selector=selector,
+            ).items
+        except ProviderError as exc:
+            if type(exc) is not ProviderError:  # unreachable, credentials: not RBAC
+                raise
+            # a Role from before multi-node attempts: single-node jobs need no Service
+            log.warning("cannot list Services (%s): only Jobs are swept", exc.message)
+            services = []
         found: dict[str, Handle] = {}
         for obj in (*services, *jobs):  # a Service alone: a launch cut off before its Job
             completions = getattr(obj.spec, "completions", None)
@@ -498,7 +505,7 @@ class KubernetesProvider:
         else:  # one pod lost or failed ends the attempt, as one machine does on sim
             status, stop_rest = group_status(per_pod, now=time.time(), settle_s=self.opts.grace)
         if status.phase in (Phase.EXITED, Phase.LOST):
-            evicted = self._eviction(job) if job is not None and job.spec.suspend else ""
+            evicted = self._eviction(job) if job is not None and status.exit_code != 0 else ""
             if evicted:
                 status = replace(status, detail=evicted)
             return self._settle(handle, mine, status)
@@ -636,13 +643,21 @@ class KubernetesProvider:
         return f"{what}: {cond.get('message')}" if cond and cond.get("message") else what
 
     def _eviction(self, job: Any) -> str:
-        """A Job suspended under a running attempt: Kueue evicted (preempted) its workload."""
+        """Why an attempt's pods ended, where the Job was suspended under them: Kueue evicted
+        (preempted) its workload ("" if not). Kueue may have admitted the Job again by now: its
+        Workload then says ``Evicted=False``, "Previously: <why>"."""
         queue = (job.metadata.labels or {}).get(LABEL_QUEUE)
         if not queue:
-            return "the Job was suspended"
-        cond = _dict_condition(self._workload(job), "Evicted", "True")
-        said = f": {cond.get('reason')}: {cond.get('message')}" if cond else ""
-        return f"evicted by Kueue (LocalQueue {queue}){said}"
+            return "the Job was suspended" if job.spec.suspend else ""
+        workload = self._workload(job)
+        cond = _dict_condition(workload, "Evicted", "True") or _dict_condition(
+            workload, "Evicted", "False"
+        )
+        if cond is None:
+            return ""
+        said = str(cond.get("message") or "").removeprefix("Previously: ")
+        why = f"{cond.get('reason')}: {said}" if cond.get("status") == "True" else said
+        return f"evicted by Kueue (LocalQueue {queue}): {why}"
 
     def _settle(self, handle: Handle, pods: list[Any], status: AttemptStatus) -> AttemptStatus:
         """Keep the outcome and the pods' output, then delete the Job (and the attempt's
