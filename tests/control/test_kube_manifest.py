@@ -14,8 +14,10 @@ import pytest
 from spotwise.control.providers.kube_manifest import (
     GPU,
     KubernetesOptions,
+    KueueOptions,
     dns_name,
     job_manifest,
+    service,
 )
 
 K8S_VERSION = "1.31"
@@ -168,3 +170,26 @@ def test_bad_options_are_refused_naming_the_problem(option, value, words):
 def test_object_names_are_dns_labels():
     assert dns_name("spotwise-My_Job.v2-ab12cd-10") == "spotwise-my-job-v2-ab12cd-10"
     assert len(dns_name("spotwise-" + "x" * 80)) == 63
+
+
+def test_a_two_node_attempt_is_an_indexed_job_in_its_services_subdomain_and_kueue_suspends_it():
+    opts = KubernetesOptions(image="ghcr.io/me/train:1", checkpoint_pvc="ckpt")
+    queued = opts.model_copy(update={"kueue": KueueOptions(queue="team-a")})
+    name = dns_name("spotwise-" + "x" * 70 + "-3", nodes=12)
+    assert len(f"{name}-11") == 63  # every pod's host name is a DNS label
+    job = job_manifest(
+        queued, name=name, namespace="ml", job_id="j", n=3, argv=["python", "train.py"],
+        env={}, workdir="/app", market="spot", gpu_count=1, cpus=4, nodes=12,
+    )  # fmt: skip
+    svc = service(opts, name=name, namespace="ml", job_id="j", n=3)
+    for manifest in (job, svc):
+        assert kubernetes_validate.validate(manifest, K8S_VERSION, strict=True) == K8S_VERSION
+    spec = job["spec"]
+    assert (spec["completionMode"], spec["completions"], spec["parallelism"]) == ("Indexed", 12, 12)
+    assert pod_spec(job)["subdomain"] == name == svc["metadata"]["name"]
+    assert svc["spec"]["clusterIP"] == "None" and svc["spec"]["publishNotReadyAddresses"]
+    assert svc["spec"]["selector"] == {"spotwise.dev/job": "j", "spotwise.dev/attempt": "3"}
+    assert spec["suspend"] is True  # Kueue unsuspends it on admission
+    assert job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-a"
+    alone = build()
+    assert "suspend" not in alone["spec"] and "completionMode" not in alone["spec"]

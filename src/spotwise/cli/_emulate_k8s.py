@@ -2,7 +2,8 @@
 
 It writes a kubeconfig (0600, a random token) for the official client and the ``kubernetes``
 provider, runs pods as local processes and evicts them on a schedule the way a spot node is
-reclaimed, so ``spotwise launch job-k8s.yaml`` can be tried before paying for a node.
+reclaimed, so ``spotwise launch job-k8s.yaml`` can be tried before paying for a node; with
+``--kueue-quota`` it also runs a minimal Kueue (one ClusterQueue, one LocalQueue).
 """
 
 from __future__ import annotations
@@ -41,6 +42,13 @@ def kubernetes(
     pvc: list[str] = typer.Option(
         ["spotwise-checkpoints"], "--pvc", help="PersistentVolumeClaims to create (repeatable)."
     ),
+    kueue_quota: list[str] = typer.Option(
+        [],
+        "--kueue-quota",
+        help="Install Kueue with this ClusterQueue quota, RESOURCE=QUANTITY (repeatable, e.g. "
+        "cpu=4 nvidia.com/gpu=2).",
+    ),
+    kueue_queue: str = typer.Option("spotwise", help="The Kueue LocalQueue's name."),
     port: int = typer.Option(0, help="Port to listen on (0: any free port)."),
     host: str = typer.Option("127.0.0.1", help="Address to bind."),
     duration: float = typer.Option(None, help="Stop after this many seconds."),
@@ -48,7 +56,19 @@ def kubernetes(
     """Emulate a Kubernetes cluster with a spot GPU pool (API subset, pods as processes)."""
     from spotwise.cli.emulate import listen
     from spotwise.emulators.kubernetes import KubernetesEmulator, pool_nodes
+    from spotwise.emulators.kueue import quantity
 
+    quota: dict[str, str] = {}
+    for item in kueue_quota:
+        resource, _, amount = item.partition("=")
+        try:
+            quantity(amount)
+        except ValueError:
+            raise ConfigError(
+                f"--kueue-quota {item!r}: expected RESOURCE=QUANTITY",
+                hint="e.g. --kueue-quota cpu=4 --kueue-quota nvidia.com/gpu=2",
+            ) from None
+        quota[resource] = amount
     try:
         nodes = pool_nodes(flavour, spot=spot_nodes, on_demand=on_demand_nodes, gpus_per_node=gpus)
         emu = KubernetesEmulator(
@@ -61,12 +81,16 @@ def kubernetes(
             volumes=tuple(pvc),
             host=host,
             port=port,
+            kueue_queue=kueue_queue,
+            kueue_quota=quota or None,
         )
     except ValueError as exc:
         raise ConfigError(str(exc), hint="see spotwise emulate kubernetes --help") from None
     url = listen(emu, host, port)
     typer.echo(f"kubernetes API emulator listening on {url}")
     typer.echo(f"export KUBECONFIG={emu.kubeconfig.resolve()}")
+    if quota:
+        typer.echo(f"kueue: LocalQueue {kueue_queue} -> ClusterQueue cluster-queue {quota}")
     reported = 0
     started = time.monotonic()
     try:

@@ -210,7 +210,7 @@ def dry_run(spec: JobSpec) -> list[dict[str, Any]]:
         resources=spec.resources,
     )
     check_world(spec, provider)
-    build = getattr(provider, "manifest", None)  # providers that create API objects have one
+    build = getattr(provider, "manifests", None)  # providers that create API objects have it
     if build is None:
         raise ConfigError(
             f"provider {spec.provider.name!r} creates no manifests to show",
@@ -238,7 +238,7 @@ def dry_run(spec: JobSpec) -> list[dict[str, Any]]:
         log_path=job_dir / "job.log",
         reveal=False,
     )
-    return [build(req)]
+    return list(build(req))
 
 
 def controller_lock_path(job: Job) -> Path:
@@ -618,7 +618,14 @@ class Controller:
                 )
                 self._set(JobState.LAUNCHING, f"attempt {nxt.n}: requeued")
             return
-        if status.phase is Phase.STARTING:
+        if status.phase is Phase.QUEUED:
+            # no machine yet: the attempt is billed from when it leaves the queue, so its
+            # start moves with each look (the wait shows as changeover, with no machine held)
+            self.store.update_attempt(self.job_id, attempt.n, started_at=now)
+            queued = f"attempt {attempt.n} queued: {status.detail}"
+            if job.state is not JobState.LAUNCHING or job.message != queued:
+                self._set(JobState.LAUNCHING, queued)
+        elif status.phase is Phase.STARTING:
             if job.state is not JobState.LAUNCHING:
                 self._set(JobState.LAUNCHING, "waiting for the machine")
         elif status.phase is Phase.RUNNING:

@@ -284,6 +284,13 @@ class JobSpec(BaseModel):
         nodes = info.data.get("nodes")
         if v is not None and nodes is not None and v > nodes:
             raise ValueError(f"more than nodes ({nodes}); set it to {nodes} or less")
+        provider = info.data.get("provider")
+        if v is not None and provider is not None and provider.options.get("kueue") is not None:
+            # no launch fails for capacity behind a queue: min_nodes would never act
+            raise ValueError(
+                f"provider.{provider.name}.kueue admits an attempt with all its nodes or not "
+                "at all, so it never starts on fewer; remove min_nodes (or the kueue option)"
+            )
         return v
 
     @property

@@ -1,7 +1,8 @@
 """A loopback Kubernetes API server for the subset spotwise's provider uses.
 
-Namespaces, nodes, secrets, persistent volume claims, pods (with ``/log``), events and batch/v1
-jobs: create, get, list (label and field selectors), delete, and list+watch from a
+Namespaces, nodes, secrets, persistent volume claims, services, pods (with ``/log``), events,
+batch/v1 jobs and Kueue's workloads, local queues and cluster queues: create, get, list (label
+and field selectors), delete, and list+watch from a
 ``resourceVersion`` as a chunked stream of JSON lines, the way the real API server answers
 ``?watch=true``. A watch from a version older than the retained history gets the real
 ``410 Expired`` ERROR event. Deletion is graceful: an object whose owner must stop first (a
@@ -30,6 +31,7 @@ from urllib.parse import parse_qs, urlsplit
 
 Obj = dict[str, Any]
 
+KUEUE = "/apis/kueue.x-k8s.io/v1beta1"
 # resource -> (api prefix, kind, namespaced)
 RESOURCES: dict[str, tuple[str, str, bool]] = {
     "namespaces": ("/api/v1", "Namespace", False),
@@ -38,10 +40,15 @@ RESOURCES: dict[str, tuple[str, str, bool]] = {
     "events": ("/api/v1", "Event", True),
     "secrets": ("/api/v1", "Secret", True),
     "persistentvolumeclaims": ("/api/v1", "PersistentVolumeClaim", True),
+    "services": ("/api/v1", "Service", True),
     "jobs": ("/apis/batch/v1", "Job", True),
+    "workloads": (KUEUE, "Workload", True),
+    "localqueues": (KUEUE, "LocalQueue", True),
+    "clusterqueues": (KUEUE, "ClusterQueue", False),
 }
 _PATH = re.compile(
-    r"^(?P<prefix>/api/v1|/apis/batch/v1)/(?:namespaces/(?P<ns>[^/]+)/)?"
+    r"^(?P<prefix>/api/v1|/apis/batch/v1|/apis/kueue\.x-k8s\.io/v1beta1)/"
+    r"(?:namespaces/(?P<ns>[^/]+)/)?"
     r"(?P<res>[a-z]+)(?:/(?P<name>[^/]+))?(?:/(?P<sub>log|status))?$"
 )
 _NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
@@ -165,7 +172,7 @@ class ObjectStore:
             if namespaced:
                 meta["namespace"] = namespace
             obj.setdefault("kind", kind)
-            obj.setdefault("apiVersion", "batch/v1" if resource == "jobs" else "v1")
+            obj.setdefault("apiVersion", api_version(resource))
             self._objects[resource][key] = obj
             return self._record(resource, "ADDED", obj)
 
@@ -228,9 +235,16 @@ class ObjectStore:
         ]
 
 
+def api_version(resource: str) -> str:
+    """``v1``, ``batch/v1``, ``kueue.x-k8s.io/v1beta1``: the group/version of a resource."""
+    prefix = RESOURCES[resource][0]
+    return "v1" if prefix == "/api/v1" else prefix.removeprefix("/apis/")
+
+
 def _qualified(resource: str) -> str:
     """How the API server names a resource in messages: ``pods``, ``jobs.batch``."""
-    return "jobs.batch" if resource == "jobs" else resource
+    group = api_version(resource).rpartition("/")[0]
+    return f"{resource}.{group}" if group else resource
 
 
 class KubeApiServer:
@@ -355,7 +369,7 @@ class KubeApiServer:
             return _ok(
                 {
                     "kind": f"{kind}List",
-                    "apiVersion": "batch/v1" if resource == "jobs" else "v1",
+                    "apiVersion": api_version(resource),
                     "metadata": {"resourceVersion": str(rv)},
                     "items": items,
                 }

@@ -5,9 +5,26 @@ containers are local processes.
   required node affinity, whose taints it tolerates, and whose free ``nvidia.com/gpu`` covers its
   limits; otherwise the pod stays Pending with ``PodScheduled=False/Unschedulable`` and a
   ``FailedScheduling`` event saying why, as the real scheduler does.
-- Job controller: one pod per Job, ``backoffLimit`` and ``podFailurePolicy`` (``onExitCodes``,
-  ``onPodConditions``; FailJob / Ignore / Count), Complete / Failed conditions, and deletion with
-  the batch API's propagation policies (the API default for Jobs is ``Orphan``: pods survive).
+- Job controller: one pod per Job, or with ``completionMode: Indexed`` one pod per completion
+  index (``parallelism`` at a time; ``backoffLimitPerIndex`` 0: a failed index is never retried,
+  ``failedIndexes``, and the Job fails once every index has ended), each with its index in the
+  ``batch.kubernetes.io/job-completion-index`` label and annotation, ``JOB_COMPLETION_INDEX`` in
+  its env and ``<job>-<index>`` as host name), ``backoffLimit`` and ``podFailurePolicy``
+  (``onExitCodes``, ``onPodConditions``; FailJob / FailIndex / Ignore / Count), Complete / Failed
+  conditions (a failed Job's other pods are terminated with their grace period), ``suspend`` (a
+  suspended Job's pods are terminated, not counted as failures; ``Suspended`` condition;
+  resuming starts them again), and deletion with the batch API's propagation policies (the API
+  default for Jobs is ``Orphan``: pods survive).
+- Gang placement: the pods of an Indexed Job with ``parallelism`` > 1 are bound together or not
+  at all (as Kueue's all-or-nothing admission or a gang scheduler places them; the default
+  scheduler would place them one by one), with GPU and CPU capacity counted per node.
+- Cluster DNS and network of a headless Service (``clusterIP: None``): every pod runs on this
+  host's loopback, so a pod's name in the Service's subdomain (``<hostname>.<service>``, with
+  or without ``.<namespace>.svc.cluster.local``) is 127.0.0.1, and each port the Service
+  declares is given a free port of its own on 127.0.0.1 (two attempts' ``:29500`` would
+  collide on one host). The kubelet writes both into the container's command and env values
+  where the name appears (``<name>:<port>`` -> ``127.0.0.1:<its port>``): no resolver is
+  involved, so a name the program builds itself from parts does not resolve.
 - Kubelet: runs the container's ``command`` + ``args`` (``$(VAR)`` expanded) as a local process
   in its own process group and its own root directory (``machine_root``) with the container's
   ``env`` (values, secret and field references), ``workingDir`` and stdout/stderr kept for
@@ -25,13 +42,16 @@ containers are local processes.
 from __future__ import annotations
 
 import base64
+import copy
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -39,7 +59,9 @@ from spotwise.emulators import machine_root
 from spotwise.emulators.kube_api import Obj, ObjectStore, rfc3339
 
 GPU = "nvidia.com/gpu"
+INDEX = "batch.kubernetes.io/job-completion-index"
 _VAR = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)|\$\$")
+_KEYED_FIELD = re.compile(r"metadata\.(annotations|labels)\['([^']+)'\]")
 SHUTDOWN_MESSAGE = "Pod was terminated in response to imminent node shutdown."
 
 
@@ -119,6 +141,45 @@ def _gpus(pod_spec: Obj) -> int:
     )
 
 
+def _cpus(pod_spec: Obj) -> float:
+    """CPU requests of a pod (``2``, ``500m``)."""
+    total = 0.0
+    for c in pod_spec.get("containers") or []:
+        value = str(((c.get("resources") or {}).get("requests") or {}).get("cpu", "0"))
+        total += float(value[:-1]) / 1000 if value.endswith("m") else float(value)
+    return total
+
+
+def _misfit(spec: Obj, node: Obj, held: list[float]) -> str | None:
+    """Why ``node`` cannot take a pod of ``spec`` beside the GPUs and CPUs ``held`` there
+    (the scheduler's words), or None when it can."""
+    labels = node["metadata"].get("labels") or {}
+    selector = spec.get("nodeSelector") or {}
+    if any(labels.get(k) != v for k, v in selector.items()) or not _affinity_match(labels, spec):
+        return "node(s) didn't match Pod's node affinity/selector"
+    for taint in (node.get("spec") or {}).get("taints") or []:
+        if taint.get("effect") in ("NoSchedule", "NoExecute") and not _tolerates(
+            spec.get("tolerations") or [], taint
+        ):
+            return f"node(s) had untolerated taint {{{taint['key']}: {taint.get('value', '')}}}"
+    allocatable = node["status"]["allocatable"]
+    if _gpus(spec) > int(allocatable.get(GPU, 0)) - held[0]:
+        return f"Insufficient {GPU}"
+    if _cpus(spec) > float(allocatable.get("cpu", 0)) - held[1]:
+        return "Insufficient cpu"
+    return None
+
+
+def _failed_indexes(job: Obj) -> set[int]:
+    text = (job.get("status") or {}).get("failedIndexes") or ""
+    return {int(i) for i in text.split(",") if i}
+
+
+def _index(pod: Obj) -> int:
+    """A pod's completion index (0 for a pod of a Job that is not Indexed)."""
+    return int((pod["metadata"].get("labels") or {}).get(INDEX, 0))
+
+
 def _condition(obj: Obj, ctype: str, status: str, reason: str, message: str = "") -> None:
     conds = [c for c in obj.setdefault("status", {}).get("conditions") or [] if c["type"] != ctype]
     conds.append(
@@ -153,6 +214,7 @@ class Cluster:
         shutdown_grace_s: float | None = None,
         tick_s: float = 0.05,
         image: list[Path] | None = None,
+        admission: Callable[[], None] | None = None,
     ) -> None:
         if evict_mode not in ("shutdown", "delete"):
             raise ValueError(f"evict_mode must be 'shutdown' or 'delete', not {evict_mode!r}")
@@ -162,14 +224,17 @@ class Cluster:
         self.evict_mode = evict_mode
         self.shutdown_grace_s = shutdown_grace_s
         self.tick_s = tick_s
+        self.admission = admission  # a queue's admission pass (Kueue), before the Job controller
         # what every container has besides the system: this Python, spotwise, the job's code
         self.image = machine_root.machine_image(image)
         self.evictions: list[str] = []  # names of the pods evicted, in order
+        self.exits: dict[str, int] = {}  # pod name -> its container's exit code, once ended
         self._started = 0  # pods that reached Running
         self._evict_at: dict[str, float] = {}  # pod uid -> monotonic eviction time
         self._containers: dict[str, _Container] = {}  # pod uid -> its process
         self._counted: set[str] = set()  # pod uids the Job controller has accounted for
         self._last_seen: dict[str, Obj] = {}  # pod uid -> last state (for vanished pods)
+        self._ports: dict[tuple[str, int], int] = {}  # (Service uid, its port) -> loopback port
         self._lock = threading.RLock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -196,7 +261,10 @@ class Cluster:
                 self.tick()
 
     def tick(self) -> None:
-        """One pass of the Job controller, the scheduler and the kubelet."""
+        """One pass of the admission controller, the Job controller, the scheduler and the
+        kubelet."""
+        if self.admission is not None:
+            self.admission()
         self._jobs()
         pods, _ = self.store.select("pods")
         for pod in pods:
@@ -270,10 +338,12 @@ class Cluster:
                 for p in pods
                 if (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
             ]
-            if not active:
-                self._create_pod(job)
+            if job["spec"].get("suspend"):
+                self._suspend(job, active)
             else:
-                self._job_status(job, active=len(active))
+                if has_condition(job, "Suspended"):
+                    self._resume(job)
+                self._create_missing(job, pods, active)
 
     def _job_status(self, job: Obj, **counts: int) -> None:
         def mutate(j: Obj) -> None:
@@ -284,7 +354,56 @@ class Cluster:
 
         self.store.update("jobs", job["metadata"]["namespace"], job["metadata"]["name"], mutate)
 
-    def _create_pod(self, job: Obj) -> None:
+    def _create_missing(self, job: Obj, pods: list[Obj], active: list[Obj]) -> None:
+        """Start the pods the Job lacks: its one pod, or each unfinished completion index."""
+        spec = job["spec"]
+        if spec.get("completionMode") != "Indexed":
+            if not active:
+                self._create_pod(job)
+            self._job_status(job, active=max(1, len(active)))
+            return
+        done = {_index(p) for p in pods if (p.get("status") or {}).get("phase") == "Succeeded"}
+        done |= _failed_indexes(job)  # never retried (backoffLimitPerIndex)
+        running = {_index(p) for p in active}
+        if _failed_indexes(job) and not running and len(done) >= int(spec.get("completions", 1)):
+            self._finish(job, "Failed", "FailedIndexes", "Job has failed indexes", active=0)
+            return
+        for i in range(int(spec.get("completions", 1))):
+            if len(running) >= int(spec.get("parallelism", 1)):
+                break
+            if i not in done and i not in running:
+                self._create_pod(job, i)
+                running.add(i)
+        self._job_status(job, active=len(running))
+
+    def _suspend(self, job: Obj, active: list[Obj]) -> None:
+        """A suspended Job has no pods: the running ones are terminated with their grace
+        period (SIGTERM first), and their ends are not counted as failures."""
+        ns = job["metadata"]["namespace"]
+        for pod in active:
+            self._counted.add(pod["metadata"]["uid"])
+            if not pod["metadata"].get("deletionTimestamp"):
+                self._delete_pod(ns, pod["metadata"]["name"], None)
+        if not has_condition(job, "Suspended"):
+
+            def mutate(j: Obj) -> None:
+                _condition(j, "Suspended", "True", "JobSuspended", "Job suspended")
+                j["status"]["active"] = len(active)
+
+            self.store.update("jobs", ns, job["metadata"]["name"], mutate)
+            self._event(job, "Suspended", "Job suspended")
+        else:
+            self._job_status(job, active=len(active))
+
+    def _resume(self, job: Obj) -> None:
+        def mutate(j: Obj) -> None:
+            _condition(j, "Suspended", "False", "JobResumed", "Job resumed")
+            j["status"]["startTime"] = rfc3339()  # reset on resume, as the Job controller does
+
+        self.store.update("jobs", job["metadata"]["namespace"], job["metadata"]["name"], mutate)
+        self._event(job, "Resumed", "Job resumed")
+
+    def _create_pod(self, job: Obj, index: int | None = None) -> None:
         meta = job["metadata"]
         template = job["spec"]["template"]
         labels = {
@@ -294,13 +413,30 @@ class Cluster:
             "job-name": meta["name"],
             "batch.kubernetes.io/job-name": meta["name"],
         }
+        annotations = dict((template.get("metadata") or {}).get("annotations", {}))
+        spec = copy.deepcopy(template["spec"])
+        prefix = f"{meta['name']}-"
+        if index is not None:
+            labels[INDEX] = annotations[INDEX] = str(index)
+            spec["hostname"] = f"{meta['name']}-{index}"
+            prefix = f"{meta['name']}-{index}-"
+            for container in spec.get("containers") or []:
+                container["env"] = [
+                    {
+                        "name": "JOB_COMPLETION_INDEX",
+                        "valueFrom": {
+                            "fieldRef": {"fieldPath": f"metadata.annotations['{INDEX}']"}
+                        },
+                    },
+                    *(container.get("env") or []),
+                ]
         pod = {
             "kind": "Pod",
             "apiVersion": "v1",
             "metadata": {
-                "generateName": f"{meta['name']}-",
+                "generateName": prefix,
                 "labels": labels,
-                "annotations": (template.get("metadata") or {}).get("annotations", {}),
+                "annotations": annotations,
                 "ownerReferences": [
                     {
                         "apiVersion": "batch/v1",
@@ -312,12 +448,11 @@ class Cluster:
                     }
                 ],
             },
-            "spec": template["spec"],
+            "spec": spec,
             "status": {"phase": "Pending", "qosClass": "BestEffort"},
         }
         created = self.store.create("pods", meta["namespace"], pod)
         self._event(job, "SuccessfulCreate", f"Created pod: {created['metadata']['name']}")
-        self._job_status(job, active=1)
 
     def _account(self, job: Obj, pod: Obj, vanished: bool = False) -> None:
         """A pod of ``job`` ended: apply podFailurePolicy and backoffLimit."""
@@ -325,7 +460,11 @@ class Cluster:
         self._last_seen.pop(pod["metadata"]["uid"], None)
         status = job.get("status") or {}
         if not vanished and pod["status"].get("phase") == "Succeeded":
-            self._finish(job, "Complete", "Completed", "", succeeded=1, active=0)
+            succeeded = int(status.get("succeeded", 0)) + 1
+            if succeeded >= int(job["spec"].get("completions", 1)):
+                self._finish(job, "Complete", "Completed", "", succeeded=succeeded, active=0)
+            else:
+                self._job_status(job, succeeded=succeeded)
             return
         action, why = self._policy_action(job, pod)
         if action == "Ignore":
@@ -333,6 +472,15 @@ class Cluster:
         failed = int(status.get("failed", 0)) + 1
         if action == "FailJob":
             self._finish(job, "Failed", "PodFailurePolicy", why, failed=failed, active=0)
+        elif job["spec"].get("backoffLimitPerIndex") is not None:
+            # (the double keeps a per-index limit of 0: FailIndex and Count both fail the index)
+            indexes = sorted({*_failed_indexes(job), _index(pod)})
+
+            def mark(j: Obj) -> None:
+                j.setdefault("status", {})["failed"] = failed
+                j["status"]["failedIndexes"] = ",".join(map(str, indexes))
+
+            self.store.update("jobs", job["metadata"]["namespace"], job["metadata"]["name"], mark)
         elif failed > int(job["spec"].get("backoffLimit", 6)):
             self._finish(
                 job,
@@ -391,7 +539,16 @@ class Cluster:
                 status["completionTime"] = rfc3339()
             _condition(j, ctype, "True", reason, message)
 
-        self.store.update("jobs", job["metadata"]["namespace"], job["metadata"]["name"], mutate)
+        ns = job["metadata"]["namespace"]
+        self.store.update("jobs", ns, job["metadata"]["name"], mutate)
+        if ctype == "Failed":  # the Job controller terminates the pods still running
+            pods, _ = self.store.select("pods", ns, f"controller-uid={job['metadata']['uid']}")
+            for pod in pods:
+                if (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed") and not (
+                    pod["metadata"].get("deletionTimestamp")
+                ):
+                    self._counted.add(pod["metadata"]["uid"])
+                    self._delete_pod(ns, pod["metadata"]["name"], None)
         self._event(
             job,
             "Completed" if ctype == "Complete" else reason,
@@ -451,6 +608,10 @@ class Cluster:
         self._start(pod)
 
     def _schedule(self, pod: Obj) -> None:
+        current = self.store.get("pods", pod["metadata"]["namespace"], pod["metadata"]["name"])
+        if current is None or current["spec"].get("nodeName"):
+            return  # (bound with its gang earlier in this pass)
+        pod = current
         spec, meta = pod["spec"], pod["metadata"]
         ns = meta["namespace"]
         for vol in spec.get("volumes") or []:
@@ -458,44 +619,63 @@ class Cluster:
             if claim and self.store.get("persistentvolumeclaims", ns, claim) is None:
                 self._unschedulable(pod, f'persistentvolumeclaim "{claim}" not found')
                 return
+        gang = self._gang(pod)
         nodes, _ = self.store.select("nodes")
         pods, _ = self.store.select("pods")
-        want = _gpus(spec)
-        reasons: dict[str, int] = {}
-        for node in nodes:
-            labels = node["metadata"].get("labels") or {}
-            selector = spec.get("nodeSelector") or {}
-            if any(labels.get(k) != v for k, v in selector.items()) or not _affinity_match(
-                labels, spec
-            ):
-                why = "node(s) didn't match Pod's node affinity/selector"
-            elif any(
-                t.get("effect") in ("NoSchedule", "NoExecute")
-                and not _tolerates(spec.get("tolerations") or [], t)
-                for t in (node.get("spec") or {}).get("taints") or []
-            ):
-                taint = next(
-                    t
-                    for t in node["spec"]["taints"]
-                    if not _tolerates(spec.get("tolerations") or [], t)
-                )
-                why = f"node(s) had untolerated taint {{{taint['key']}: {taint.get('value', '')}}}"
+        used: dict[str, list[float]] = {}  # node -> [GPUs, CPUs] held by its pods
+        for p in pods:
+            node_name = p["spec"].get("nodeName")
+            if node_name and p.get("status", {}).get("phase") not in ("Succeeded", "Failed"):
+                held = used.setdefault(node_name, [0.0, 0.0])
+                held[0] += _gpus(p["spec"])
+                held[1] += _cpus(p["spec"])
+        chosen: list[tuple[Obj, str]] = []
+        for member in gang:
+            reasons: dict[str, int] = {}
+            for node in nodes:
+                why = _misfit(member["spec"], node, used.get(node["metadata"]["name"], [0.0, 0.0]))
+                if why is None:
+                    held = used.setdefault(node["metadata"]["name"], [0.0, 0.0])
+                    held[0] += _gpus(member["spec"])
+                    held[1] += _cpus(member["spec"])
+                    chosen.append((member, node["metadata"]["name"]))
+                    break
+                reasons[why] = reasons.get(why, 0) + 1
             else:
-                used = sum(
-                    _gpus(p["spec"])
-                    for p in pods
-                    if p["spec"].get("nodeName") == node["metadata"]["name"]
-                    and p.get("status", {}).get("phase") not in ("Succeeded", "Failed")
-                )
-                free = int(node["status"]["allocatable"].get(GPU, 0)) - used
-                if want > free:
-                    why = f"Insufficient {GPU}"
-                else:
-                    self._bind(pod, node["metadata"]["name"])
-                    return
-            reasons[why] = reasons.get(why, 0) + 1
-        detail = ", ".join(f"{n} {why}" for why, n in sorted(reasons.items()))
-        self._unschedulable(pod, f"0/{len(nodes)} nodes are available: {detail}.")
+                detail = ", ".join(f"{n} {why}" for why, n in sorted(reasons.items()))
+                message = f"0/{len(nodes)} nodes are available: {detail}."
+                if len(gang) > 1:
+                    message += f" The Job's {len(gang)} pods are placed together or not at all."
+                for m in gang:
+                    self._unschedulable(m, message)
+                return
+        for member, node_name in chosen:
+            self._bind(member, node_name)
+
+    def _gang(self, pod: Obj) -> list[Obj]:
+        """The pods bound together with ``pod``: the unplaced pods of its Indexed Job when that
+        runs several at once, once all of them exist; else ``pod`` alone."""
+        meta = pod["metadata"]
+        owner = next((o for o in meta.get("ownerReferences") or [] if o["kind"] == "Job"), None)
+        job = self.store.get("jobs", meta["namespace"], owner["name"]) if owner else None
+        if job is None or job["spec"].get("completionMode") != "Indexed":
+            return [pod]
+        width = int(job["spec"].get("parallelism", 1))
+        if width <= 1:
+            return [pod]
+        siblings, _ = self.store.select(
+            "pods", meta["namespace"], f"controller-uid={job['metadata']['uid']}"
+        )
+        return sorted(
+            (
+                p
+                for p in siblings
+                if not p["spec"].get("nodeName")
+                and not p["metadata"].get("deletionTimestamp")
+                and p.get("status", {}).get("phase") not in ("Succeeded", "Failed")
+            ),
+            key=_index,
+        )
 
     def _unschedulable(self, pod: Obj, message: str) -> None:
         conds = pod.get("status", {}).get("conditions") or []
@@ -580,8 +760,47 @@ class Cluster:
                     )
                 env[var["name"]] = base64.b64decode(data[ref["key"]]).decode()
             elif "fieldRef" in source:
-                env[var["name"]] = fields.get(source["fieldRef"]["fieldPath"], "")
+                path = source["fieldRef"]["fieldPath"]
+                keyed = _KEYED_FIELD.fullmatch(path)
+                env[var["name"]] = (
+                    str((pod["metadata"].get(keyed[1]) or {}).get(keyed[2], ""))
+                    if keyed
+                    else fields.get(path, "")
+                )
         return env, None
+
+    def _cluster_dns(self, ns: str) -> Callable[[str], str] | None:
+        """What the cluster's DNS and network make of the names of pods in the subdomain of a
+        headless Service of ``ns`` (see the module docstring), as a rewrite of text."""
+        services, _ = self.store.select("services", ns)
+        ports: dict[str, dict[str, str]] = {}  # Service -> its port -> the loopback port
+        for svc in services:
+            if (svc.get("spec") or {}).get("clusterIP") != "None":
+                continue
+            uid = svc["metadata"]["uid"]
+            declared = [int(port["port"]) for port in svc["spec"].get("ports") or []]
+            ports[svc["metadata"]["name"]] = {
+                str(n): str(self._ports.setdefault((uid, n), _free_port())) for n in declared
+            }
+        if not ports:
+            return None
+        pods, _ = self.store.select("pods", ns)
+        names: dict[str, str] = {}  # DNS name -> its Service
+        for p in pods:
+            host, sub = p["spec"].get("hostname"), p["spec"].get("subdomain")
+            if host and sub in ports:
+                for tail in ("", f".{ns}", f".{ns}.svc", f".{ns}.svc.cluster.local"):
+                    names[f"{host}.{sub}{tail}"] = sub
+        if not names:
+            return None
+        alternatives = "|".join(re.escape(n) for n in sorted(names, key=len, reverse=True))
+        pattern = re.compile(rf"(?<![\w.-])({alternatives})(?::(\d+))?(?![\w.-])")
+
+        def loopback(m: re.Match[str]) -> str:
+            port = m.group(2)
+            return "127.0.0.1" + (f":{ports[names[m.group(1)]].get(port, port)}" if port else "")
+
+        return lambda text: pattern.sub(loopback, text)
 
     def _start(self, pod: Obj) -> None:
         meta = pod["metadata"]
@@ -608,6 +827,10 @@ class Cluster:
             return
         mounts = self._volumes(pod)
         argv = [_expand(a, env) for a in [*(spec.get("command") or []), *(spec.get("args") or [])]]
+        resolve = self._cluster_dns(meta["namespace"])
+        if resolve is not None:
+            argv = [resolve(a) for a in argv]
+            env = {k: resolve(v) for k, v in env.items()}
         cwd = spec.get("workingDir")
         if not machine_root.isolated():  # no mount namespace: the volumes' host paths instead
             env = {k: _remap(v, mounts) for k, v in env.items()}
@@ -667,6 +890,7 @@ class Cluster:
             self._evict_at.pop(meta["uid"], None)
             machine_root.discard(self._machine_dir(pod))
             exit_code = code if code >= 0 else 128 - code
+            self.exits[meta["name"]] = exit_code
             evicted = has_condition(pod, "DisruptionTarget")
             self._end_pod(
                 pod,
@@ -820,6 +1044,13 @@ def _remap(text: str, mounts: dict[str, Path]) -> str:
             return str(host) + text[len(mount) :]
         text = text.replace(f"={mount}/", f"={host}/")
     return text
+
+
+def _free_port() -> int:
+    """A port nothing listens on now on 127.0.0.1 (a Service port's stand-in)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 def _signal_group(pid: int, sig: int) -> None:

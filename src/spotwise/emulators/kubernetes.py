@@ -15,6 +15,10 @@ Node pools per flavour (what the managed services label their nodes with):
 - ``aks``: spot nodes ``kubernetes.azure.com/scalesetpriority=spot`` with the matching
   ``NoSchedule`` taint AKS puts on spot pools.
 - ``plain``: nodes with no spot label at all (a cluster a spot job cannot use).
+
+``kueue_quota`` installs Kueue (``kueue.py``): a ClusterQueue ``cluster-queue`` with that
+quota and a LocalQueue ``kueue_queue`` in the namespace; ``emu.kueue.evict(ns, job)`` preempts
+a Job's workload as a higher-priority one would.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ import yaml
 from spotwise.checkpoint.durable import write_atomic
 from spotwise.emulators.kube_api import KubeApiServer, ObjectStore
 from spotwise.emulators.kubelet import GPU, Cluster, NodeSpec
+from spotwise.emulators.kueue import Kueue, queues
 
 FLAVOURS = ("gke", "eks", "aks", "plain")
 
@@ -89,6 +94,8 @@ class KubernetesEmulator:
         token: str | None = None,
         history: int = 5000,
         image: list[Path] | None = None,
+        kueue_queue: str = "spotwise",
+        kueue_quota: dict[str, str] | None = None,
     ) -> None:
         self.state_dir = Path(state_dir)
         self.namespace = namespace
@@ -96,6 +103,12 @@ class KubernetesEmulator:
         self.nodes = nodes if nodes is not None else pool_nodes(flavour)
         self.token = token or secrets.token_urlsafe(24)
         self.store = ObjectStore(history=history)
+        self.kueue = Kueue(self.store) if kueue_quota is not None else None
+        self._queues = (
+            queues("cluster-queue", kueue_queue, namespace, kueue_quota)
+            if kueue_quota is not None
+            else []
+        )
         self.cluster = Cluster(
             self.store,
             state_dir=self.state_dir,
@@ -103,6 +116,7 @@ class KubernetesEmulator:
             evict_mode=evict_mode,
             shutdown_grace_s=shutdown_grace_s,
             image=image,
+            admission=self.kueue.tick if self.kueue is not None else None,
         )
         self.api = KubeApiServer(
             self.store,
@@ -143,6 +157,8 @@ class KubernetesEmulator:
                     "status": {"phase": "Bound"},
                 },
             )
+        for resource, ns, obj in self._queues:
+            self.store.create(resource, ns, obj)
         url = self.api.start()
         self.cluster.start()
         self._write_kubeconfig(url)

@@ -72,6 +72,8 @@ def attempt_key(job_id: str, n: int) -> str:
 
 
 class Phase(str, enum.Enum):
+    # waiting for admission by the cluster's queue (Kueue): no machine held, nothing billed
+    QUEUED = "queued"
     STARTING = "starting"  # provisioning / queued: billed (cloud) but not training yet
     RUNNING = "running"
     EXITED = "exited"  # the command ended with ``exit_code``

@@ -7,6 +7,9 @@ Why each part is there:
   preempted or interrupted attempt ends the Job at once, so Kubernetes never retries behind the
   controller's back (the controller decides where the next attempt goes and what it costs).
   ``podReplacementPolicy: Failed`` keeps a second pod from starting while the first still saves.
+  Several nodes: ``backoffLimitPerIndex: 0`` and FailIndex instead, so a pod's end fails its index
+  only and the other pods, saving through the runtime's agreement, end by themselves (the
+  provider stops any still up after the grace).
 - ``nvidia.com/gpu`` in requests and limits (extended resources must be equal in both), plus a
   toleration of the ``nvidia.com/gpu`` taint GPU node pools carry.
 - Spot placement per managed-cluster flavour: the label the service puts on spot nodes, and for
@@ -16,6 +19,12 @@ Why each part is there:
 - Checkpoints on a PVC mounted at ``checkpoint_mount`` (one sub-directory per job), or an
   ``s3://`` run directory; credentials only as ``secretKeyRef`` references, never values.
 - ``automountServiceAccountToken: false``: the training process needs no Kubernetes API access.
+- Several nodes: an Indexed Job (``completionMode: Indexed``, ``parallelism = completions =
+  nodes``) whose pods are ``<job>-<index>`` in the ``subdomain`` of a headless Service of the
+  same name, so rank 0 is ``<job>-0.<job>`` in DNS; each pod runs torch's launcher with its
+  completion index as node rank (static rendezvous at rank 0: no rank depends on start order).
+- Kueue: the LocalQueue's ``kueue.x-k8s.io/queue-name`` label and ``suspend: true``; Kueue
+  unsuspends the Job when it admits the workload, and suspends it again to evict it.
 """
 
 from __future__ import annotations
@@ -32,6 +41,8 @@ GPU = "nvidia.com/gpu"
 CONTAINER = "train"
 LABEL_JOB = "spotwise.dev/job"
 LABEL_ATTEMPT = "spotwise.dev/attempt"
+LABEL_QUEUE = "kueue.x-k8s.io/queue-name"
+INDEX_ENV = "JOB_COMPLETION_INDEX"  # set by the Job controller in each pod of an Indexed Job
 Flavour = Literal["gke", "eks", "aks"]
 
 # flavour -> (spot node label, its value, whether spot pools carry a taint of that label)
@@ -44,6 +55,22 @@ SPOT_LABELS: dict[str, tuple[str, str, bool]] = {
 # 30 s Spot shutdown; EKS has the 2-minute spot notice (drained by the node termination
 # handler or Karpenter); AKS Scheduled Events announce spot eviction 30 s ahead.
 DEFAULT_GRACE_S = {"gke": 15.0, "eks": 110.0, "aks": 25.0, None: 30.0}
+
+
+class KueueOptions(Options):
+    """``provider.options.kueue``: submit through a Kueue LocalQueue of the namespace."""
+
+    queue: str = Field(min_length=1, max_length=63)
+
+    @field_validator("queue")
+    @classmethod
+    def _queue(cls, v: str) -> str:
+        if not re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", v):
+            raise ValueError(
+                f"{v!r} is not a LocalQueue name (lower case letters, digits and '-'); "
+                "`kubectl get localqueues` lists the namespace's queues"
+            )
+        return v
 
 
 class KubernetesOptions(Options):
@@ -68,6 +95,11 @@ class KubernetesOptions(Options):
     ondemand_usd_per_hour: float | None = Field(default=None, ge=0)
     poll_s: float = Field(default=1.0, gt=0, le=60)
     check_nodes: bool = True  # refuse before launch if no node can run the job
+    kueue: KueueOptions | None = None  # queue attempts through Kueue (admission = queueing)
+    rendezvous_port: int = Field(default=29500, ge=1024, le=65535)  # rank 0's c10d store
+    # how long a multi-node attempt may wait for all its pods to be placed before it is "no
+    # capacity" (all or nothing: pods of a half-placed attempt would hold nodes and do nothing)
+    capacity_wait_s: float = Field(default=60.0, ge=0, le=3600)
 
     @field_validator("secret_env")
     @classmethod
@@ -82,6 +114,13 @@ class KubernetesOptions(Options):
                 )
         return v
 
+    @field_validator("kueue", mode="before")
+    @classmethod
+    def _kueue(cls, v: Any) -> Any:
+        if v is not None and not isinstance(v, dict):
+            raise ValueError(f"write kueue: {{queue: NAME}} with the LocalQueue's name, not {v!r}")
+        return v
+
     @field_validator("checkpoint_mount")
     @classmethod
     def _mount(cls, v: str) -> str:
@@ -94,10 +133,12 @@ class KubernetesOptions(Options):
         return self.grace_s if self.grace_s is not None else DEFAULT_GRACE_S[self.flavour]
 
 
-def dns_name(text: str) -> str:
-    """A Kubernetes object name (RFC 1123 label, <= 63 chars) from a spotwise key."""
+def dns_name(text: str, nodes: int = 1) -> str:
+    """A Kubernetes object name (RFC 1123 label) from a spotwise key: <= 63 characters, and
+    short enough that ``<name>-<index>`` of each of ``nodes`` pods is a host name too."""
     name = re.sub(r"[^a-z0-9-]+", "-", text.lower()).strip("-")
-    return name[:63].rstrip("-") or "spotwise"
+    room = 63 - (len(f"-{nodes - 1}") if nodes > 1 else 0)
+    return name[:room].rstrip("-") or "spotwise"
 
 
 def placement(opts: KubernetesOptions, market: str) -> dict[str, Any]:
@@ -147,10 +188,12 @@ def job_manifest(
     market: str,
     gpu_count: int,
     cpus: int,
+    nodes: int = 1,
 ) -> dict[str, Any]:
     """The ``batch/v1`` Job of attempt ``n`` (plain data, kubectl-compatible). ``workdir``:
-    the container's working directory, unless ``working_dir`` says; None for none."""
-    labels = {"app.kubernetes.io/managed-by": "spotwise", LABEL_JOB: job_id, LABEL_ATTEMPT: str(n)}
+    the container's working directory, unless ``working_dir`` says; None for none. With
+    ``nodes`` > 1 an Indexed Job of that many pods in the subdomain of :func:`service`."""
+    labels = attempt_labels(job_id, n)
     resources: dict[str, Any] = {"requests": {"cpu": str(cpus)}}
     if opts.memory:
         resources["requests"]["memory"] = opts.memory
@@ -190,17 +233,32 @@ def job_manifest(
         pod["serviceAccountName"] = opts.service_account
     if opts.image_pull_secrets:
         pod["imagePullSecrets"] = [{"name": s} for s in opts.image_pull_secrets]
+    spec: dict[str, Any] = {}
+    # no retry by Kubernetes; one pod: its end is the Job's. Several: a pod's end fails its
+    # index only, never retried, and the Job ends when every index has: the other pods are
+    # saving (the runtime's agreement) and must not be killed by the Job failing at once
+    limits: dict[str, int] = {"backoffLimit": 0}
+    action = "FailJob"
+    if nodes > 1:
+        spec.update(completionMode="Indexed", completions=nodes, parallelism=nodes)
+        pod["subdomain"] = name  # the headless Service: <name>-<index>.<name> in DNS
+        limits, action = {"backoffLimitPerIndex": 0}, "FailIndex"
+    job_labels = dict(labels)
+    if opts.kueue is not None:
+        job_labels[LABEL_QUEUE] = opts.kueue.queue
+        spec["suspend"] = True  # until Kueue admits the workload
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
-        "metadata": {"name": name, "namespace": namespace, "labels": labels},
+        "metadata": {"name": name, "namespace": namespace, "labels": job_labels},
         "spec": {
-            "backoffLimit": 0,
+            **spec,
+            **limits,
             "podReplacementPolicy": "Failed",
             "podFailurePolicy": {
                 "rules": [
                     {
-                        "action": "FailJob",
+                        "action": action,
                         "onExitCodes": {
                             "containerName": CONTAINER,
                             "operator": "In",
@@ -208,11 +266,47 @@ def job_manifest(
                         },
                     },
                     {
-                        "action": "FailJob",
+                        "action": action,
                         "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}],
                     },
                 ]
             },
             "template": {"metadata": {"labels": dict(labels)}, "spec": pod},
+        },
+    }
+
+
+def attempt_labels(job_id: str, n: int) -> dict[str, str]:
+    """What every object of attempt ``n`` carries: how ``find`` gets them back after a crash."""
+    return {"app.kubernetes.io/managed-by": "spotwise", LABEL_JOB: job_id, LABEL_ATTEMPT: str(n)}
+
+
+def rendezvous_host(name: str) -> str:
+    """Rank 0's DNS name in a multi-node attempt: pod ``<name>-0`` in the subdomain of the
+    Service ``<name>`` (the pod's DNS search path adds the namespace)."""
+    return f"{name}-0.{name}"
+
+
+def service(
+    opts: KubernetesOptions, *, name: str, namespace: str, job_id: str, n: int
+) -> dict[str, Any]:
+    """The headless Service of a multi-node attempt: DNS records for its pods (ready or not, so
+    the ranks find rank 0 while they start), no virtual IP, no load balancing."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": name, "namespace": namespace, "labels": attempt_labels(job_id, n)},
+        "spec": {
+            "clusterIP": "None",
+            "publishNotReadyAddresses": True,
+            "selector": {LABEL_JOB: job_id, LABEL_ATTEMPT: str(n)},
+            "ports": [
+                {
+                    "name": "rendezvous",
+                    "port": opts.rendezvous_port,
+                    "targetPort": opts.rendezvous_port,
+                    "protocol": "TCP",
+                }
+            ],
         },
     }

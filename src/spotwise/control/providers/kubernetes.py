@@ -23,6 +23,7 @@ import os
 import threading
 import time
 from calendar import timegm
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -42,15 +43,22 @@ from spotwise.control.providers.base import (
 )
 from spotwise.control.providers.kube_manifest import (
     GPU,
+    INDEX_ENV,
     LABEL_ATTEMPT,
     LABEL_JOB,
+    LABEL_QUEUE,
     SPOT_LABELS,
     KubernetesOptions,
     dns_name,
     job_manifest,
+    rendezvous_host,
+    service,
 )
+from spotwise.control.providers.process import group_status
+from spotwise.control.providers.torchrun import launcher_argv
 from spotwise.control.workdir import MACHINE_DIR, run_argv
 from spotwise.errors import (
+    CapacityError,
     ConfigError,
     ProviderError,
     ProviderUnavailableError,
@@ -63,6 +71,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("spotwise.providers.kubernetes")
 LOG_EVERY_S = 2.0  # how often a running pod's new output is copied into the job log
+INDEX_LABEL = "batch.kubernetes.io/job-completion-index"  # on each pod of an Indexed Job
+KUEUE_GROUP, KUEUE_VERSION = "kueue.x-k8s.io", "v1beta1"
 _FATAL_WAITING = {
     "CreateContainerConfigError",
     "InvalidImageName",
@@ -183,10 +193,12 @@ class KubernetesProvider:
             grace_s=self.opts.grace,
             platform="kubernetes",
             same_host=False,
+            multi_node=True,
             checkpoints=self._checkpoint_home(),
         )
         self._informers: dict[str, tuple[_Informer, _Informer]] = {}
-        self._log_copied: dict[str, float] = {}  # Job name -> when its pod's log was copied
+        self._log_copied: dict[str, float] = {}  # Job name -> when its pods' logs were copied
+        self._stopping: set[str] = set()  # Jobs deleted because one of their pods ended
         if preflight:
             self._preflight()
 
@@ -290,6 +302,8 @@ class KubernetesProvider:
                 f"cluster ({_api_message(exc)})",
                 hint=f"create it first, or change provider.kubernetes.{field}",
             ) from None
+        if self.opts.kueue is not None:
+            self._check_queue(self.opts.kueue.queue)
         if not self.opts.check_nodes:  # e.g. a pool the autoscaler scales up from zero
             return
         try:
@@ -298,6 +312,34 @@ class KubernetesProvider:
             log.warning("cannot check the cluster's nodes (%s); launching anyway", exc.message)
             return
         self._check_nodes(nodes)
+
+    def _check_queue(self, queue: str) -> None:
+        """The LocalQueue exists: a Job sent to no queue (or to a cluster without Kueue) would
+        stay suspended for ever."""
+        rest = self._kube.client.exceptions
+        try:
+            self._call(
+                "read the Kueue LocalQueue",
+                self._kube.client.CustomObjectsApi(self._api).get_namespaced_custom_object,
+                KUEUE_GROUP,
+                KUEUE_VERSION,
+                self.namespace,
+                "localqueues",
+                queue,
+            )
+        except ProviderError as exc:
+            if type(exc) is not ProviderError:  # unreachable, credentials: not RBAC
+                raise
+            log.warning("cannot check the Kueue LocalQueue (%s); launching anyway", exc.message)
+        except rest.ApiException as exc:
+            if exc.status != 404:
+                raise
+            raise ConfigError(
+                f"provider.kubernetes.kueue.queue: no LocalQueue {queue!r} in namespace "
+                f"{self.namespace!r} ({_api_message(exc)})",
+                hint="`kubectl get localqueues -n NAMESPACE` lists the queues; without Kueue in "
+                "the cluster, remove provider.kubernetes.kueue",
+            ) from None
 
     def _check_nodes(self, nodes: list[Any]) -> None:
         selector = dict(self.opts.node_selector)
@@ -333,6 +375,18 @@ class KubernetesProvider:
     def manifest(self, req: LaunchRequest) -> dict[str, Any]:
         """The Job of attempt ``req`` (what ``launch`` creates and ``--dry-run`` prints)."""
         argv = [_kube_word(a, req.env) for a in req.argv]  # expanded in the pod
+        name = dns_name(req.key, req.nodes)
+        if req.nodes * req.procs_per_node > 1:  # torch's launcher on each pod
+            argv = list(
+                launcher_argv(
+                    argv,
+                    python="python",
+                    nodes=req.nodes,
+                    procs_per_node=req.procs_per_node,
+                    endpoint=f"{rendezvous_host(name)}:{self.opts.rendezvous_port}",
+                    node_rank=f"$({INDEX_ENV})" if req.nodes > 1 else None,
+                )
+            )
         workdir: str | None = str(req.workdir)
         if req.code is not None:  # the pod's first step: the packed workdir, from S3
             argv = run_argv(req.code, self.opts.working_dir or MACHINE_DIR, argv)
@@ -343,7 +397,7 @@ class KubernetesProvider:
         refs = {**self.opts.secret_env, **kubernetes_secret_env(req.env_from)}
         return job_manifest(
             self.opts.model_copy(update={"secret_env": refs}),
-            name=dns_name(req.key),
+            name=name,
             namespace=self.namespace,
             job_id=req.job_id,
             n=req.n,
@@ -353,35 +407,60 @@ class KubernetesProvider:
             market=req.placement.market,
             gpu_count=self.gpu_count,
             cpus=self.cpus,
+            nodes=req.nodes,
         )
+
+    def manifests(self, req: LaunchRequest) -> list[dict[str, Any]]:
+        """Everything attempt ``req`` creates, in creation order: the headless Service of a
+        multi-node attempt first, so rank 0's name resolves as soon as its pod exists."""
+        job = self.manifest(req)
+        if req.nodes == 1:
+            return [job]
+        name = job["metadata"]["name"]
+        return [
+            service(self.opts, name=name, namespace=self.namespace, job_id=req.job_id, n=req.n),
+            job,
+        ]
 
     def launch(self, req: LaunchRequest) -> Handle:
         req.attempt_dir.mkdir(parents=True, exist_ok=True)
         (req.attempt_dir / "outcome.json").unlink(missing_ok=True)
-        body = self.manifest(req)
-        rest = self._kube.client.exceptions
-        try:
-            self._call("create the Job", self._batch.create_namespaced_job, self.namespace, body)
-        except rest.ApiException as exc:
-            if exc.status != 409:  # 409: created by a launch whose answer was lost: adopt it
-                raise ProviderError(
-                    f"the cluster refused Job {body['metadata']['name']}: {_api_message(exc)}"
-                ) from None
-        return self._handle(req.job_id, body["metadata"]["name"], req.n, req.attempt_dir.parent)
+        objects = self.manifests(req)
+        for body in objects:
+            self._create(body)
+        name = objects[-1]["metadata"]["name"]
+        handle = self._handle(req.job_id, name, req.n, req.attempt_dir.parent, req.nodes)
+        if req.nodes > 1 and self.opts.kueue is None:  # (Kueue admits all pods or none)
+            self._wait_placed(handle)
+        return handle
 
     def find(self, job_id: str, attempts_dir: Path) -> list[Handle]:
+        selector = f"{LABEL_JOB}={job_id}"
         jobs = self._call(
-            "list Jobs",
-            self._batch.list_namespaced_job,
-            self.namespace,
-            label_selector=f"{LABEL_JOB}={job_id}",
+            "list Jobs", self._batch.list_namespaced_job, self.namespace, label_selector=selector
         ).items
-        return [
-            self._handle(
-                job_id, j.metadata.name, int(j.metadata.labels[LABEL_ATTEMPT]), attempts_dir
+        try:
+            services = self._call(
+                "list Services",
+                self._core.list_namespaced_service,
+                self.namespace,
+                label_selector=selector,
+            ).items
+        except ProviderError as exc:
+            if type(exc) is not ProviderError:  # unreachable, credentials: not RBAC
+                raise
+            # a Role from before multi-node attempts: single-node jobs need no Service
+            log.warning("cannot list Services (%s): only Jobs are swept", exc.message)
+            services = []
+        found: dict[str, Handle] = {}
+        for obj in (*services, *jobs):  # a Service alone: a launch cut off before its Job
+            completions = getattr(obj.spec, "completions", None)
+            nodes = completions or (2 if obj.kind == "Service" else 1)
+            n = int(obj.metadata.labels[LABEL_ATTEMPT])
+            found[obj.metadata.name] = self._handle(
+                job_id, obj.metadata.name, n, attempts_dir, nodes
             )
-            for j in jobs
-        ]
+        return list(found.values())
 
     def status(self, handle: Handle) -> AttemptStatus:
         outcome = Path(handle["dir"]) / "outcome.json"
@@ -400,33 +479,113 @@ class KubernetesProvider:
         def of_job(objs: list[Any]) -> list[Any]:
             return [p for p in objs if (p.metadata.labels or {}).get("job-name") == name]
 
-        live, gone = of_job(pods.items()), of_job(pods.gone())
-        if live:
-            return self._pod_status(live[-1], handle)
+        gone = {p.metadata.name for p in of_job(pods.gone())}
+        mine = _first_pods([*of_job(pods.gone()), *of_job(pods.items())])
         job = next((j for j in jobs.items() if j.metadata.name == name), None) or self._read_job(
             name
         )
-        last = gone[-1] if gone else None
-        if job is None:
-            return self._ended(handle, last, "the Job was deleted")
-        failed = _condition(job, "Failed")
-        if failed is not None or _condition(job, "Complete") is not None:
-            return self._ended(handle, last, failed.message if failed is not None else "")
-        if job.metadata.deletion_timestamp is not None:
-            return AttemptStatus(Phase.RUNNING, detail="the Job is being deleted")
-        return AttemptStatus(Phase.STARTING, detail="waiting for the Job's pod")
+        if not mine:
+            if job is None:
+                gone_job = AttemptStatus(Phase.LOST, detail="the Job was deleted")
+                return self._settle(handle, [], gone_job)
+            failed = _condition(job, "Failed")
+            if failed is not None or _condition(job, "Complete") is not None:
+                why = failed.message if failed is not None else "the Job ended without its pods"
+                return self._settle(handle, [], AttemptStatus(Phase.LOST, detail=why))
+            if job.metadata.deletion_timestamp is not None:
+                return AttemptStatus(Phase.RUNNING, detail="the Job is being deleted")
+            if job.spec.suspend:
+                return AttemptStatus(Phase.QUEUED, detail=self._queue_detail(job))
+            return AttemptStatus(Phase.STARTING, detail="waiting for the Job's pods")
+        per_pod = [_pod_status(p, p.metadata.name in gone) for p in mine]
+        missing = int(handle.get("nodes", 1)) - len(mine)
+        per_pod += [AttemptStatus(Phase.STARTING, detail="pod not created yet")] * max(0, missing)
+        if len(per_pod) == 1:
+            status, stop_rest = per_pod[0], False
+        else:  # one pod lost or failed ends the attempt, as one machine does on sim
+            status, stop_rest = group_status(per_pod, now=time.time(), settle_s=self.opts.grace)
+        if status.phase in (Phase.EXITED, Phase.LOST):
+            evicted = self._eviction(job) if job is not None and status.exit_code != 0 else ""
+            if evicted:
+                status = replace(status, detail=evicted)
+            return self._settle(handle, mine, status)
+        if stop_rest and name not in self._stopping:  # the others get SIGTERM and save
+            self._stopping.add(name)
+            self._delete(handle, grace_s=round(self.opts.grace))
+        if status.phase is Phase.RUNNING:
+            stopping = any(p.metadata.deletion_timestamp is not None for p in mine)
+            if stopping or time.monotonic() - self._log_copied.get(name, 0.0) >= LOG_EVERY_S:
+                for pod in mine:  # (a deleted pod's log goes with it)
+                    if pod.metadata.name not in gone:
+                        self._copy_log(handle, pod)
+        return status
 
     def terminate(self, handle: Handle) -> None:
-        """Delete the Job and its pod: the pod gets SIGTERM and ``grace_s`` to save."""
-        self._delete(handle["id"], grace_s=round(self.opts.grace))
+        """Delete the Job and its pods: each pod gets SIGTERM and ``grace_s`` to save."""
+        self._delete(handle, grace_s=round(self.opts.grace))
+
+    # --- launch helpers -----------------------------------------------------------------------
+    def _create(self, body: dict[str, Any]) -> None:
+        kind, name = body["kind"], body["metadata"]["name"]
+        create = (
+            self._batch.create_namespaced_job
+            if kind == "Job"
+            else self._core.create_namespaced_service
+        )
+        rest = self._kube.client.exceptions
+        try:
+            self._call(f"create the {kind}", create, self.namespace, body)
+        except rest.ApiException as exc:
+            if exc.status != 409:  # 409: created by a launch whose answer was lost: adopt it
+                raise ProviderError(
+                    f"the cluster refused {kind} {name}: {_api_message(exc)}"
+                ) from None
+
+    def _wait_placed(self, handle: Handle) -> None:
+        """All pods of a multi-node attempt placed on nodes within ``capacity_wait_s``, or none:
+        the attempt is deleted and the launch is "no capacity" (the controller then tries
+        elsewhere, or fewer nodes down to ``min_nodes``). A half-placed attempt would hold
+        nodes that do nothing while the rest wait."""
+        selector = f"{LABEL_JOB}={handle['job_id']},{LABEL_ATTEMPT}={handle['n']}"
+        deadline = time.monotonic() + self.opts.capacity_wait_s
+        while True:
+            pods = self._call(
+                "list the attempt's pods",
+                self._core.list_namespaced_pod,
+                self.namespace,
+                label_selector=selector,
+            ).items
+            placed = [p for p in pods if p.spec.node_name]
+            if len(placed) >= handle["nodes"]:
+                return
+            if time.monotonic() >= deadline:
+                break
+            time.sleep(min(self.opts.poll_s, 1.0))
+        why = next(
+            (
+                c.message
+                for p in pods
+                for c in (p.status.conditions or [] if p.status else [])
+                if c.type == "PodScheduled" and c.status == "False" and c.message
+            ),
+            "",
+        )
+        self._delete(handle, grace_s=0, propagation="Background")
+        raise CapacityError(
+            f"{len(placed)} of the {handle['nodes']} pods of the attempt could be placed in "
+            f"{self.opts.capacity_wait_s:g}s" + (f" ({why})" if why else ""),
+            hint="another zone or market, fewer nodes (min_nodes), or a longer "
+            "provider.kubernetes.capacity_wait_s for a pool that scales up",
+        )
 
     # --- status helpers -----------------------------------------------------------------------
-    def _handle(self, job_id: str, name: str, n: int, attempts_dir: Path) -> Handle:
+    def _handle(self, job_id: str, name: str, n: int, attempts_dir: Path, nodes: int) -> Handle:
         return {
             "n": n,
             "id": name,
             "job_id": job_id,
             "namespace": self.namespace,
+            "nodes": nodes,
             "dir": str(attempts_dir / str(n)),
             "log": str(attempts_dir.parent / "job.log"),
         }
@@ -455,76 +614,55 @@ class KubernetesProvider:
                 return None
             raise
 
-    def _pod_status(self, pod: Any, handle: Handle) -> AttemptStatus:
-        phase = pod.status.phase if pod.status else None
-        state = _container_state(pod)
-        running_at = _timestamp(state.running.started_at) if state and state.running else None
-        if phase in ("Succeeded", "Failed"):
-            return self._ended(handle, pod, pod.status.message or "")
-        if (
-            state is not None
-            and state.waiting is not None
-            and state.waiting.reason in _FATAL_WAITING
-        ):
-            return self._settle(
-                handle,
-                pod,
-                AttemptStatus(
-                    Phase.EXITED,
-                    exit_code=None,
-                    detail=f"{state.waiting.reason}: {state.waiting.message}",
-                ),
+    def _workload(self, job: Any) -> dict[str, Any] | None:
+        """Kueue's Workload of ``job`` (found by Kueue's ``job-uid`` label), None where there
+        is none yet or the credentials may not read Workloads (only details are lost)."""
+        rest = self._kube.client.exceptions
+        try:
+            found = self._call(
+                "read the Job's Kueue Workload",
+                self._kube.client.CustomObjectsApi(self._api).list_namespaced_custom_object,
+                KUEUE_GROUP,
+                KUEUE_VERSION,
+                self.namespace,
+                "workloads",
+                label_selector=f"kueue.x-k8s.io/job-uid={job.metadata.uid}",
             )
-        if phase == "Running":
-            stopping = pod.metadata.deletion_timestamp is not None  # its log goes with it
-            if (
-                stopping
-                or time.monotonic() - self._log_copied.get(handle["id"], 0.0) >= LOG_EVERY_S
-            ):
-                self._copy_log(handle, pod)
-            return AttemptStatus(Phase.RUNNING, running_at=running_at)
-        scheduled = _condition(pod, "PodScheduled", "False")
-        detail = (
-            scheduled.message
-            if scheduled is not None
-            else (state.waiting.reason if state is not None and state.waiting else "Pending")
+        except (ProviderError, rest.ApiException) as exc:
+            log.debug("no Workload of %s: %s", job.metadata.name, exc)
+            return None
+        items = found.get("items") or []
+        return items[0] if items else None
+
+    def _queue_detail(self, job: Any) -> str:
+        """Why a suspended Job waits: Kueue's own words (``QuotaReserved=False``) if it has any."""
+        queue = (job.metadata.labels or {}).get(LABEL_QUEUE)
+        what = f"waiting for admission by Kueue (LocalQueue {queue})" if queue else "suspended"
+        workload = self._workload(job) if queue else None
+        cond = _dict_condition(workload, "QuotaReserved", "False")
+        return f"{what}: {cond.get('message')}" if cond and cond.get("message") else what
+
+    def _eviction(self, job: Any) -> str:
+        """Why an attempt's pods ended, where the Job was suspended under them: Kueue evicted
+        (preempted) its workload ("" if not). Kueue may have admitted the Job again by now: its
+        Workload then says ``Evicted=False``, "Previously: <why>"."""
+        queue = (job.metadata.labels or {}).get(LABEL_QUEUE)
+        if not queue:
+            return "the Job was suspended" if job.spec.suspend else ""
+        workload = self._workload(job)
+        cond = _dict_condition(workload, "Evicted", "True") or _dict_condition(
+            workload, "Evicted", "False"
         )
-        return AttemptStatus(Phase.STARTING, detail=detail or "Pending")
+        if cond is None:
+            return ""
+        said = str(cond.get("message") or "").removeprefix("Previously: ")
+        why = f"{cond.get('reason')}: {said}" if cond.get("status") == "True" else said
+        return f"evicted by Kueue (LocalQueue {queue}): {why}"
 
-    def _ended(self, handle: Handle, pod: Any, why: str) -> AttemptStatus:
-        """The outcome of a finished attempt: its exit code, or *lost* when the pod was taken
-        away (a disruption, or a deletion) and the process did not end by itself (0 or 75)."""
-        state = _container_state(pod) if pod is not None else None
-        term = state.terminated if state is not None else None
-        code = term.exit_code if term is not None else None
-        ended_at = _timestamp(term.finished_at) if term is not None else None
-        running_at = _timestamp(term.started_at) if term is not None else None
-        disrupted = _condition(pod, "DisruptionTarget") if pod is not None else None
-        deleted = pod is not None and pod.metadata.deletion_timestamp is not None
-        if code is not None and ((disrupted is None and not deleted) or code in (0, 75)):
-            status = AttemptStatus(
-                Phase.EXITED, exit_code=code, ended_at=ended_at, running_at=running_at, detail=why
-            )
-        else:
-            reason = (
-                f"{disrupted.reason}: {disrupted.message}"
-                if disrupted is not None
-                else "the pod was deleted before it could save"
-                if deleted
-                else why
-            )
-            status = AttemptStatus(
-                Phase.LOST,
-                exit_code=code,
-                ended_at=ended_at,
-                running_at=running_at,
-                detail=reason or "pod gone",
-            )
-        return self._settle(handle, pod, status)
-
-    def _settle(self, handle: Handle, pod: Any, status: AttemptStatus) -> AttemptStatus:
-        """Keep the outcome and the pod's output, then delete the Job: nothing is left behind."""
-        if pod is not None:
+    def _settle(self, handle: Handle, pods: list[Any], status: AttemptStatus) -> AttemptStatus:
+        """Keep the outcome and the pods' output, then delete the Job (and the attempt's
+        Service): nothing is left behind."""
+        for pod in pods:
             self._copy_log(handle, pod, final=True)
         outcome = Path(handle["dir"]) / "outcome.json"
         outcome.parent.mkdir(parents=True, exist_ok=True)
@@ -540,7 +678,8 @@ class KubernetesProvider:
                 }
             ).encode(),
         )
-        self._delete(handle["id"], grace_s=0)
+        self._delete(handle, grace_s=0)
+        self._stopping.discard(handle["id"])
         return status
 
     def _copy_log(self, handle: Handle, pod: Any, final: bool = False) -> None:
@@ -580,20 +719,28 @@ class KubernetesProvider:
         mark.parent.mkdir(parents=True, exist_ok=True)
         write_atomic(mark, json.dumps({**done, pod.metadata.name: start + len(new)}).encode())
 
-    def _delete(self, name: str, grace_s: int) -> None:
+    def _delete(self, handle: Handle, grace_s: int, propagation: str = "Foreground") -> None:
+        """Delete the attempt's Job with its pods (Foreground: the batch API's default, Orphan,
+        would leave them running) and its Service; idempotent."""
         rest = self._kube.client.exceptions
-        try:
-            self._call(
-                "delete the Job",
+        name = handle["id"]
+        calls = [
+            (
+                "Job",
                 self._batch.delete_namespaced_job,
-                name,
-                self.namespace,
-                propagation_policy="Foreground",
-                grace_period_seconds=grace_s,
+                {"propagation_policy": propagation, "grace_period_seconds": grace_s},
             )
-        except rest.ApiException as exc:
-            if exc.status != 404:  # already gone: terminate is idempotent
-                raise ProviderError(f"cannot delete Job {name}: {_api_message(exc)}") from None
+        ]
+        if int(handle.get("nodes", 1)) > 1:
+            calls.append(("Service", self._core.delete_namespaced_service, {}))
+        for kind, delete, options in calls:
+            try:
+                self._call(f"delete the {kind}", delete, name, self.namespace, **options)
+            except rest.ApiException as exc:
+                if exc.status != 404:  # already gone: terminate is idempotent
+                    raise ProviderError(
+                        f"cannot delete {kind} {name}: {_api_message(exc)}"
+                    ) from None
 
     # --- the pod's checkpoints ---------------------------------------------------------------
     def _checkpoint_home(self) -> CheckpointHome:
@@ -613,6 +760,83 @@ class KubernetesProvider:
             hint="set provider.kubernetes.checkpoint_pvc (a PersistentVolumeClaim, mounted at "
             f"{mount}) or give checkpoint_dir as an s3:// URI",
         )
+
+
+def _first_pods(pods: list[Any]) -> list[Any]:
+    """The attempt's pods: the first of each completion index, in index order. A later pod of
+    an index is Kubernetes starting the Job again after the attempt ended (Kueue re-admitting
+    an evicted workload before the Job was deleted): not the attempt's."""
+    first: dict[int, Any] = {}
+    for pod in pods:
+        index = int((pod.metadata.labels or {}).get(INDEX_LABEL, 0))
+        key = (_timestamp(pod.metadata.creation_timestamp) or 0.0, pod.metadata.name)
+        have = first.get(index)
+        if have is None or key < (
+            _timestamp(have.metadata.creation_timestamp) or 0.0,
+            have.metadata.name,
+        ):
+            first[index] = pod
+    return [first[i] for i in sorted(first)]
+
+
+def _pod_status(pod: Any, gone: bool) -> AttemptStatus:
+    """One pod's part of the attempt; ``gone``: the pod object was deleted (its last state)."""
+    phase = pod.status.phase if pod.status else None
+    state = _container_state(pod)
+    if phase in ("Succeeded", "Failed") or gone:
+        return _pod_end(pod, (pod.status.message if pod.status else "") or "")
+    if state is not None and state.waiting is not None and state.waiting.reason in _FATAL_WAITING:
+        return AttemptStatus(
+            Phase.EXITED, exit_code=None, detail=f"{state.waiting.reason}: {state.waiting.message}"
+        )
+    if phase == "Running":
+        running_at = _timestamp(state.running.started_at) if state and state.running else None
+        return AttemptStatus(Phase.RUNNING, running_at=running_at)
+    scheduled = _condition(pod, "PodScheduled", "False")
+    detail = (
+        scheduled.message
+        if scheduled is not None
+        else (state.waiting.reason if state is not None and state.waiting else "Pending")
+    )
+    return AttemptStatus(Phase.STARTING, detail=detail or "Pending")
+
+
+def _pod_end(pod: Any, why: str) -> AttemptStatus:
+    """How an ended pod ended: its exit code, or *lost* when the pod was taken away (a
+    disruption, or a deletion) and the process did not end by itself (0 or 75)."""
+    state = _container_state(pod)
+    term = state.terminated if state is not None else None
+    code = term.exit_code if term is not None else None
+    ended_at = _timestamp(term.finished_at) if term is not None else None
+    running_at = _timestamp(term.started_at) if term is not None else None
+    disrupted = _condition(pod, "DisruptionTarget")
+    deleted = pod.metadata.deletion_timestamp is not None
+    if code is not None and ((disrupted is None and not deleted) or code in (0, 75)):
+        return AttemptStatus(
+            Phase.EXITED, exit_code=code, ended_at=ended_at, running_at=running_at, detail=why
+        )
+    reason = (
+        f"{disrupted.reason}: {disrupted.message}"
+        if disrupted is not None
+        else "the pod was deleted before it could save"
+        if deleted or code is None
+        else why
+    )
+    return AttemptStatus(
+        Phase.LOST,
+        exit_code=code,
+        ended_at=ended_at,
+        running_at=running_at,
+        detail=reason or "pod gone",
+    )
+
+
+def _dict_condition(obj: dict[str, Any] | None, ctype: str, status: str) -> dict[str, Any] | None:
+    """A condition of a custom object read as plain data (a Kueue Workload), or None."""
+    for cond in ((obj or {}).get("status") or {}).get("conditions") or []:
+        if cond.get("type") == ctype and cond.get("status") == status:
+            return dict(cond)
+    return None
 
 
 def _container_state(pod: Any) -> Any:

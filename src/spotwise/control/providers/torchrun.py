@@ -4,7 +4,9 @@ Providers that run an attempt on several processes or machines start, on each no
 ``python -m spotwise.runtime.launch`` (torch's own launcher, keeping exit code 75) with the
 user's command after ``--no-python``, so any command line works, not only a Python script.
 One node alone rendezvouses by itself (``--standalone``); several meet through a c10d store
-that exactly one of them (``host``) serves, so none depends on torch guessing from host names.
+that exactly one of them (``host``) serves, so none depends on torch guessing from host names;
+or, where each node knows its rank from its platform (an Indexed Job's completion index), through
+torch's static rendezvous at rank 0 (``node_rank``).
 """
 
 from __future__ import annotations
@@ -22,14 +24,24 @@ def launcher_argv(
     endpoint: str = "",
     rdzv_id: str = "",
     host: bool | None = None,
+    node_rank: str | None = None,
 ) -> tuple[str, ...]:
     """``python -m spotwise.runtime.launch ... --no-python ARGV`` for one node of ``nodes``.
 
     ``host``: whether this node serves the rendezvous store (None: torch decides by host name,
-    as on a SLURM allocation where every node runs the same line)."""
+    as on a SLURM allocation where every node runs the same line). ``node_rank``: this node's
+    rank as the command line gets it (e.g. ``$(JOB_COMPLETION_INDEX)``): static rendezvous,
+    rank 0 serves the store at ``endpoint``."""
     head = [python, "-m", "spotwise.runtime.launch", f"--nproc-per-node={procs_per_node}"]
     if nodes == 1:
         head.append("--standalone")
+    elif node_rank is not None:
+        head += [
+            f"--nnodes={nodes}",
+            "--rdzv-backend=static",
+            f"--rdzv-endpoint={endpoint}",
+            f"--node-rank={node_rank}",
+        ]
     else:
         head += [f"--nnodes={nodes}", "--rdzv-backend=c10d"]
         # (left out, torchrun reads them from PET_RDZV_ENDPOINT / PET_RDZV_ID: a batch script

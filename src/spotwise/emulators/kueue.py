@@ -1,0 +1,349 @@
+"""Kueue in the loopback cluster: its batch/v1 Job integration and quota admission, the subset
+Kueue's documentation describes (concepts/workload; tasks/troubleshooting, troubleshooting_jobs).
+
+- A Job labelled ``kueue.x-k8s.io/queue-name`` gets a Workload ``job-<job>-<5 hex>`` (label
+  ``kueue.x-k8s.io/job-uid``, owned by the Job, event ``CreatedWorkload`` on the Job) with one
+  pod set ``main`` of ``parallelism`` pods. A Job created unsuspended is left alone (Kueue's
+  webhook would have suspended it; the double has no webhooks).
+- Admission, oldest Workload first: the LocalQueue's ClusterQueue must have unused
+  ``nominalQuota`` (its first flavor) for the pod set's requests x count of every resource. Then
+  ``QuotaReserved`` (``QuotaReserved``, "Quota reserved in ClusterQueue CQ") and ``Admitted``
+  (``Admitted``, "The workload is admitted") are True, ``status.admission`` names the
+  ClusterQueue and flavor, and the Job is unsuspended. Otherwise ``QuotaReserved=False`` with
+  ``Pending`` ("couldn't assign flavors to pod set main: insufficient unused quota for cpu in
+  flavor F, 2 more needed") or ``Inadmissible`` ("LocalQueue Q doesn't exist").
+- Eviction (:meth:`Kueue.evict`; in a real cluster a higher-priority Workload preempting this
+  one): ``Evicted=True`` (``Preempted``, "Preempted to accommodate a higher priority
+  Workload") and the Job is suspended again, so its pods get SIGTERM and their grace period.
+  Once none is left the quota is released (``QuotaReserved=False`` ``Pending``, ``Admitted=False``
+  ``NoReservation``, "The workload has no reservation") and the Workload waits to be admitted
+  again; when it is, ``Evicted`` turns False (``QuotaReserved``, "Previously: ...").
+- A finished Job's Workload gets ``Finished=True`` (``Succeeded`` / ``Failed``) and frees its
+  quota; a deleted Job's Workload is deleted with it (garbage collection by owner).
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+import threading
+
+from spotwise.emulators.kube_api import Obj, ObjectStore, rfc3339
+
+QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"
+PREEMPTED = "Preempted to accommodate a higher priority Workload"
+_UNITS = {"m": 1e-3, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "Ki": 2**10, "Mi": 2**20}
+_UNITS.update(Gi=2**30, Ti=2**40)
+_QUANTITY = re.compile(r"([0-9.]+)([a-zA-Z]*)")
+
+
+def quantity(text: object) -> float:
+    """A Kubernetes resource quantity (``2``, ``500m``, ``16Gi``) as a number."""
+    m = _QUANTITY.fullmatch(str(text))
+    if m is None or (m[2] and m[2] not in _UNITS):
+        raise ValueError(f"not a resource quantity: {text!r}")
+    return float(m[1]) * (_UNITS[m[2]] if m[2] else 1.0)
+
+
+def _shown(value: float) -> str:
+    return str(int(value)) if value == int(value) else f"{value:g}"
+
+
+def queues(cluster_queue: str, local_queue: str, namespace: str, quota: dict[str, str]) -> list:
+    """The ClusterQueue (one flavor, ``default-flavor``, with ``quota``) and a LocalQueue of
+    ``namespace`` pointing at it, as (resource, namespace, object) to create."""
+    resources = [{"name": k, "nominalQuota": str(v)} for k, v in quota.items()]
+    cq = {
+        "metadata": {"name": cluster_queue},
+        "spec": {
+            "namespaceSelector": {},
+            "queueingStrategy": "BestEffortFIFO",
+            "resourceGroups": [
+                {
+                    "coveredResources": list(quota),
+                    "flavors": [{"name": "default-flavor", "resources": resources}],
+                }
+            ],
+        },
+    }
+    lq = {"metadata": {"name": local_queue}, "spec": {"clusterQueue": cluster_queue}}
+    return [("clusterqueues", "", cq), ("localqueues", namespace, lq)]
+
+
+def _set(obj: Obj, ctype: str, status: str, reason: str, message: str) -> None:
+    conds = [c for c in obj.setdefault("status", {}).get("conditions") or [] if c["type"] != ctype]
+    conds.append(
+        {
+            "type": ctype,
+            "status": status,
+            "reason": reason,
+            "message": message,
+            "lastTransitionTime": rfc3339(),
+        }
+    )
+    obj["status"]["conditions"] = conds
+
+
+def condition(obj: Obj, ctype: str) -> Obj | None:
+    return next(
+        (c for c in (obj.get("status") or {}).get("conditions") or [] if c["type"] == ctype), None
+    )
+
+
+def _true(obj: Obj, ctype: str) -> bool:
+    cond = condition(obj, ctype)
+    return cond is not None and cond["status"] == "True"
+
+
+class Kueue:
+    """Kueue's controllers over ``store``; :meth:`tick` is one pass (the cluster loop runs it)."""
+
+    def __init__(self, store: ObjectStore) -> None:
+        self.store = store
+        self._lock = threading.Lock()
+
+    def tick(self) -> None:
+        with self._lock:
+            jobs, _ = self.store.select("jobs")
+            workloads, _ = self.store.select("workloads")
+            by_job = {w["metadata"]["labels"].get(JOB_UID_LABEL): w for w in workloads}
+            live = {j["metadata"]["uid"] for j in jobs}
+            for w in workloads:  # owner gone: garbage-collected
+                if w["metadata"]["labels"].get(JOB_UID_LABEL) not in live:
+                    self.store.remove(
+                        "workloads", w["metadata"]["namespace"], w["metadata"]["name"]
+                    )
+            queued = [j for j in jobs if (j["metadata"].get("labels") or {}).get(QUEUE_LABEL)]
+            oldest_first = sorted(
+                queued, key=lambda j: (j["metadata"]["creationTimestamp"], j["metadata"]["name"])
+            )
+            for job in oldest_first:
+                workload = by_job.get(job["metadata"]["uid"])
+                if workload is None:
+                    if not job["spec"].get("suspend"):
+                        continue  # created running: not Kueue's (no webhook suspended it)
+                    workload = self._create(job)
+                self._sync(job, workload)
+
+    def evict(self, namespace: str, job_name: str, reason: str = "Preempted") -> None:
+        """Evict the admitted Workload of Job ``job_name`` (see the module docstring)."""
+        with self._lock:
+            job = self.store.get("jobs", namespace, job_name)
+            if job is None:
+                raise KeyError(f"no Job {namespace}/{job_name}")
+            workloads, _ = self.store.select(
+                "workloads", namespace, f"{JOB_UID_LABEL}={job['metadata']['uid']}"
+            )
+            if not workloads or not _true(workloads[0], "Admitted"):
+                raise ValueError(f"the Workload of Job {job_name} is not admitted")
+            self.store.update(
+                "workloads",
+                namespace,
+                workloads[0]["metadata"]["name"],
+                lambda w: _set(w, "Evicted", "True", reason, PREEMPTED),
+            )
+            self._suspend(job, True)
+
+    # --- one Workload -------------------------------------------------------------------------
+    def _create(self, job: Obj) -> Obj:
+        meta = job["metadata"]
+        template = job["spec"]["template"]
+        workload = {
+            "metadata": {
+                "name": f"job-{meta['name']}-{secrets.token_hex(3)[:5]}",
+                "labels": {JOB_UID_LABEL: meta["uid"]},
+                "ownerReferences": [
+                    {
+                        "apiVersion": "batch/v1",
+                        "kind": "Job",
+                        "name": meta["name"],
+                        "uid": meta["uid"],
+                        "controller": True,
+                        "blockOwnerDeletion": True,
+                    }
+                ],
+            },
+            "spec": {
+                "active": True,
+                "queueName": meta["labels"][QUEUE_LABEL],
+                "podSets": [
+                    {
+                        "name": "main",
+                        "count": int(job["spec"].get("parallelism", 1)),
+                        "template": template,
+                    }
+                ],
+            },
+            "status": {},
+        }
+        created = self.store.create("workloads", meta["namespace"], workload)
+        where = f"{meta['namespace']}/{created['metadata']['name']}"
+        self._job_event(job, "CreatedWorkload", f"Created Workload: {where}")
+        return created
+
+    def _sync(self, job: Obj, workload: Obj) -> None:
+        ns, name = workload["metadata"]["namespace"], workload["metadata"]["name"]
+        if _true(workload, "Finished"):
+            return
+        ended = next((c for c in ("Complete", "Failed") if _true(job, c)), None)
+        if ended is not None:
+
+            def finish(w: Obj) -> None:
+                ok = ended == "Complete"
+                said = "Job finished successfully" if ok else "Job failed"
+                _set(w, "Finished", "True", "Succeeded" if ok else "Failed", said)
+                w["status"].pop("admission", None)
+
+            self.store.update("workloads", ns, name, finish)
+            return
+        if _true(workload, "Admitted"):
+            if _true(workload, "Evicted") and not self._active_pods(job):
+                self.store.update("workloads", ns, name, _release)
+            return
+        if job["spec"].get("suspend"):
+            self._admit(job, workload)
+
+    def _admit(self, job: Obj, workload: Obj) -> None:
+        ns, name = workload["metadata"]["namespace"], workload["metadata"]["name"]
+        queue = workload["spec"]["queueName"]
+        local = self.store.get("localqueues", ns, queue)
+        cq = (
+            self.store.get("clusterqueues", "", local["spec"]["clusterQueue"])
+            if local is not None
+            else None
+        )
+        if local is None or cq is None:
+            why = (
+                f"LocalQueue {queue} doesn't exist"
+                if local is None
+                else f"ClusterQueue {local['spec']['clusterQueue']} doesn't exist"
+            )
+            self._pending(ns, name, "Inadmissible", why)
+            return
+        flavor = cq["spec"]["resourceGroups"][0]["flavors"][0]
+        quota = {r["name"]: quantity(r["nominalQuota"]) for r in flavor["resources"]}
+        pod_set = workload["spec"]["podSets"][0]
+        wanted: dict[str, float] = {}
+        for container in pod_set["template"]["spec"].get("containers") or []:
+            resources = container.get("resources") or {}
+            asked = {**(resources.get("limits") or {}), **(resources.get("requests") or {})}
+            for resource, value in asked.items():
+                wanted[resource] = wanted.get(resource, 0.0) + quantity(value) * pod_set["count"]
+        used = self._usage(cq["metadata"]["name"])
+        for resource, want in sorted(wanted.items()):
+            if resource not in quota:
+                self._pending(
+                    ns,
+                    name,
+                    "Pending",
+                    f"couldn't assign flavors to pod set main: resource {resource} unavailable "
+                    "in ClusterQueue",
+                )
+                return
+            free = quota[resource] - used.get(resource, 0.0)
+            if want > free:
+                self._pending(
+                    ns,
+                    name,
+                    "Pending",
+                    f"couldn't assign flavors to pod set main: insufficient unused quota for "
+                    f"{resource} in flavor {flavor['name']}, {_shown(want - free)} more needed",
+                )
+                return
+        cq_name = cq["metadata"]["name"]
+
+        def admit(w: Obj) -> None:
+            w["status"]["admission"] = {
+                "clusterQueue": cq_name,
+                "podSetAssignments": [
+                    {
+                        "name": "main",
+                        "count": pod_set["count"],
+                        "flavors": dict.fromkeys(wanted, flavor["name"]),
+                        "resourceUsage": {k: _shown(v) for k, v in wanted.items()},
+                    }
+                ],
+            }
+            _set(
+                w,
+                "QuotaReserved",
+                "True",
+                "QuotaReserved",
+                f"Quota reserved in ClusterQueue {cq_name}",
+            )
+            _set(w, "Admitted", "True", "Admitted", "The workload is admitted")
+            evicted = condition(w, "Evicted")
+            if evicted is not None and evicted["status"] == "True":
+                _set(w, "Evicted", "False", "QuotaReserved", f"Previously: {evicted['message']}")
+
+        self.store.update("workloads", ns, name, admit)
+        self._suspend(job, False)
+        self._job_event(job, "Started", f"Admitted by clusterQueue {cq_name}")
+
+    # --- helpers ------------------------------------------------------------------------------
+    def _pending(self, ns: str, name: str, reason: str, message: str) -> None:
+        self.store.update(
+            "workloads", ns, name, lambda w: _set(w, "QuotaReserved", "False", reason, message)
+        )
+
+    def _usage(self, cluster_queue: str) -> dict[str, float]:
+        """What the ClusterQueue's admitted Workloads hold."""
+        workloads, _ = self.store.select("workloads")
+        used: dict[str, float] = {}
+        for w in workloads:
+            admission = (w.get("status") or {}).get("admission") or {}
+            if admission.get("clusterQueue") != cluster_queue or not _true(w, "QuotaReserved"):
+                continue
+            for assignment in admission["podSetAssignments"]:
+                for resource, value in assignment["resourceUsage"].items():
+                    used[resource] = used.get(resource, 0.0) + quantity(value)
+        return used
+
+    def _active_pods(self, job: Obj) -> list[Obj]:
+        pods, _ = self.store.select(
+            "pods", job["metadata"]["namespace"], f"controller-uid={job['metadata']['uid']}"
+        )
+        return [
+            p for p in pods if (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
+        ]
+
+    def _suspend(self, job: Obj, suspend: bool) -> None:
+        def mutate(j: Obj) -> None:
+            j["spec"]["suspend"] = suspend
+
+        self.store.update("jobs", job["metadata"]["namespace"], job["metadata"]["name"], mutate)
+
+    def _job_event(self, job: Obj, reason: str, message: str) -> None:
+        meta = job["metadata"]
+        now = rfc3339()
+        self.store.create(
+            "events",
+            meta["namespace"],
+            {
+                "metadata": {"generateName": f"{meta['name']}."},
+                "involvedObject": {
+                    "kind": "Job",
+                    "name": meta["name"],
+                    "namespace": meta["namespace"],
+                    "uid": meta["uid"],
+                },
+                "reason": reason,
+                "message": message,
+                "type": "Normal",
+                "firstTimestamp": now,
+                "lastTimestamp": now,
+                "count": 1,
+                "source": {"component": "kueue-admission"},
+            },
+        )
+
+
+def _release(w: Obj) -> None:
+    """An evicted Workload whose pods are gone gives its quota back and waits again."""
+    w["status"].pop("admission", None)
+    _set(w, "QuotaReserved", "False", "Pending", "The workload is waiting for admission")
+    _set(w, "Admitted", "False", "NoReservation", "The workload has no reservation")
+
+
+__all__ = ["JOB_UID_LABEL", "PREEMPTED", "QUEUE_LABEL", "Kueue", "quantity", "queues"]
