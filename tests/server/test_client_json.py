@@ -46,8 +46,8 @@ def test_launch_and_cancel_json_through_a_server_and_embedded(real_server, tmp_p
     def ended(env: dict[str, str], job_id: str) -> bool:
         return json.loads(_cli("status", job_id, "--json", env=env).stdout)["state"] in TERMINAL
 
-    wait_until(lambda: ended(alice, through["id"]))
-    wait_until(lambda: ended(laptop, embedded["id"]))  # (its detached controller is done)
+    wait_until(lambda: ended(alice, through["id"]), timeout_s=300)
+    wait_until(lambda: ended(laptop, embedded["id"]), timeout_s=300)  # (its controller is done)
     # cancel of the same (ended) job through the server and on the server's own host
     remote = json.loads(_cli("cancel", through["id"], "--json", env=alice).stdout)
     here = json.loads(_cli("cancel", through["id"], "--json", env=host_env).stdout)

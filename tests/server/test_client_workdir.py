@@ -87,7 +87,7 @@ def test_a_clients_packed_workdir_reaches_the_sim_machine(real_server, tmp_path:
     def state() -> str:
         return str(json.loads(_cli("status", job_id, "--json", env=alice).stdout)["state"])
 
-    wait_until(lambda: state() in TERMINAL)
+    wait_until(lambda: state() in TERMINAL, timeout_s=300)
     log = _cli("logs", job_id, env=alice).stdout
     assert state() == "SUCCEEDED", log
     assert "files: data,main.py\n" in log and "data: 42 from the laptop\n" in log, log
