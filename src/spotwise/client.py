@@ -11,15 +11,17 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from spotwise.control.store.models import spotwise_home
+from spotwise.control.workdir import pack, split_workdir
 from spotwise.errors import ConfigError, JobNotFoundError, ServerError
 
 SERVER_ENV = "SPOTWISE_SERVER"
@@ -58,6 +60,23 @@ def configured_server() -> Server | None:
             )
         return Server(url, token, SERVER_ENV)
     return _stored()
+
+
+def refuse_group(command: str, why: str) -> None:
+    """``sweep`` and ``infer`` run their workers under one group controller in the CLI's own
+    process (the shared budget, the workload's progress), which a server does not run: with a
+    server configured they stop here, before anything is submitted anywhere."""
+    server = configured_server()
+    if server is None:
+        return
+    here = (
+        f"unset {SERVER_ENV}" if server.origin == SERVER_ENV else "run `spotwise logout`"
+    ) + f" to run it on this machine (the embedded mode), then: spotwise {command} FILE"
+    raise ConfigError(
+        f"spotwise {command} does not run through a server ({server.url}, from "
+        f"{server.origin}): {why}",
+        hint=here,
+    )
 
 
 def _stored() -> Server | None:
@@ -122,9 +141,32 @@ class Client:
             )
         raise JobNotFoundError(f"no job {job_id!r} on {self.server.url}", hint="spotwise jobs")
 
-    def submit(self, job_file: Path) -> dict[str, Any]:
-        query = urllib.parse.urlencode({"base_dir": str(job_file.resolve().parent)})
-        return dict(self._json("POST", f"/jobs?{query}", job_file.read_bytes(), "application/yaml"))
+    def submit(self, job_file: Path, workdir: str) -> dict[str, Any]:
+        """Submit the job file; ``workdir`` is its spec's, resolved here: a ``pack:`` folder
+        is packed here and uploaded first (the server cannot read this machine's disk)."""
+        query = {"base_dir": str(job_file.resolve().parent)}
+        kind, folder = split_workdir(workdir)
+        if kind == "pack":
+            query["workdir_sha256"] = self.upload_workdir(Path(folder))
+        path = f"/jobs?{urllib.parse.urlencode(query)}"
+        return dict(self._json("POST", path, job_file.read_bytes(), "application/yaml"))
+
+    def upload_workdir(self, root: Path) -> str:
+        """Pack ``root`` (its ignore files, the size limit: refused here with its size) and
+        upload it unless the server has that digest already; its sha256."""
+        with tempfile.TemporaryDirectory(prefix="spotwise-pack-") as tmp:
+            packed = Path(tmp) / "workdir.tar.gz"
+            sha256 = pack(root, packed)
+            try:
+                self._json("GET", f"/workdirs/{sha256}")
+                return sha256  # the same tree was uploaded before
+            except JobNotFoundError:  # (404: not yet)
+                pass
+            with open(packed, "rb") as body:  # streamed from the file, in blocks
+                headers = {"Content-Length": str(packed.stat().st_size)}
+                with self._open("PUT", f"/workdirs/{sha256}", body, "application/gzip", headers):
+                    pass
+        return sha256
 
     def cancel(self, job_id: str) -> dict[str, Any]:
         return dict(self._json("POST", f"/jobs/{self.resolve(job_id)}/cancel", b""))
@@ -157,9 +199,16 @@ class Client:
         with self._open(method, path, body, content_type or "application/json") as r:
             return json.loads(r.read())
 
-    def _open(self, method: str, path: str, body: bytes | None, content_type: str | None) -> Any:
+    def _open(
+        self,
+        method: str,
+        path: str,
+        body: bytes | BinaryIO | None,
+        content_type: str | None,
+        headers: dict[str, str] | None = None,
+    ) -> Any:
         url = self.server.url + API + path
-        request = urllib.request.Request(url, data=body, method=method)
+        request = urllib.request.Request(url, data=body, headers=headers or {}, method=method)
         request.add_header("Authorization", f"Bearer {self.server.token}")
         request.add_header("Accept", "application/json")
         if content_type and body is not None:

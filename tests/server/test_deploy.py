@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import os
 import re
+import secrets
 import shlex
 import shutil
 import signal
 import ssl
 import subprocess
 import sys
+import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -178,6 +180,12 @@ def test_one_server_at_a_time_reading_its_database_from_the_secret():
     volumes = {v["name"]: v for v in spec["template"]["spec"]["volumes"]}
     claim = volumes[mounts[home]]["persistentVolumeClaim"]["claimName"]
     assert claim == objects["PersistentVolumeClaim"]["metadata"]["name"]
+    # the first admin token: a file from the same Secret, read by the server at first start
+    token_file = Path(env["SPOTWISE_ADMIN_TOKEN_FILE"]["value"])
+    volume = volumes[mounts[str(token_file.parent)]]["secret"]
+    assert volume["secretName"] == objects["Secret"]["metadata"]["name"]
+    assert volume["items"] == [{"key": "admin-token", "path": token_file.name}]
+    assert "admin-token" in objects["Secret"]["stringData"]
     for probe in (container["readinessProbe"], container["livenessProbe"]):
         assert probe["httpGet"]["path"] == "/healthz" and probe["httpGet"]["scheme"] == "HTTPS"
     service = objects["Service"]["spec"]
@@ -186,12 +194,17 @@ def test_one_server_at_a_time_reading_its_database_from_the_secret():
 
 
 def test_the_deployments_arguments_serve_tls(tmp_path: Path):
-    """The container's own command line, accepted by the server's bind check as written, then
-    run here (on 127.0.0.1, port 0, a self-signed certificate) and probed as the kubelet does."""
+    """The container's own command line and environment, accepted by the server's bind check
+    as written, then run here (on 127.0.0.1, port 0, a self-signed certificate, the admin
+    token a file as the Secret mounts it): probed as the kubelet does, the preset token let in
+    and never printed, the dashboard answering the Service's host names and no other."""
     container = manifests()["Deployment"]["spec"]["template"]["spec"]["containers"][0]
-    args = dict(a.removeprefix("--").split("=", 1) for a in container["args"])
-    assert args["host"] == "0.0.0.0"
-    check_bind(args["host"], Path(args["tls-cert"]), Path(args["tls-key"]), False)  # no raise
+    args = [tuple(a.removeprefix("--").split("=", 1)) for a in container["args"]]
+    one = dict(args)
+    assert one["host"] == "0.0.0.0"
+    check_bind(one["host"], Path(one["tls-cert"]), Path(one["tls-key"]), False)  # no raise
+    service_names = [v for k, v in args if k == "allowed-host"]
+    assert "spotwise-server.spotwise.svc" in service_names
     cert, key = tmp_path / "tls.crt", tmp_path / "tls.key"
     subprocess.run(
         ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
@@ -199,17 +212,63 @@ def test_the_deployments_arguments_serve_tls(tmp_path: Path):
          "-keyout", str(key), "-out", str(cert)],
         check=True, capture_output=True, timeout=60,
     )  # fmt: skip
-    args.update(host="127.0.0.1", port="0", **{"tls-cert": str(cert), "tls-key": str(key)})
+    here = {"host": "127.0.0.1", "port": "0", "tls-cert": str(cert), "tls-key": str(key)}
     argv = [f"{sys.prefix}/bin/{container['command'][0]}", *container["command"][1:]]
-    argv += [f"--{k}={v}" for k, v in args.items()]
-    server = _start(argv, {**_plain_env(), "SPOTWISE_HOME": str(tmp_path / "home")})
+    argv += [f"--{k}={here.get(k, v)}" for k, v in args]
+    token = f"spw_{secrets.token_hex(6)}_{secrets.token_urlsafe(32)}"  # as secret.yaml says
+    token_file = tmp_path / "secret" / "admin-token"
+    token_file.parent.mkdir()
+    token_file.write_text(token + "\n")
+    token_file.chmod(0o440)  # the volume's defaultMode
+    env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
+    assert env["SPOTWISE_ADMIN_TOKEN_FILE"].endswith("/admin-token")
+    home = tmp_path / "home"
+    env.update(SPOTWISE_HOME=str(home), SPOTWISE_ADMIN_TOKEN_FILE=str(token_file))
+    server = _start(argv, {**_plain_env(), **env})
+    trusting = ssl.create_default_context(cafile=str(cert))  # verified: the cert it serves
+
+    def get(path: str, host: str | None = None) -> int:
+        headers = {"Authorization": f"Bearer {token}", **({"Host": host} if host else {})}
+        request = urllib.request.Request(server.url + path, headers=headers)
+        try:
+            with urllib.request.urlopen(request, context=trusting, timeout=30) as r:
+                return int(r.status)
+        except urllib.error.HTTPError as e:
+            return e.code
+
     try:
         assert server.url.startswith("https://")
-        trusting = ssl.create_default_context(cafile=str(cert))  # verified: the cert it serves
         with urllib.request.urlopen(server.url + "/healthz", context=trusting, timeout=30) as r:
             assert r.status == 200
+        assert get("/api/v1/jobs") == 200  # the Secret's token is the admin's
+        for name in service_names:
+            assert get("/", f"{name}:8790") == 200  # the dashboard, through the Service
+        assert get("/", "rebound.example.com") == 400  # any other name: DNS rebinding
     finally:
         server.stop()
+        rest = server.proc.stdout.read() if server.proc.stdout else ""
+    assert "registered" in rest and token not in rest  # never printed
+    assert not (home / "admin-token").exists()  # nor written anywhere
+
+
+def test_the_secrets_placeholder_token_is_refused(tmp_path: Path):
+    """secret.yaml applied unchanged starts no server with a known admin token."""
+    placeholder = manifests()["Secret"]["stringData"]["admin-token"]
+    token_file = tmp_path / "admin-token"
+    token_file.write_text(placeholder)
+    env = {**_plain_env(), "SPOTWISE_HOME": str(tmp_path / "home")}
+    env["SPOTWISE_ADMIN_TOKEN_FILE"] = str(token_file)
+    refused = subprocess.run(
+        [f"{sys.prefix}/bin/spotwise", "server", "--port", "0"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,  # (it stops at once; starting Python is what a loaded machine slows)
+    )
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr
+    assert f"--admin-token-file {token_file} does not hold a spotwise token" in refused.stderr
+    assert "secrets.token_hex(6)" in refused.stderr  # how to make one
+    assert placeholder not in refused.stderr.replace(str(token_file), "")
 
 
 def test_the_objects_the_double_knows_are_created_through_the_official_client(tmp_path: Path):
@@ -223,7 +282,7 @@ def test_the_objects_the_double_knows_are_created_through_the_official_client(tm
             utils.create_from_yaml(api, str(MANIFESTS / name))
         core = client.CoreV1Api(api)
         secret = core.read_namespaced_secret("spotwise-server", "spotwise")
-        assert set(secret.data) == {"SPOTWISE_DB"}
+        assert set(secret.data) == {"SPOTWISE_DB", "admin-token"}
         claim = core.read_namespaced_persistent_volume_claim("spotwise-home", "spotwise")
         assert claim.spec.access_modes == ["ReadWriteOnce"]
     finally:

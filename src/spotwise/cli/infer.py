@@ -35,6 +35,13 @@ def register(app: typer.Typer) -> None:
         $SPOTWISE_BATCH_OUT (the output location) and $SPOTWISE_WORKER. Shows shards done and
         items per second; exits 0 when every worker succeeded.
         """
+        from spotwise.client import refuse_group
+
+        refuse_group(
+            "infer",
+            "its workers are driven together from this process (the batch's shared budget, "
+            "the progress of its shards)",
+        )
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
         from spotwise.batch import describe

@@ -41,11 +41,12 @@ def _remote() -> Any:
     return None if server is None else Client(server)
 
 
-def _follow(client: Any, job_id: str) -> str:
-    """Print a server's job output until the job ends; its final state."""
+def _follow(client: Any, job_id: str, echo: bool = True) -> str:
+    """Print a server's job output (unless not ``echo``) until the job ends; its final state."""
     for chunk in client.logs(job_id, follow=True):
-        sys.stdout.write(chunk.decode(errors="replace"))
-        sys.stdout.flush()
+        if echo:
+            sys.stdout.write(chunk.decode(errors="replace"))
+            sys.stdout.flush()
     return str(client.job(job_id)["state"])
 
 
@@ -193,6 +194,9 @@ def register(app: typer.Typer) -> None:
         follow: bool = typer.Option(
             False, "--follow", help="with a server: print the job's output until it ends"
         ),
+        as_json: bool = typer.Option(
+            False, "--json", help="print the job's status document when launch returns, only"
+        ),
     ) -> None:
         """Run a job to completion across preemptions: relaunch, resume, stay on budget.
 
@@ -204,7 +208,7 @@ def register(app: typer.Typer) -> None:
         launch returns once it is accepted and prints the job id as its last line (--follow
         prints its output until it ends); closing this command never affects the job.
         """
-        from spotwise.control.controller import submit
+        from spotwise.control.controller import job_summary, submit
         from spotwise.control.spec import load_spec
 
         spec = load_spec(job_file)
@@ -217,19 +221,31 @@ def register(app: typer.Typer) -> None:
             return
         client = _remote()
         if client is not None:
-            accepted = client.submit(job_file)
+            accepted = client.submit(job_file, spec.workdir)
             if follow:
-                state = _follow(client, accepted["id"])
-                typer.echo(f"job {accepted['id']} {state}")
+                state = _follow(client, accepted["id"], echo=not as_json)
+                if as_json:
+                    typer.echo(dumps(client.job(accepted["id"]), indent=2))
+                else:
+                    typer.echo(f"job {accepted['id']} {state}")
                 raise typer.Exit(0 if state == "SUCCEEDED" else 1)
+            if as_json:
+                typer.echo(dumps(accepted, indent=2))
+                return
             typer.echo(f"job submitted to {client.server.url}")
             typer.echo(accepted["id"])
             return
-        job = submit(_store(), spec, str(job_file.resolve()))
+        store = _store()
+        job = submit(store, spec, str(job_file.resolve()))
         if detach:
+            summary = job_summary(store, job)  # (as accepted, before its controller starts)
             _spawn_controller(job.id)
-            typer.echo(job.id)
+            typer.echo(dumps(summary, indent=2) if as_json else job.id)
             return
+        if as_json:
+            state = _run_controller(job.id, quiet=True)
+            typer.echo(dumps(job_summary(store, store.job(job.id)), indent=2))
+            raise typer.Exit(0 if state == "SUCCEEDED" else 1)
         Console().print(
             Text.assemble(
                 "job ",
@@ -370,26 +386,35 @@ def register(app: typer.Typer) -> None:
             time.sleep(0.3)
 
     @app.command()
-    def cancel(job_id: str = typer.Argument(..., help="job id (or a unique prefix)")) -> None:
+    def cancel(
+        job_id: str = typer.Argument(..., help="job id (or a unique prefix)"),
+        as_json: bool = typer.Option(
+            False, "--json", help="print the job's status document once it ended, only"
+        ),
+    ) -> None:
         """Stop a job: the attempt gets a notice (so it saves), then its machine is freed."""
-        from spotwise.control.controller import controller_alive
+        from spotwise.control.controller import controller_alive, job_summary
         from spotwise.control.store import JobState
 
         client = _remote()
         if client is not None:
             job_id = client.cancel(job_id)["id"]
             for _ in range(1200):  # as embedded: wait (up to 2 min) for the job to end
-                state = client.job(job_id)["state"]
-                if state in ("SUCCEEDED", "FAILED", "CANCELLED"):
+                summary = client.job(job_id)
+                if summary["state"] in ("SUCCEEDED", "FAILED", "CANCELLED"):
                     break
                 time.sleep(0.1)
-            typer.echo(f"job {job_id} {state}")
+            typer.echo(dumps(summary, indent=2) if as_json else f"job {job_id} {summary['state']}")
             return
 
         store = _store()
         job = store.job(job_id)
         if job.state.terminal:
-            typer.echo(f"job {job.id} already {job.state.value}")
+            typer.echo(
+                dumps(job_summary(store, job), indent=2)
+                if as_json
+                else f"job {job.id} already {job.state.value}"
+            )
             return
         store.request_cancel(job.id)
         if controller_alive(job):
@@ -406,4 +431,9 @@ def register(app: typer.Typer) -> None:
             )
         else:
             _run_controller(job.id, quiet=True)
-        typer.echo(f"job {job.id} {store.job(job.id).state.value}")
+        job = store.job(job.id)
+        typer.echo(
+            dumps(job_summary(store, job), indent=2)
+            if as_json
+            else f"job {job.id} {job.state.value}"
+        )

@@ -32,6 +32,21 @@ def register(app: typer.Typer) -> None:
             "--behind-proxy",
             help="a proxy in front terminates TLS (allows another --host without --tls-*)",
         ),
+        allowed_host: list[str] = typer.Option(
+            [],
+            "--allowed-host",
+            help="a host name the dashboard answers to besides loopback and --host (a "
+            "Kubernetes Service's, a proxy's); repeatable; *.example.com for subdomains",
+            show_default=False,
+        ),
+        admin_token_file: Path = typer.Option(
+            None,
+            "--admin-token-file",
+            envvar="SPOTWISE_ADMIN_TOKEN_FILE",
+            help="at the store's first start, register the admin token in this file (a "
+            "mounted Secret) instead of making one; it is never printed",
+            show_default=False,
+        ),
     ) -> None:
         """Drive every job from this one process, and serve the API and the dashboard.
 
@@ -54,4 +69,6 @@ def register(app: typer.Typer) -> None:
             tls_cert=tls_cert,
             tls_key=tls_key,
             behind_proxy=behind_proxy,
+            admin_token_file=admin_token_file,
+            allowed_hosts=allowed_host,
         )

@@ -83,6 +83,13 @@ def register(app: typer.Typer) -> None:
 
 
 def _run(job_file: Path) -> None:
+    from spotwise.client import refuse_group
+
+    refuse_group(
+        "sweep",
+        "its workers are driven together from this process (the sweep's shared budget), "
+        "and their study storage is resolved on this machine",
+    )
     from spotwise.control.store import Store
     from spotwise.control.workers import group_cost_usd, load_group_file, run_group, submit_group
     from spotwise.hpo import storage_for

@@ -142,10 +142,15 @@ def build_driver(
 
 
 def submit(
-    store: Store, spec: JobSpec, spec_path: str | None = None, owner: str | None = None
+    store: Store,
+    spec: JobSpec,
+    spec_path: str | None = None,
+    owner: str | None = None,
+    uploaded_workdir: str | None = None,
 ) -> Job:
     """Check the job can run (provider reachable, budget covers the estimate), then record it
-    (``owner``: the server's caller who submitted it)."""
+    (``owner``: the server's caller who submitted it; ``uploaded_workdir``: the sha256 of the
+    ``pack:`` workdir that caller's client uploaded, see ``spotwise.server.uploads``)."""
     provider = make_provider(
         spec.provider.name,
         spec.provider.options,
@@ -177,6 +182,7 @@ def submit(
         spec.checkpoint_dir,
         store.home / ARCHIVES,
         spec.provider.name,
+        uploaded=uploaded_workdir,
     )
     chosen = getattr(provider, "placement", None)  # a provider that chose where to run
     if chosen is not None:  # pins it, so every later controller runs the job there too

@@ -353,12 +353,19 @@ def _did_you_mean(loc: tuple[Any, ...]) -> str:
 
 
 def _normalize(
-    raw: dict[str, Any], base_dir: Path, now_s: float, keys: dict[str, str], problems: list[str]
+    raw: dict[str, Any],
+    base_dir: Path,
+    now_s: float,
+    keys: dict[str, str],
+    problems: list[str],
+    packed: bool = False,
 ) -> dict[str, Any]:
     """Aliases to field names, the deadline to seconds, paths resolved and checked.
 
     ``keys`` learns which key the user wrote for each field (for error messages); what cannot
     be right whatever the model says (a past deadline, a missing workdir) goes to ``problems``.
+    ``packed``: a ``pack:`` workdir was packed elsewhere (a server's client), so its folder is
+    not looked for here.
     """
     doc: dict[str, Any] = {}
     for key, value in raw.items():
@@ -385,6 +392,8 @@ def _normalize(
                 "path on the machine; write e.g. remote:/app"
             )
         doc["workdir"] = str(written)
+    elif kind == "pack" and packed:  # packed on the client's machine, uploaded: not here
+        doc["workdir"] = f"{kind}:{workdir}"
     elif not workdir.is_dir():
         what = "is not a directory" if workdir.exists() else "does not exist"
         problems.append(
@@ -424,10 +433,13 @@ def parse_spec(
     base_dir: Path | None = None,
     source: str = "job spec",
     clock: Callable[[], float] = time.time,
+    packed: bool = False,
 ) -> JobSpec:
     """Validate a parsed document; relative paths are resolved against ``base_dir``.
 
     ``clock`` is the wall time an absolute deadline is measured from (injected for tests).
+    ``packed``: a ``pack:`` workdir was packed and uploaded by a server's client; its folder
+    is on the client's machine, not looked for here.
     """
     if not isinstance(doc, dict):
         raise ConfigError(
@@ -439,7 +451,7 @@ def parse_spec(
     lines = value_problems(doc)
     spec: JobSpec | None = None
     if not lines:
-        normalized = _normalize(doc, base_dir or Path.cwd(), clock(), keys, lines)
+        normalized = _normalize(doc, base_dir or Path.cwd(), clock(), keys, lines, packed)
         try:
             spec = JobSpec.model_validate(normalized)
         except ValidationError as exc:

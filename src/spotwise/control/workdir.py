@@ -18,6 +18,9 @@ that runs exactly the code that was submitted, on every provider, resumes includ
 - **Deterministic**: sorted names, mtime 0, owner 0, modes 0644/0755, gzip without name or
   time: the same tree gives the same sha256, which names the archive (``<sha256>.tar.gz``), so
   an unchanged tree is stored once.
+- **From a server's client** (``spotwise.server.uploads``): the client packs here, uploads
+  the archive by its digest, and the server stores it as below (``uploaded``), never reading
+  the client's folder.
 - **Where**: beside the job's checkpoints, through the storage seam: the controller's
   ``$SPOTWISE_HOME/workdirs/`` for machines on its host (local, sim, slurm), else
   ``workdirs/`` next to the job's object-store checkpoint directory (``s3://.../workdirs/``).
@@ -60,7 +63,7 @@ MARKER = ".spotwise-workdir-sha256"  # in an unpacked tree: the digest it came f
 MACHINE_DIR = "/tmp/spotwise-workdir"  # where a cloud machine unpacks it, unless told
 IGNORE_FILE = ".spotwiseignore"
 _LS_FILES = ("--cached", "--others", "--exclude-standard")  # what git would commit
-_SHA = re.compile(r"[0-9a-f]{64}\Z")
+SHA256 = re.compile(r"[0-9a-f]{64}\Z")
 
 
 @dataclass(frozen=True)
@@ -333,14 +336,32 @@ def archive_home(features: Features, checkpoint_dir: str | None, local: Path) ->
 def submit_archive(root: Path, home: str, *, upload: bool = True) -> CodeArchive:
     """Pack ``root`` and store it under ``home`` (kept if that digest is already there);
     without ``upload``, only its name (what ``launch --dry-run`` shows)."""
-    from spotwise.storage import open_storage
-
     with tempfile.TemporaryDirectory(prefix="spotwise-pack-") as tmp:
         packed = Path(tmp) / "workdir.tar.gz"
         archive = CodeArchive(home, pack(root, packed))
-        store = open_storage(home) if upload else None
-        if store is not None and not store.list(archive.key):
-            store.put_file(archive.key, packed)
+        if upload:
+            _store(archive, packed)
+    return archive
+
+
+def _store(archive: CodeArchive, packed: Path) -> None:
+    """Put ``packed`` in its store unless that digest is already there (content-addressed)."""
+    from spotwise.storage import open_storage
+
+    store = open_storage(archive.uri)
+    if not store.list(archive.key):
+        store.put_file(archive.key, packed)
+
+
+def store_uploaded(sha256: str, uploads: Path, home: str) -> CodeArchive:
+    """An archive a client packed and uploaded (verified, in ``uploads``, the server's
+    ``$SPOTWISE_HOME/workdirs``), stored under ``home`` as :func:`submit_archive` stores one
+    packed here."""
+    packed = CodeArchive(str(uploads), sha256)
+    if home == str(uploads):
+        return packed
+    archive = CodeArchive(home, sha256)
+    _store(archive, uploads / packed.key)
     return archive
 
 
@@ -352,10 +373,13 @@ def submit_workdir(
     provider: str,
     *,
     upload: bool = True,
+    uploaded: str | None = None,
 ) -> str | None:
     """At submit: a ``pack:`` workdir packed and stored (what the job store keeps as
     ``workdir_archive``); None for any other workdir. Refused, before the job exists, when
-    over the limit or when the provider's machines read no store the controller can write."""
+    over the limit or when the provider's machines read no store the controller can write.
+    ``uploaded``: the sha256 of the archive a server's client packed and uploaded to
+    ``local``, stored in place of packing ``PATH`` (which is on the client's machine)."""
     kind, path = split_workdir(workdir)
     if kind != "pack":
         return None
@@ -367,6 +391,8 @@ def submit_workdir(
             hint="give checkpoint_dir as an s3:// URI (the archive goes beside it), or put "
             "the code on the image and write workdir: remote:/path/in/the/image",
         )
+    if uploaded is not None:
+        return str(store_uploaded(uploaded, local, home))
     return str(submit_archive(Path(path), home, upload=upload))
 
 
@@ -409,10 +435,25 @@ def _check_member(m: tarfile.TarInfo) -> str | None:
     return None
 
 
+def checked_members(tar: tarfile.TarFile, limit: int = MAX_BYTES) -> list[tarfile.TarInfo]:
+    """The archive's members, once none is refused (:func:`_check_member`) and they hold at
+    most ``limit`` bytes. Raises ``ConfigError`` naming what was refused."""
+    members = tar.getmembers()
+    total = 0
+    for m in members:
+        why = _check_member(m)
+        if why is not None:
+            raise ConfigError(f"workdir archive: {m.name!r} is {why}: refused")
+        total += m.size
+    if total > limit:
+        raise ConfigError(f"workdir archive: {_size(total)} unpacked, over {_size(limit)}")
+    return members
+
+
 def unpack(archive: Path, sha256: str, into: Path, *, limit: int = MAX_BYTES) -> None:
     """Verify ``archive`` against ``sha256`` and unpack it at ``into`` (absent or empty; one
     already holding this digest is kept). Raises ``ConfigError`` naming what was refused."""
-    if not _SHA.match(sha256):
+    if not SHA256.match(sha256):
         raise ConfigError(f"workdir archive: {sha256!r} is not a sha256 digest")
     if _unpacked(into, sha256):
         return
@@ -430,16 +471,7 @@ def unpack(archive: Path, sha256: str, into: Path, *, limit: int = MAX_BYTES) ->
     staging = Path(tempfile.mkdtemp(prefix=".spotwise-unpack-", dir=into.parent))
     try:
         with tarfile.open(archive, mode="r:gz") as tar:
-            members = tar.getmembers()
-            total = 0
-            for m in members:
-                why = _check_member(m)
-                if why is not None:
-                    raise ConfigError(f"workdir archive: {m.name!r} is {why}: refused")
-                total += m.size
-            if total > limit:
-                raise ConfigError(f"workdir archive: {_size(total)} unpacked, over {_size(limit)}")
-            tar.extractall(staging, members=members, filter="data")
+            tar.extractall(staging, members=checked_members(tar, limit), filter="data")
         (staging / MARKER).write_text(sha256 + "\n")
         if into.exists():
             into.rmdir()

@@ -30,11 +30,13 @@ from spotwise.control.controller import job_summaries, job_summary, submit
 from spotwise.control.jobfile import MAX_FILE_BYTES, parse_job_bytes
 from spotwise.control.spec import parse_spec
 from spotwise.control.store import Job, Store
+from spotwise.control.workdir import ARCHIVES, split_workdir
 from spotwise.errors import JobNotFoundError, SpotwiseError
 from spotwise.server.driver import Driver
 from spotwise.server.openapi import openapi_document
 from spotwise.server.owners import job_owner
 from spotwise.server.principal import Principal
+from spotwise.server.uploads import TooLarge, receive, stored
 from spotwise.telemetry.dashboard.app import FiniteJSONResponse
 from spotwise.telemetry.dashboard.app import create_app as create_dashboard
 from spotwise.telemetry.dashboard.data import job_detail
@@ -122,11 +124,7 @@ def create_app(
         return FiniteJSONResponse(await run_in_threadpool(summaries))
 
     async def submit_job(request: Request) -> Response:
-        principal = caller(request)
-        if not principal.can_submit():
-            return _error(
-                403, f"{principal.name} ({principal.role}) may not submit jobs", "ask an admin"
-            )
+        principal = submitter(request)
         data = await _body(request, MAX_FILE_BYTES + 1)
         base = request.query_params.get("base_dir")
         if base is not None and not Path(base).is_absolute():
@@ -137,13 +135,20 @@ def create_app(
             doc = parse_job_bytes(data, "job file")
         except SpotwiseError as exc:
             return _spotwise_error(400, exc)
+        uploaded = uploaded_workdir(request, doc)
         try:
-            spec = parse_spec(doc, base_dir=Path(base) if base else None, source="job file")
-            job = await run_in_threadpool(submit, store, spec, None, principal.name)
+            spec = parse_spec(
+                doc,
+                base_dir=Path(base) if base else None,
+                source="job file",
+                packed=uploaded is not None,
+            )
+            job = await run_in_threadpool(submit, store, spec, None, principal.name, uploaded)
         except SpotwiseError as exc:
             return _spotwise_error(422, exc)
+        accepted = job_summary(store, job)  # as accepted: before the driver launches it
         driver.wake(job.id)
-        return FiniteJSONResponse(job_summary(store, job), status_code=201)
+        return FiniteJSONResponse(accepted, status_code=201)
 
     async def job_status(request: Request) -> Response:
         job = readable(caller(request), request.path_params["job_id"])
@@ -195,6 +200,72 @@ def create_app(
             status_code=202,
         )
 
+    # --- a remote client's packed workdir (spotwise.server.uploads) ---------------------
+    uploads = store.home / ARCHIVES
+
+    def submitter(request: Request) -> Principal:
+        principal = caller(request)
+        if not principal.can_submit():
+            raise _Denied(
+                _error(
+                    403, f"{principal.name} ({principal.role}) may not submit jobs", "ask an admin"
+                )
+            )
+        return principal
+
+    async def workdir_status(request: Request) -> Response:
+        """Whether the server has this archive already (a client then skips its upload)."""
+        submitter(request)
+        sha256 = request.path_params["sha256"]
+        try:
+            found = stored(uploads, sha256)
+        except SpotwiseError as exc:
+            return _spotwise_error(400, exc)
+        if found is None:
+            return _error(404, f"no workdir archive {sha256}", f"upload it: PUT {API}/workdirs/SHA")
+        return FiniteJSONResponse({"sha256": sha256, "bytes": found.stat().st_size})
+
+    async def upload_workdir(request: Request) -> Response:
+        submitter(request)
+        sha256 = request.path_params["sha256"]
+        try:
+            size, new = await receive(request.stream(), sha256, uploads)
+        except TooLarge as exc:
+            return _spotwise_error(413, exc)
+        except SpotwiseError as exc:
+            return _spotwise_error(422, exc)
+        return FiniteJSONResponse(
+            {"sha256": sha256, "bytes": size}, status_code=201 if new else 200
+        )
+
+    def uploaded_workdir(request: Request, doc: Any) -> str | None:
+        """The digest a submit names in ``?workdir_sha256=``, once its archive is here."""
+        sha256 = request.query_params.get("workdir_sha256")
+        if sha256 is None:
+            return None
+        written = doc.get("workdir") if isinstance(doc, dict) else None
+        if not isinstance(written, str) or split_workdir(written)[0] != "pack":
+            raise _Denied(
+                _error(
+                    422,
+                    "workdir_sha256 is given but the job file's workdir is not pack:PATH",
+                    "send workdir_sha256 only with a workdir: pack:PATH",
+                )
+            )
+        try:
+            found = stored(uploads, sha256)
+        except SpotwiseError as exc:
+            raise _Denied(_spotwise_error(400, exc)) from None
+        if found is None:
+            raise _Denied(
+                _error(
+                    422,
+                    f"workdir: {written}: no uploaded archive {sha256}",
+                    f"upload it first: PUT {API}/workdirs/{sha256}",
+                )
+            )
+        return sha256
+
     async def resume_job(request: Request) -> Response:
         job = changeable(caller(request), request.path_params["job_id"])
         driver.wake(job.id)
@@ -235,6 +306,8 @@ def create_app(
         Route(f"{API}/jobs/{{job_id}}/metrics", job_metrics),
         Route(f"{API}/jobs/{{job_id}}/cancel", cancel_job, methods=["POST"]),
         Route(f"{API}/jobs/{{job_id}}/resume", resume_job, methods=["POST"]),
+        Route(f"{API}/workdirs/{{sha256}}", workdir_status, methods=["GET"]),
+        Route(f"{API}/workdirs/{{sha256}}", upload_workdir, methods=["PUT"]),
         Mount("/", app=guarded_dashboard),
     ]
 

@@ -32,6 +32,10 @@ ADMIN_TOKEN_FILE = "admin-token"
 MAX_LABEL_CHARS = 100
 _TOKEN = re.compile(r"spw_([0-9a-f]{12})_[A-Za-z0-9_-]{43}\Z")
 _BEARER = "bearer "
+MAKE_TOKEN = (
+    'python3 -c "import secrets; '
+    "print(f'spw_{secrets.token_hex(6)}_{secrets.token_urlsafe(32)}')\""
+)
 _GET_ONE = (
     "use a token of yours (spotwise login URL, or SPOTWISE_TOKEN); an admin creates one with: "
     "spotwise tokens create USER"
@@ -49,8 +53,11 @@ def create_token(
     name: str = "",
     expires_in_s: float | None = None,
     now: float | None = None,
+    token: str | None = None,
 ) -> tuple[str, Token]:
-    """A new token for ``user`` (who must exist): (the token, to show once; its record)."""
+    """A new token for ``user`` (who must exist): (the token, to show once; its record).
+    ``token``: one made elsewhere (a preset admin token, checked by :func:`read_token_file`)
+    to register instead of a new one."""
     if expires_in_s is not None and expires_in_s <= 0:
         raise ConfigError("a token that expires at once is of no use", hint="give e.g. 30d")
     if len(name) > MAX_LABEL_CHARS or not name.isprintable():
@@ -59,8 +66,14 @@ def create_token(
             hint="a short label such as laptop or ci",
         )
     now = time.time() if now is None else now
-    token_id = secrets.token_hex(6)
-    token = f"{TOKEN_PREFIX}{token_id}_{secrets.token_urlsafe(32)}"
+    if token is None:
+        token = f"{TOKEN_PREFIX}{secrets.token_hex(6)}_{secrets.token_urlsafe(32)}"
+    match = _TOKEN.match(token)
+    if match is None:  # (never shown: it may be a secret with a typo)
+        raise ConfigError(
+            "a preset token is not a spotwise token", hint=f"make one with: {MAKE_TOKEN}"
+        )
+    token_id = match.group(1)
     record = Token(
         id=token_id,
         user=user,
@@ -120,9 +133,30 @@ def refusal(store: Store, request: Request) -> str:
     return "" if isinstance(checked, Principal) else checked
 
 
-def ensure_admin_token(store: Store, home: Path) -> str | None:
-    """At a server's first start (no admin in the store): create the ``admin`` user and a token,
-    write it to ``<home>/admin-token`` (0600) and return it to be printed once. None later.
+def read_token_file(path: Path) -> str:
+    """A preset token (``--admin-token-file``, a mounted Kubernetes Secret), checked for the
+    token's form; its content is never part of an error."""
+    try:
+        token = path.read_text(encoding="utf-8", errors="replace").strip()
+    except OSError as exc:
+        raise ConfigError(
+            f"--admin-token-file {path}: cannot read it ({exc.strerror or type(exc).__name__})",
+            hint="mount the Secret's admin-token key there, or leave the option out",
+        ) from None
+    if not _TOKEN.match(token):
+        raise ConfigError(
+            f"--admin-token-file {path} does not hold a spotwise token (spw_, 12 hex digits, _, "
+            "43 URL-safe characters)",
+            hint=f"make one with: {MAKE_TOKEN}",
+        )
+    return token
+
+
+def ensure_admin_token(store: Store, home: Path, preset: str | None = None) -> str | None:
+    """At a server's first start (no admin in the store): create the ``admin`` user and a token
+    and return it. A generated token is written to ``<home>/admin-token`` (0600) to be printed
+    once; a ``preset`` one (from a Secret) is registered by its hash only, written nowhere.
+    None when an admin exists already.
 
     Two replicas starting at once on one database: one creates the user, the other gets None.
     """
@@ -134,9 +168,18 @@ def ensure_admin_token(store: Store, home: Path) -> str | None:
         if store.accounts.user(ADMIN_USER).role == "admin":  # another replica was first
             return None
         raise
+    if preset is not None:
+        create_token(
+            store, ADMIN_USER, name="admin (preset, registered at first start)", token=preset
+        )
+        return preset
     token, _ = create_token(store, ADMIN_USER, name="admin (created at first start)")
     write_private(home / ADMIN_TOKEN_FILE, token + "\n")
     return token
+
+
+def is_registered(store: Store, token: str) -> bool:
+    return isinstance(check_token(store, token), Principal)
 
 
 def write_private(path: Path, text: str) -> None:

@@ -12,6 +12,13 @@ _JOB_ID = {
     "description": "the job's full id (no prefixes)",
     "schema": {"type": "string"},
 }
+_SHA256 = {
+    "name": "sha256",
+    "in": "path",
+    "required": True,
+    "description": "the archive's sha256 (64 lowercase hex digits)",
+    "schema": {"type": "string", "pattern": "^[0-9a-f]{64}$"},
+}
 _ERROR = {
     "description": "error",
     "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}},
@@ -108,7 +115,15 @@ def openapi_document() -> dict[str, Any]:
                             "description": "absolute directory (on the server's host) that "
                             "relative paths in the job file are resolved against",
                             "schema": {"type": "string"},
-                        }
+                        },
+                        {
+                            "name": "workdir_sha256",
+                            "in": "query",
+                            "description": "the job's `workdir: pack:PATH`, packed by the "
+                            "client and uploaded first (PUT /api/v1/workdirs/{sha256}): PATH "
+                            "is then not read on the server's host",
+                            "schema": {"type": "string", "pattern": "^[0-9a-f]{64}$"},
+                        },
                     ],
                     "requestBody": {
                         "required": True,
@@ -177,6 +192,39 @@ def openapi_document() -> dict[str, Any]:
                         **_DENIED,
                     },
                 }
+            },
+            "/api/v1/workdirs/{sha256}": {
+                "get": {
+                    "summary": "whether the server has this packed workdir (then skip the upload)",
+                    "parameters": [_SHA256],
+                    "responses": {
+                        "200": {"description": "`{sha256, bytes}`: stored"},
+                        "401": _ERROR,
+                        "403": {**_ERROR, "description": "the caller may not submit"},
+                        "404": {**_ERROR, "description": "not uploaded yet"},
+                    },
+                },
+                "put": {
+                    "summary": "upload a packed workdir (the .tar.gz `spotwise launch` packs); "
+                    "kept only when its sha256 is the URL's and every member would unpack",
+                    "parameters": [_SHA256],
+                    "requestBody": {
+                        "required": True,
+                        "content": {"application/gzip": {"schema": {"type": "string"}}},
+                    },
+                    "responses": {
+                        "201": {"description": "`{sha256, bytes}`: stored"},
+                        "200": {"description": "`{sha256, bytes}`: already stored (idempotent)"},
+                        "401": _ERROR,
+                        "403": {**_ERROR, "description": "the caller may not submit"},
+                        "413": {**_ERROR, "description": "over the upload limit"},
+                        "422": {
+                            **_ERROR,
+                            "description": "another digest, or not an archive "
+                            "a machine would unpack",
+                        },
+                    },
+                },
             },
             "/api/v1/jobs/{job_id}/resume": {
                 "post": {

@@ -5,7 +5,10 @@ or SIGTERM. Stopping lets every job go with its machines running; the next start
 from __future__ import annotations
 
 import ipaddress
+import re
 import socket
+import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -16,6 +19,7 @@ if TYPE_CHECKING:
     from spotwise.server.app import Authenticate
 
 LOOPBACK_NAMES = ("localhost",)
+_HOST = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9.-]{0,251}[A-Za-z0-9])?|\[[0-9A-Fa-f:.]+\]")
 
 
 def is_loopback(host: str) -> bool:
@@ -42,6 +46,19 @@ def check_bind(host: str, tls_cert: Path | None, tls_key: Path | None, behind_pr
         )
 
 
+def check_host(name: str) -> str:
+    """An ``--allowed-host`` value: a host name or address as a Host header carries it, without
+    port (``*.example.com`` for every subdomain)."""
+    bare = name.removeprefix("*.")
+    if not _HOST.fullmatch(bare) or name == "*":
+        raise ConfigError(
+            f"--allowed-host {name!r} is not a host name",
+            hint="a name as clients write it in the URL, without scheme or port, e.g. "
+            "spotwise-server.spotwise.svc or *.example.com",
+        )
+    return name.lower()
+
+
 def serve(
     *,
     host: str,
@@ -50,11 +67,15 @@ def serve(
     tls_cert: Path | None = None,
     tls_key: Path | None = None,
     behind_proxy: bool = False,
+    admin_token_file: Path | None = None,
+    allowed_hosts: Sequence[str] = (),
 ) -> None:
     """Serve until stopped (the store is ``SPOTWISE_DB``, else SQLite in ``SPOTWISE_HOME``).
 
     Callers are the store's users, by their tokens (``authenticate`` replaces that check, for
-    tests); at the first start an admin token is made and printed once."""
+    tests); at the first start an admin token is made and printed once, or the one in
+    ``admin_token_file`` is registered (and never shown). ``allowed_hosts``: names the
+    dashboard answers to besides loopback and ``host`` (a Service's, a proxy's)."""
     uvicorn = require("uvicorn", "dashboard", "spotwise server")
     require("starlette", "dashboard", "spotwise server")
     from spotwise.control.store import Store
@@ -62,15 +83,28 @@ def serve(
     from spotwise.server.driver import Driver
 
     check_bind(host, tls_cert, tls_key, behind_proxy)
+    names = [*([host] if host not in ("0.0.0.0", "::") else []), *map(check_host, allowed_hosts)]
+    preset = None
+    if admin_token_file is not None:
+        from spotwise.server.auth import read_token_file
+
+        preset = read_token_file(admin_token_file)
     store = Store()
     token = None
     if authenticate is None:
-        from spotwise.server.auth import authenticator, ensure_admin_token
+        from spotwise.server.auth import authenticator, ensure_admin_token, is_registered
 
         authenticate = authenticator(store)
-        token = ensure_admin_token(store, store.home)
+        token = ensure_admin_token(store, store.home, preset)
+        if preset is not None and token is None and not is_registered(store, preset):
+            print(
+                f"warning: the token of {admin_token_file} is not registered: the store has "
+                "an admin already, and a preset admin token is registered only at the first "
+                "start (use a token of yours: spotwise tokens create)",
+                file=sys.stderr,
+                flush=True,
+            )
     driver = Driver(store)
-    names = [host] if host not in ("0.0.0.0", "::") else []
     app = create_app(store, driver, authenticate=authenticate, allowed_hosts=names)
     sock = listen(host, port)
     scheme = "https" if tls_cert else "http"
@@ -80,7 +114,9 @@ def serve(
         f"{store.where} (Ctrl-C to stop)",
         flush=True,
     )
-    if token is not None:
+    if token is not None and preset is not None:
+        print(f"first start: the admin token of {admin_token_file} is registered", flush=True)
+    elif token is not None:
         print(
             f"first start: the admin token, shown once (also in {store.home / 'admin-token'}, "
             f"mode 0600):\n  {token}",
