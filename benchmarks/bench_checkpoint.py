@@ -42,7 +42,7 @@ os.environ["SPOTWISE_PLATFORM"] = "none"  # never probe link-local metadata from
 import torch
 from safetensors.torch import save_file
 
-from spotwise import Run
+from spotwise import CheckpointConfig, Run
 from spotwise.runtime.commit import load_checkpoint, write_checkpoint
 from spotwise.runtime.format import byte_view
 
@@ -216,7 +216,8 @@ def bench_stall(state: dict[str, torch.Tensor], root: Path, reps: int) -> Sample
         for d, s in zip(dests, sources, strict=True):
             d.copy_(s)
 
-    run = Run(root / "stall", state={"main": _Tensors(state)}, notices=None, keep_last=1)
+    config = CheckpointConfig(keep_last=1)
+    run = Run(root / "stall", state={"main": _Tensors(state)}, notices=None, checkpoint=config)
 
     def ours() -> None:
         run.step += 1  # a save of an already committed step would be skipped

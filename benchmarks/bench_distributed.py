@@ -141,12 +141,14 @@ def _sharded(label: str, tensors: int, numel: int, rank: int, repeats: int, root
     from torch.distributed.checkpoint import DefaultSavePlanner
     from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
-    from spotwise import Run
+    from spotwise import CheckpointConfig, Run
 
     model = _fsdp_model(tensors, numel)
     total = sum(p.numel() * p.element_size() for p in model.parameters())
     run_dir, dcp_dir = root / f"run-{label}", root / f"dcp-{label}"
-    run = Run(run_dir, model=model, notices=None, keep_last=2)
+    run = Run(
+        run_dir, state={"model": model}, notices=None, checkpoint=CheckpointConfig(keep_last=2)
+    )
 
     def save() -> None:
         run.step += 1  # a save of an already committed step would be skipped
@@ -172,7 +174,9 @@ def _sharded(label: str, tensors: int, numel: int, rank: int, repeats: int, root
         caches.append(_median_s(cached, 1))
     default_save, cached_save = statistics.median(defaults), statistics.median(caches)
     theirs_save = min(default_save, cached_save)
-    ours_load = _median_s(lambda: Run(run_dir, model=model, notices=None).close(), repeats)
+    ours_load = _median_s(
+        lambda: Run(run_dir, state={"model": model}, notices=None).close(), repeats
+    )
     state = get_model_state_dict(model)
     theirs_load = _median_s(lambda: dcp.load(state, checkpoint_id=str(dcp_dir)), repeats)
     if rank == 0:
@@ -207,10 +211,15 @@ def _stall(rank: int, repeats: int, root: Path, tensors: int, numel: int) -> Non
     from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
     from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
-    from spotwise import Run
+    from spotwise import CheckpointConfig, Run
 
     model = _fsdp_model(tensors, numel)
-    run = Run(root / "run-stall", model=model, notices=None, keep_last=2)
+    run = Run(
+        root / "run-stall",
+        state={"model": model},
+        notices=None,
+        checkpoint=CheckpointConfig(keep_last=2),
+    )
 
     def stage() -> None:
         run.step += 1  # a save of an already committed step would be skipped
@@ -267,7 +276,9 @@ def _reshard_load(label: str, tensors: int, numel: int, repeats: int, root: Path
     state = get_model_state_dict(model)
     ours, theirs = [], []
     for _ in range(repeats):
-        ours.append(_median_s(lambda: Run(run_dir, model=model, notices=None).close(), 1))
+        ours.append(
+            _median_s(lambda: Run(run_dir, state={"model": model}, notices=None).close(), 1)
+        )
         theirs.append(_median_s(lambda: dcp.load(state, checkpoint_id=str(dcp_dir)), 1))
     ours_s, theirs_s = statistics.median(ours), statistics.median(theirs)
     suffix = "" if label == "large" else f"-{label}"

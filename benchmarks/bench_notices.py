@@ -171,7 +171,7 @@ def big_state_once(source: str, gib: float, step_s: float) -> dict[str, float]:
 
     from spotwise.emulators import AwsImdsEmulator
     from spotwise.notices.watcher import watch_from_environment
-    from spotwise.runtime import Run
+    from spotwise.runtime import CheckpointConfig, Run
 
     chunks = max(1, round(gib * 4))
     params = torch.nn.ParameterList(
@@ -195,7 +195,14 @@ def big_state_once(source: str, gib: float, step_s: float) -> dict[str, float]:
 
     with tempfile.TemporaryDirectory(prefix="bench-notices-big-") as tmp:
         watcher = FirstSeen(watch_from_environment())
-        run = Run(Path(tmp) / "run", model=params, steps=10_000, every=10**9, notices=watcher)
+        config = CheckpointConfig(every=10**9)
+        run = Run(
+            Path(tmp) / "run",
+            state={"model": params},
+            steps=10_000,
+            checkpoint=config,
+            notices=watcher,
+        )
         baseline: list[float] = []  # blocking saves of the same state, same disk, same run
         timer: threading.Timer | None = None
         code = None

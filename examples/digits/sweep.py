@@ -29,7 +29,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 from train import load_digits
 
-from spotwise import Run
+from spotwise import CheckpointConfig, Run
 from spotwise.hpo import open_study, run_worker, study_sha256
 
 SPACE = {
@@ -86,11 +86,10 @@ def main(argv: list[str] | None = None) -> int:
         loader = DataLoader(train, batch_size=32, shuffle=True)
         run = Run(
             run_dir,
-            model=model,
-            optimizer=optimizer,
+            state={"model": model, "optimizer": optimizer},
             loader=loader,
             steps=args.steps,
-            every=10,
+            checkpoint=CheckpointConfig(every=10),
             seed=trial.number,
         )
         if run.resumed_from is not None:

@@ -45,7 +45,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from spotwise import Run
+from spotwise import CheckpointConfig, Run
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -138,12 +138,10 @@ def main(argv: list[str] | None = None) -> int:
 
     run = Run(
         args.run_dir,
-        model=model,
-        optimizer=optimizer,
-        scheduler=scheduler,
+        state={"model": model, "optimizer": optimizer, "scheduler": scheduler},
         loader=loader,
         steps=args.steps,
-        every=every,
+        checkpoint=CheckpointConfig(every=every),
         local_dir=None
         if args.local_dir is None
         else args.local_dir.format(rank=os.environ.get("RANK", "0")),

@@ -39,7 +39,7 @@ def accelerated_run(
 ) -> Run:
     """A Run with ``accumulate`` taken from the accelerator, its GradScaler and the objects
     given to ``accelerator.register_for_checkpointing`` added to the state; ``options`` are
-    Run's keywords (``model=``, ``optimizer=``, ``steps=``, ``every=``...)."""
+    Run's keywords (``steps=``, ``checkpoint=``, ``notices=``...)."""
     accelerate = require("accelerate", "accelerate", "the Accelerate integration")
     if not isinstance(accelerator, accelerate.Accelerator):
         raise ConfigError(f"accelerator is a {type(accelerator).__name__}, not an Accelerator")

@@ -1,7 +1,8 @@
 """Checkpoint settings: one typed, validated value instead of nine loose ``Run`` keywords.
 
-``Run`` takes either ``checkpoint=CheckpointConfig(...)`` or the same settings as its own
-keywords (``every=``, ``keep_last=``...); both end here, so there is one place that checks them.
+``Run`` takes ``checkpoint=CheckpointConfig(...)``; its deprecated flat keywords (``every=``,
+``keep_last=``..., :mod:`spotwise.runtime.keywords`) and a framework callback's end here too, so
+there is one place that checks them.
 The config itself reads no environment variables: :meth:`CheckpointConfig.with_environment`
 is the single edge where ``SPOTWISE_MTBI_S`` / ``SPOTWISE_NOTICE_MARGIN_S`` fill what the
 caller left unset, so a config built in a test or a library means the same on every machine.

@@ -12,7 +12,7 @@ triggers an emergency save, so the periodic interval only guards against the int
 notice is missed (a host failure, a notice shorter than the save). One hour is deliberately
 pessimistic for GPU spot pools (the AWS Spot Instance Advisor's worst bucket is ">20% chance of
 an interruption per month"); erring short costs only snapshot stalls, erring long costs lost
-work. Set ``SPOTWISE_MTBI_S`` or ``Run(mtbi_s=...)`` from your own history.
+work. Set ``SPOTWISE_MTBI_S`` or ``CheckpointConfig(mtbi_s=...)`` from your own history.
 """
 
 from __future__ import annotations
@@ -131,8 +131,8 @@ def notice_exit_due(
     ``steps_per_check`` step boundaries (the ranks' agreement, :func:`agreement_interval`) and
     a save measured earlier may run slower now; the margin covers an upload to a remote tier
     and the process exit. Without a deadline, or without measurements, act at once. The default
-    margin is infinite (act at once); ``SPOTWISE_NOTICE_MARGIN_S=60`` or ``Run(notice_margin_s=)``
-    opts in to training on.
+    margin is infinite (act at once); ``SPOTWISE_NOTICE_MARGIN_S=60`` or
+    ``CheckpointConfig(notice_margin_s=60)`` opts in to training on.
     """
     if remaining_s is None or step_s is None or save_s is None:
         return True

@@ -35,9 +35,13 @@ LOG_EVERY_S = 1.0  # at most one ``metrics`` event a second from run.log(...)
 class RunLike(Protocol):
     step: int
     step_s: float | None
-    save_cost_s: float | None
-    write_s: float | None
     events: EventLog
+
+    @property
+    def save_cost_s(self) -> float | None: ...
+
+    @property
+    def write_s(self) -> float | None: ...
 
 
 def _number_from_env(name: str, value: Any, *, integer: bool) -> float | None:
