@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tempfile
 import urllib.error
 import urllib.parse
@@ -28,6 +29,8 @@ SERVER_ENV = "SPOTWISE_SERVER"
 TOKEN_ENV = "SPOTWISE_TOKEN"
 LOGIN_FILE = "login.json"
 API = "/api/v1"
+PAGE = 1000  # jobs a listing asks for at once (the server's largest page)
+_NEXT = re.compile(r'<([^>]*)>\s*;\s*rel="next"')
 TIMEOUT_S = 30.0  # one request; a followed log stream waits between chunks, never this long
 
 
@@ -103,6 +106,15 @@ def save_login(url: str, token: str) -> Path:
     return path
 
 
+def next_cursor(link: str | None) -> str | None:
+    """The ``cursor`` of a listing's ``Link: <URL>; rel="next"`` header (None: last page)."""
+    found = _NEXT.search(link or "")
+    if found is None:
+        return None
+    cursors = urllib.parse.parse_qs(urllib.parse.urlsplit(found.group(1)).query).get("cursor")
+    return cursors[0] if cursors else None
+
+
 def base_url(url: str) -> str:
     """``url`` as the API's base: scheme and host checked, no trailing slash."""
     parts = urllib.parse.urlsplit(url.strip())
@@ -121,7 +133,17 @@ class Client:
         self.server = server
 
     def jobs(self) -> list[dict[str, Any]]:
-        return list(self._json("GET", "/jobs"))
+        """Every job the caller may read, oldest first (as the embedded ``spotwise jobs`` lists
+        them), read page by page (the API's pages are newest first)."""
+        found: list[dict[str, Any]] = []
+        query = {"limit": str(PAGE)}
+        while True:
+            with self._open("GET", f"/jobs?{urllib.parse.urlencode(query)}", None, None) as r:
+                found += json.loads(r.read())
+                after = next_cursor(r.headers.get("Link"))
+            if after is None:
+                return found[::-1]
+            query["cursor"] = after
 
     def job(self, job_id: str) -> dict[str, Any]:
         """One job by its id or a unique prefix of it (as the embedded CLI accepts)."""

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import difflib
 import importlib
-import importlib.metadata
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
@@ -44,6 +43,8 @@ class Registry(Generic[T]):
         if self._plugins_read or self.group is None:
             return
         self._plugins_read = True
+        import importlib.metadata  # (here: a machine's supervisor imports this module)
+
         for ep in importlib.metadata.entry_points(group=self.group):
             self._entries.setdefault(ep.name, Entry(ep.value))
 

@@ -11,7 +11,7 @@ from alembic.runtime.migration import MigrationContext
 
 from spotwise.control.store import JobState, Store
 from spotwise.control.store.schema import metadata
-from spotwise.errors import ControlError, JobNotFoundError
+from spotwise.errors import ConfigError, ControlError, JobNotFoundError
 
 pytestmark = pytest.mark.usefixtures("store_db")
 
@@ -252,3 +252,55 @@ def test_a_new_job_whose_id_is_drawn_twice_gets_another(monkeypatch: pytest.Monk
     assert (first.id, second.id) == ("sweep-aaaaaa", "sweep-bbbbbb")
     assert store.job(first.id).spec == {"command": ["x"]}
     assert [e["kind"] for e in store.events(second.id)] == ["created"]
+
+
+def _walk(store: Store, limit: int, between=None, **filters) -> list[str]:
+    """Every id of a listing, page by page (``between(page_number)`` runs between pages)."""
+    ids: list[str] = []
+    cursor = None
+    for n in range(100):
+        page, cursor = store.job_page(limit, cursor=cursor, **filters)
+        ids += [j.id for j in page]
+        if cursor is None:
+            return ids
+        if between is not None:
+            between(n)
+    raise AssertionError("the listing never ended")
+
+
+def test_listing_pages_filter_in_the_query_and_keep_their_place():
+    store = Store()
+    made: dict[str | None, list[str]] = {"ann": [], "bob": [], None: []}
+    for n in range(14):
+        owner = ("ann", "bob", None)[n % 3]
+        # every second pair shares a creation time: the id orders them
+        job = store.create_job(f"j{n}", {}, None, now=1000.0 + n // 2, owner=owner)
+        made[owner].append(job.id)
+        if n % 4 == 0:
+            store.update_job(job.id, state=JobState.FAILED)
+
+    def newest_first(ids: list[str]) -> list[str]:
+        return [
+            j.id for j in sorted((store.job(i) for i in ids), key=lambda j: (j.created_at, j.id))
+        ][::-1]
+
+    # a page holds only its owner's jobs, newest first, and the walk has each once
+    assert _walk(store, 2, owner="ann") == newest_first(made["ann"])
+    assert _walk(store, 3) == newest_first([i for ids in made.values() for i in ids])
+    failed = [j.id for j in store.jobs() if j.state is JobState.FAILED]
+    assert _walk(store, 2, states=[JobState.FAILED]) == newest_first(failed)
+    page, cursor = store.job_page(100, owner="nobody")
+    assert (page, cursor) == ([], None)
+
+    # jobs added and changed while a listing pages through: later pages neither repeat nor
+    # skip what was there when it started
+    before = _walk(store, 3)
+
+    def meanwhile(n: int) -> None:
+        store.create_job(f"new{n}", {}, None, now=5000.0 + n)
+        store.update_job(before[-1], state=JobState.CANCELLED)
+
+    assert _walk(store, 3, between=meanwhile) == before
+
+    with pytest.raises(ConfigError, match="cursor 'nonsense' is not one a listing gave"):
+        store.job_page(3, cursor="nonsense")

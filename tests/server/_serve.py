@@ -11,6 +11,7 @@ from spotwise.server.serve import serve
 TOKENS = {
     "admin-token": Principal("ada", "admin"),
     "user-token": Principal("uma", "user"),
+    "other-user-token": Principal("bob", "user"),
     "viewer-token": Principal("vic", "viewer"),
 }
 

@@ -12,7 +12,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +26,7 @@ URL = re.compile(r"spotwise server on (http://\S+?)/ ")
 class Answer:
     status: int
     body: bytes
+    headers: dict[str, str] = field(default_factory=dict)  # names in lower case
 
     def json(self) -> Any:
         return json.loads(self.body)
@@ -43,7 +44,7 @@ class Server:
         request = urllib.request.Request(self.url + path, body, headers, method=method)
         try:
             with urllib.request.urlopen(request, timeout=60) as r:
-                return Answer(r.status, r.read())
+                return Answer(r.status, r.read(), {k.lower(): v for k, v in r.headers.items()})
         except urllib.error.HTTPError as e:
             return Answer(e.code, e.read())
 

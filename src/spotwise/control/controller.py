@@ -369,6 +369,9 @@ class Controller:
             heartbeat_location(ckpt, self.provider.features.same_host),
             self.spec.unsupervised_limit_s,
         )
+        # the open attempt's handle when the last tick saw its machine running (else None):
+        # a driver of many jobs waits for that machine's end instead of polling it
+        self.running_handle: Handle | None = None
 
     # --- the loop --------------------------------------------------------------------------
     def run(self) -> JobState:
@@ -380,6 +383,12 @@ class Controller:
                 if state is not None:
                     return state
                 self.sleep(self.provider.features.poll_s)
+
+    @property
+    def acts_on_time(self) -> bool:
+        """Whether the job acts on time passing, not only on its machine's events: a budget
+        that burns, a policy's decision boundaries. Such a job is ticked every poll."""
+        return self.spec.budget_usd is not None or plans(self.spec, self.provider)
 
     def start(self, job: Job) -> None:
         """What a controller does once, holding the job's lock, before its first ``tick``
@@ -394,6 +403,7 @@ class Controller:
     def tick(self) -> JobState | None:
         """One pass of the loop: the job's final state once it has ended (after cleanup),
         else None (call again after ``poll_s``)."""
+        self.running_handle = None
         job = self.store.job(self.job_id)
         if job.state.terminal:
             self._cleanup(job)
@@ -457,6 +467,7 @@ class Controller:
             # relaunch. Only a confirmed end (exit code, machine gone) ends it; an outage
             # longer than control_plane_timeout fails the job (docs/control.md).
             raise TransientProviderError(f"status of attempt {attempt.n} failed: {exc}") from exc
+        self.running_handle = attempt.handle if status.phase is Phase.RUNNING else None
         self._observe(job, attempt, status, now)
 
     # --- launching -------------------------------------------------------------------------

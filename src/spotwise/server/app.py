@@ -14,6 +14,7 @@ Driver`'s, which the routes only wake.
 from __future__ import annotations
 
 import asyncio
+import urllib.parse
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -31,10 +32,11 @@ from spotwise.control.jobfile import MAX_FILE_BYTES, parse_job_bytes
 from spotwise.control.spec import parse_spec
 from spotwise.control.store import Job, Store
 from spotwise.control.workdir import ARCHIVES, split_workdir
-from spotwise.errors import JobNotFoundError, SpotwiseError
+from spotwise.errors import ConfigError, JobNotFoundError, SpotwiseError
 from spotwise.server.driver import Driver
 from spotwise.server.openapi import openapi_document
 from spotwise.server.owners import job_owner
+from spotwise.server.paging import listing_params
 from spotwise.server.principal import Principal
 from spotwise.server.uploads import TooLarge, receive, stored
 from spotwise.telemetry.dashboard.app import FiniteJSONResponse
@@ -115,13 +117,28 @@ def create_app(
 
     async def list_jobs(request: Request) -> Response:
         principal = caller(request)
+        try:
+            limit, states = listing_params(request.query_params)
+        except SpotwiseError as exc:
+            return _spotwise_error(400, exc)
+        cursor = request.query_params.get("cursor") or None
 
-        def summaries() -> list[dict[str, Any]]:
-            readable = [j for j in store.jobs() if principal.can_read(job_owner(j))]
-            return job_summaries(store, readable)
+        def page() -> tuple[list[dict[str, Any]], str | None]:
+            jobs, after = store.job_page(
+                limit, cursor=cursor, owner=principal.reads_only(), states=states
+            )
+            return job_summaries(store, jobs), after
 
         # (on a worker thread, so that other requests are answered meanwhile)
-        return FiniteJSONResponse(await run_in_threadpool(summaries))
+        try:
+            summaries, after = await run_in_threadpool(page)
+        except ConfigError as exc:  # a cursor no listing gave
+            return _spotwise_error(400, exc)
+        headers = {}
+        if after is not None:  # RFC 8288, as GitHub's API pages
+            query = urllib.parse.urlencode({**request.query_params, "cursor": after})
+            headers["Link"] = f'<{request.url.path}?{query}>; rel="next"'
+        return FiniteJSONResponse(summaries, headers=headers)
 
     async def submit_job(request: Request) -> Response:
         principal = submitter(request)

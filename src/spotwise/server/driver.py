@@ -5,7 +5,11 @@ each driven job holds its ``controller.lock`` (so a ``spotwise resume`` elsewher
 ``status`` shows its controller alive) and has its ``tick`` called by a small pool of worker
 threads, one tick of a job at a time, every ``poll_s``. Provider calls therefore happen on
 those threads, never on the HTTP request path. A job ticks again only after its previous tick
-returned, so one slow provider holds up its own job and one worker, not the others.
+returned, so one slow provider holds up its own job and one worker, not the others. A job whose
+machine is running and whose provider tells its end (:mod:`~spotwise.server.ends`) is ticked
+when that machine ends, and otherwise only every ``watch_s``, unless it acts on time passing
+(a budget, a policy): a thousand running jobs then cost the server next to nothing between
+their machines' ends, and each end is acted on at once.
 
 At start, and every ``scan_s`` after, the driver adopts each job of the store that has not
 ended and that no controller drives: a server restarted after a crash continues its jobs with
@@ -31,12 +35,14 @@ from sqlalchemy.exc import SQLAlchemyError
 from spotwise.control.controller import Controller, controller_lock
 from spotwise.control.store import Store
 from spotwise.errors import ControlError, JobNotFoundError
+from spotwise.server.ends import Ends
 
 log = logging.getLogger(__name__)
 _MAX_REASON = 300  # characters of an exception shown on the job
 
 DEFAULT_WORKERS = 8
 MIN_POLL_S = 0.25  # a provider's own poll (sim: 0.05 s) is for one job per process
+WATCH_S = 10.0  # a running job whose machine's end wakes it: ticked this often besides
 SCAN_S = 2.0  # how often the store is searched for jobs nobody drives
 RETRY_S = 30.0  # after a controller error, or while another controller holds the job
 
@@ -56,11 +62,13 @@ class Driver:
         *,
         workers: int = DEFAULT_WORKERS,
         min_poll_s: float = MIN_POLL_S,
+        watch_s: float = WATCH_S,
         scan_s: float = SCAN_S,
         retry_s: float = RETRY_S,
     ) -> None:
         self.store = store
         self.min_poll_s = min_poll_s
+        self.watch_s = watch_s
         self.scan_s = scan_s
         self.retry_s = retry_s
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="spotwise-job")
@@ -68,16 +76,19 @@ class Driver:
         self._driven: dict[str, _Driven] = {}
         self._busy: set[str] = set()  # a task for the job is queued or running
         self._due: dict[str, float] = {}  # driven job -> when it ticks next
+        self._woken: set[str] = set()  # woken while it ticked
         self._heap: list[tuple[float, int, str]] = []  # (due, seq, job): stale when due differs
         self._seq = itertools.count()
         self._not_before: dict[str, float] = {}  # job -> no adoption before (after an error)
         self._scan_at = 0.0
         self._stopping = False
         self._thread = threading.Thread(target=self._loop, name="spotwise-driver", daemon=True)
+        self._ends = Ends(self.wake)
 
     # --- lifecycle -------------------------------------------------------------------------
     def start(self) -> None:
-        _raise_open_files_limit()  # one lock file per driven job
+        _raise_open_files_limit()  # one lock file (and one end descriptor) per driven job
+        self._ends.start()
         self._thread.start()
 
     def stop(self) -> None:
@@ -88,6 +99,7 @@ class Driver:
             self._cond.notify_all()
         self._thread.join()
         self._pool.shutdown(wait=True, cancel_futures=True)
+        self._ends.stop()
         for driven in self._driven.values():
             driven.lock.close()
         self._driven.clear()
@@ -99,6 +111,8 @@ class Driver:
             self._not_before.pop(job_id, None)
             if job_id in self._due:
                 self._schedule(job_id, time.time())
+            elif job_id in self._driven:  # ticking now: it ticks again as soon as it returns
+                self._woken.add(job_id)
             else:
                 self._scan_at = 0.0
             self._cond.notify_all()
@@ -142,7 +156,7 @@ class Driver:
 
     def _unfinished(self) -> list[str]:
         try:
-            return [j.id for j in self.store.jobs() if not j.state.terminal]
+            return self.store.unfinished_ids()
         except Exception:  # a store outage: try again at the next scan
             log.exception("cannot list the jobs")
             return []
@@ -193,15 +207,26 @@ class Driver:
             self._release(job_id)
             self._done(job_id)
             return
-        poll = max(self.min_poll_s, driven.controller.provider.features.poll_s)
+        controller = driven.controller
+        poll = max(self.min_poll_s, controller.provider.features.poll_s)
+        handle = controller.running_handle
+        if handle is not None and not controller.acts_on_time:
+            if self._ends.watch(job_id, controller.provider, handle):
+                poll = self.watch_s
+        else:
+            self._ends.forget(job_id)
         with self._cond:
             self._busy.discard(job_id)
             if not self._stopping:
-                self._schedule(job_id, time.time() + poll)
+                woken = job_id in self._woken
+                self._woken.discard(job_id)
+                self._schedule(job_id, time.time() + (0.0 if woken else poll))
 
     def _release(self, job_id: str) -> None:
         with self._cond:
             driven = self._driven.pop(job_id)
+            self._woken.discard(job_id)
+        self._ends.forget(job_id)
         driven.lock.close()
 
     def _done(self, job_id: str, retry: bool = False) -> None:

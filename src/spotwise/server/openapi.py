@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from spotwise.server.paging import MAX_PAGE, PAGE
+
 _JOB_ID = {
     "name": "job_id",
     "in": "path",
@@ -90,10 +92,45 @@ def openapi_document() -> dict[str, Any]:
             },
             "/api/v1/jobs": {
                 "get": {
-                    "summary": "the jobs the caller may read",
+                    "summary": "the jobs the caller may read, newest first, a page at a time",
+                    "parameters": [
+                        {
+                            "name": "limit",
+                            "in": "query",
+                            "description": "jobs in the page",
+                            "schema": {
+                                "type": "integer",
+                                "minimum": 1,
+                                "maximum": MAX_PAGE,
+                                "default": PAGE,
+                            },
+                        },
+                        {
+                            "name": "cursor",
+                            "in": "query",
+                            "description": "where the page starts: the cursor in the previous "
+                            "page's `Link` header (none: the newest jobs). Stable while jobs are "
+                            "added or change state.",
+                            "schema": {"type": "string"},
+                        },
+                        {
+                            "name": "state",
+                            "in": "query",
+                            "description": "only jobs in these states (comma-separated, e.g. "
+                            "`RUNNING,RECOVERING`)",
+                            "schema": {"type": "string"},
+                        },
+                    ],
                     "responses": {
                         "200": {
-                            "description": "a list of `status --json` documents",
+                            "description": "a page of `status --json` documents; when more "
+                            'follow, a `Link: <URL>; rel="next"` header gives the next page\'s URL',
+                            "headers": {
+                                "Link": {
+                                    "description": 'the next page: `<URL>; rel="next"`',
+                                    "schema": {"type": "string"},
+                                }
+                            },
                             "content": {
                                 "application/json": {
                                     "schema": {
@@ -103,6 +140,7 @@ def openapi_document() -> dict[str, Any]:
                                 }
                             },
                         },
+                        "400": {**_ERROR, "description": "a wrong limit, state or cursor"},
                         "401": _ERROR,
                     },
                 },

@@ -24,6 +24,11 @@ class Principal:
         """Admins and viewers read every job; a user reads their own."""
         return self.role in ("admin", "viewer") or owner == self.name
 
+    def reads_only(self) -> str | None:
+        """The one owner whose jobs this caller reads (a user: their own), None when every job
+        (the listing's filter in the query, the same rule as ``can_read``)."""
+        return None if self.role in ("admin", "viewer") else self.name
+
     def can_change(self, owner: str | None) -> bool:
         """Admins change every job; a user changes their own; a viewer changes none."""
         return self.role == "admin" or (self.role == "user" and owner == self.name)

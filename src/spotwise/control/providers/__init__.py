@@ -3,26 +3,46 @@ point in the ``spotwise.providers`` group of another package)."""
 
 from __future__ import annotations
 
+import importlib
 from typing import TYPE_CHECKING, Any
 
-from spotwise.control.providers.base import (
-    AttemptStatus,
-    Features,
-    Handle,
-    LaunchRequest,
-    NoticeKind,
-    Options,
-    Phase,
-    Placement,
-    Prices,
-    Pricing,
-    Provider,
-    parse_options,
-)
 from spotwise.registry import Entry, Registry
 
 if TYPE_CHECKING:
+    from spotwise.control.providers.base import (
+        AttemptStatus,
+        Features,
+        Handle,
+        LaunchRequest,
+        NoticeKind,
+        Options,
+        Phase,
+        Placement,
+        Prices,
+        Pricing,
+        Provider,
+        parse_options,
+    )
     from spotwise.control.spec import Resources
+
+# The protocol's names, loaded from ``base`` on first use (PEP 562): a sim or local machine's
+# supervisor (``providers.machine``, one process per attempt) imports this package, and must
+# not pay for pydantic at every launch.
+_BASE = "spotwise.control.providers.base"
+_FROM_BASE = {
+    "AttemptStatus",
+    "Features",
+    "Handle",
+    "LaunchRequest",
+    "NoticeKind",
+    "Options",
+    "Phase",
+    "Placement",
+    "Prices",
+    "Pricing",
+    "Provider",
+    "parse_options",
+}
 
 PROVIDERS: Registry[Any] = Registry(
     "provider",
@@ -44,6 +64,8 @@ PROVIDERS: Registry[Any] = Registry(
 
 def check_options(name: str, options: dict[str, Any]) -> None:
     """Validate a job file's provider name and options against that provider's ``Options``."""
+    from spotwise.control.providers.base import parse_options
+
     parse_options(PROVIDERS.load(name).Options, name, options)
 
 
@@ -64,6 +86,14 @@ def make_provider(
         options, epoch=epoch, instance_type=instance_type, preflight=preflight, resources=resources
     )
     return provider
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _FROM_BASE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(_BASE), name)
+    globals()[name] = value
+    return value
 
 
 __all__ = [

@@ -230,7 +230,9 @@ class Provider(Protocol):
     """Four methods; everything else is data. ``__init__(options, *, epoch, instance_type,
     preflight=False, resources=None)`` validates options (``Options`` model) and, with
     ``preflight``, checks that the provider is reachable with the given settings and can give
-    a machine the job's ``resources`` (GPUs, CPUs)."""
+    a machine the job's ``resources`` (GPUs, CPUs). Optional: ``end_fd(handle)``, a descriptor
+    that becomes readable when the attempt's machine ends (the sim and local providers' pidfd),
+    which ``spotwise server`` waits on instead of polling a running machine."""
 
     name: str
     features: Features

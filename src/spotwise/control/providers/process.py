@@ -260,6 +260,23 @@ class ProcessMachines:
             Phase.LOST, ended_at=None, running_at=running_at, detail="machine process vanished"
         )
 
+    def end_fd(self, handle: Handle) -> int | None:
+        """A descriptor (pidfd) that becomes readable when the attempt's machine process has
+        ended, its outcome written: how a controller learns of the end without polling. None
+        for an attempt on several machines, or a machine already gone (the next ``status``
+        tells)."""
+        pid = handle.get("pid")
+        if "nodes" in handle or not pid:
+            return None
+        try:
+            fd = os.pidfd_open(pid)
+        except OSError:
+            return None
+        if proc_start_ticks(pid) != handle.get("start_ticks"):  # the pid was reused
+            os.close(fd)
+            return None
+        return fd
+
     def terminate(self, handle: Handle) -> None:
         if "nodes" in handle:
             for h in handle["nodes"]:
@@ -356,3 +373,6 @@ class ProcessBacked:
 
     def terminate(self, handle: Handle) -> None:
         self._machines.terminate(handle)
+
+    def end_fd(self, handle: Handle) -> int | None:
+        return self._machines.end_fd(handle)

@@ -8,6 +8,7 @@ IMMEDIATE``), PostgreSQL locks the job's row where a write depends on what was r
 
 from __future__ import annotations
 
+import base64
 import json
 import secrets
 import time
@@ -24,7 +25,7 @@ from spotwise.control.store.engine import WRITE, database_url, open_engine, priv
 from spotwise.control.store.migrate import ensure_schema
 from spotwise.control.store.models import Attempt, Job, JobState, spotwise_home
 from spotwise.control.store.schema import attempts, events, jobs
-from spotwise.errors import ControlError, JobNotFoundError
+from spotwise.errors import ConfigError, ControlError, JobNotFoundError
 
 # Ids are ``<name[:24]>-<6 hex>``; anything much longer is not an id (and is not echoed whole).
 MAX_ID_CHARS = 128
@@ -37,6 +38,11 @@ CANDIDATES_SHOWN = 10
 _ID: sa.BindParameter[str] = sa.bindparam("job_id")
 _JOB = sa.select(jobs).where(jobs.c.id == _ID)
 _JOBS = sa.select(jobs).order_by(jobs.c.created_at)
+_TERMINAL = [s.value for s in JobState if s.terminal]
+_UNFINISHED = sa.select(jobs.c.id).where(jobs.c.state.not_in(_TERMINAL))
+# A page of a listing is newest first: (created_at, id) descending, which the listing indexes
+# keep in order (with or without the owner in front).
+_NEWEST_FIRST = (jobs.c.created_at.desc(), jobs.c.id.desc())
 _ATTEMPTS = sa.select(attempts).where(attempts.c.job_id == _ID).order_by(attempts.c.n)
 _EVENTS = sa.select(events).where(events.c.job_id == _ID).order_by(events.c.id)
 # Listing reads many jobs' rows at once, this many ids a query (within every engine's bound
@@ -213,6 +219,44 @@ class Store:
             rows = db.execute(_JOBS).mappings().all()
         return [_row_job(r) for r in rows]
 
+    def unfinished_ids(self) -> list[str]:
+        """The ids of the jobs that have not ended (what a server drives), without reading
+        their rows."""
+        with self._read() as db:
+            return list(db.execute(_UNFINISHED).scalars())
+
+    def job_page(
+        self,
+        limit: int,
+        *,
+        cursor: str | None = None,
+        owner: str | None = None,
+        states: Sequence[JobState] = (),
+    ) -> tuple[list[Job], str | None]:
+        """Up to ``limit`` jobs, newest first, after ``cursor`` (the one a previous page
+        returned), only ``owner``'s when given and only in ``states`` when given; with the
+        cursor of the next page (None: this was the last). The filters are the query's own, so
+        a page never holds a job it should not, and a cursor stays valid while jobs are added
+        (they come before it) or change state."""
+        query = sa.select(jobs)
+        if owner is not None:
+            query = query.where(jobs.c.owner == owner)
+        if states:
+            query = query.where(jobs.c.state.in_([s.value for s in states]))
+        if cursor is not None:
+            created_at, job_id = _parse_cursor(cursor)
+            query = query.where(
+                sa.or_(
+                    jobs.c.created_at < created_at,
+                    sa.and_(jobs.c.created_at == created_at, jobs.c.id < job_id),
+                )
+            )
+        with self._read() as db:
+            rows = db.execute(query.order_by(*_NEWEST_FIRST).limit(limit + 1)).mappings().all()
+        page = [_row_job(r) for r in rows[:limit]]
+        more = len(rows) > limit
+        return page, _cursor(page[-1]) if more and page else None
+
     def update_job(
         self,
         job_id: str,
@@ -375,6 +419,24 @@ class Store:
                 for r in db.execute(_LAST_OF_KIND, {"job_ids": chunk, "kind": kind}).mappings():
                     found[r["job_id"]] = json.loads(r["data_json"])
         return found
+
+
+def _cursor(job: Job) -> str:
+    """Where the next page starts: after this job (opaque to callers; exact float text)."""
+    raw = json.dumps([repr(job.created_at), job.id]).encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def _parse_cursor(cursor: str) -> tuple[float, str]:
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+        created_at, job_id = json.loads(raw)
+        return float(created_at), str(job_id)
+    except (ValueError, TypeError):
+        raise ConfigError(
+            f"cursor {_quoted(cursor)} is not one a listing gave",
+            hint="pass the 'next' cursor of the previous page as it came, or none for the first",
+        ) from None
 
 
 def _chunks(job_ids: Sequence[str]) -> Iterator[list[str]]:

@@ -29,7 +29,10 @@ jobs = sa.Table(
     sa.Column("stop_reason", sa.Text, nullable=False, server_default=""),
     sa.Column("policy_json", sa.Text),
     sa.Column("owner", sa.Text),  # the user who submitted it (None: before users existed)
-    sa.Index("jobs_owner", "owner"),
+    # a listing's pages, newest first: everyone's, one owner's; the jobs a server drives
+    sa.Index("jobs_listing", "created_at", "id"),
+    sa.Index("jobs_owner_listing", "owner", "created_at", "id"),
+    sa.Index("jobs_state", "state"),
 )
 
 attempts = sa.Table(
