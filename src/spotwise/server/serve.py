@@ -9,6 +9,8 @@ import socket
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from spotwise.control.store.leases import DEFAULT_LEASE_S
+from spotwise.durations import parse_duration_s
 from spotwise.errors import ConfigError
 from spotwise.registry import require
 
@@ -16,6 +18,8 @@ if TYPE_CHECKING:
     from spotwise.server.app import Authenticate
 
 LOOPBACK_NAMES = ("localhost",)
+MIN_LEASE_S = 1.0
+MAX_LEASE_S = 600.0
 
 
 def is_loopback(host: str) -> bool:
@@ -42,6 +46,22 @@ def check_bind(host: str, tls_cert: Path | None, tls_key: Path | None, behind_pr
         )
 
 
+def check_lease(text: str) -> float:
+    """``--lease``: long enough to renew (every third of it) on a busy host, short enough that
+    a dead replica's jobs do not wait long for another."""
+    try:
+        lease_s = parse_duration_s(text)
+    except ValueError as exc:
+        raise ConfigError(f"--lease {text}: {exc}", hint="e.g. --lease 15s (the default)") from None
+    if not MIN_LEASE_S <= lease_s <= MAX_LEASE_S:
+        raise ConfigError(
+            f"--lease {text} is outside {MIN_LEASE_S:g}s..{MAX_LEASE_S:g}s",
+            hint="e.g. --lease 15s (the default): renewed every 5s, taken over 15s after a "
+            "replica dies",
+        )
+    return lease_s
+
+
 def serve(
     *,
     host: str,
@@ -50,11 +70,14 @@ def serve(
     tls_cert: Path | None = None,
     tls_key: Path | None = None,
     behind_proxy: bool = False,
+    lease_s: float = DEFAULT_LEASE_S,
 ) -> None:
     """Serve until stopped (the store is ``SPOTWISE_DB``, else SQLite in ``SPOTWISE_HOME``).
 
     Callers are the store's users, by their tokens (``authenticate`` replaces that check, for
-    tests); at the first start an admin token is made and printed once."""
+    tests); at the first start an admin token is made and printed once. Several servers may
+    share one PostgreSQL database: each job is driven by the one holding its lease
+    (``lease_s``: a dead replica's jobs are adopted by another within it, plus one scan)."""
     uvicorn = require("uvicorn", "dashboard", "spotwise server")
     require("starlette", "dashboard", "spotwise server")
     from spotwise.control.store import Store
@@ -69,7 +92,7 @@ def serve(
 
         authenticate = authenticator(store)
         token = ensure_admin_token(store, store.home)
-    driver = Driver(store)
+    driver = Driver(store, lease_s=lease_s)
     names = [host] if host not in ("0.0.0.0", "::") else []
     app = create_app(store, driver, authenticate=authenticate, allowed_hosts=names)
     sock = listen(host, port)
@@ -77,7 +100,7 @@ def serve(
     shown = f"[{host}]" if sock.family == socket.AF_INET6 else host
     print(
         f"spotwise server on {scheme}://{shown}:{sock.getsockname()[1]}/ driving the jobs of "
-        f"{store.where} (Ctrl-C to stop)",
+        f"{store.where} as replica {driver.replica} (lease {lease_s:g}s; Ctrl-C to stop)",
         flush=True,
     )
     if token is not None:
