@@ -16,7 +16,6 @@ from spotwise.control.store.leases import LeaseLost
 
 from .conftest import make_spec
 
-
 LONG_S = 600.0  # a lease that outlasts the test however loaded the machine (nobody renews it)
 
 

@@ -24,7 +24,7 @@ from spotwise.control.store.leases import RENEWALS_PER_LEASE
 from .conftest import Server, wait_until
 
 JOBS = 20
-LEASE_S = 3.0
+LEASE_S = 5.0  # short, yet renewed (every 1.7 s) in time on a loaded runner
 SCAN_S = LEASE_S / RENEWALS_PER_LEASE  # the driver scans at least this often
 # Adopting 20 jobs on a loaded 2-core runner: the acquisitions are quick, but the new owner's
 # pool is busy starting controllers; this is the allowance beyond the lease and one scan.

@@ -202,7 +202,7 @@ class Driver:
         except Exception as exc:  # a bug or an outage in one job never stops the server
             sure = self._sure(job_id)
             self._let_go(job_id)
-            self._failed(job_id, exc) if sure else self._stalled(job_id, exc)
+            self._after_failure(job_id, exc, sure)
             return
         with self._cond:
             self._busy.discard(job_id)
@@ -227,7 +227,7 @@ class Driver:
         except Exception as exc:  # (as in _adopt: recorded on the job, adopted again later)
             sure = self._sure(job_id)
             self._release(job_id)
-            self._failed(job_id, exc) if sure else self._stalled(job_id, exc)
+            self._after_failure(job_id, exc, sure)
             return
         if state is not None:
             self._release(job_id)
@@ -268,10 +268,14 @@ class Driver:
         with self._cond:
             return time.monotonic() < self._sure_until.get(job_id, 0.0)
 
-    def _stalled(self, job_id: str, exc: Exception) -> None:
-        """A controller failed after its lease lapsed (this replica stalled, or the store was
-        out): what failed is most likely the stall itself (a connection PostgreSQL closed), not
-        the job, which another replica or the next scan adopts without a penalty."""
+    def _after_failure(self, job_id: str, exc: Exception, sure: bool) -> None:
+        """A controller failed: recorded and retried later (``_failed``), unless its lease had
+        lapsed (this replica stalled, or the store was out): then what failed is most likely
+        the stall itself (a connection PostgreSQL closed), not the job, which another replica
+        or the next scan adopts without a penalty."""
+        if sure:
+            self._failed(job_id, exc)
+            return
         log.warning("let go of job %s, whose lease lapsed: %s: %s", job_id, type(exc).__name__, exc)
         self._done(job_id)
 
