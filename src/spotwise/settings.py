@@ -100,6 +100,12 @@ CACHE_DIR = _declare(
     "",
     "Local staging of an object-store run directory (default: a temporary folder).",
 )
+ADMIN_TOKEN_FILE = _declare(
+    "SPOTWISE_ADMIN_TOKEN_FILE",
+    "path",
+    "",
+    "`spotwise server`: register the admin token in this file at the first start (a Secret).",
+)
 # --- talking to a server ---------------------------------------------------------------------
 SERVER = _declare(
     "SPOTWISE_SERVER",
@@ -160,6 +166,20 @@ AZURE_VM_NAME = _declare(
     "text",
     "",
     "This VM's name, to pick its Scheduled Events (default: from the instance metadata).",
+)
+HEARTBEAT_URI = _declare(
+    "SPOTWISE_HEARTBEAT_URI",
+    "text",
+    "",
+    "Where the machine reads its controller's heartbeat (the job's checkpoint storage).",
+    "spotwise",
+)
+UNSUPERVISED_LIMIT_S = _declare(
+    "SPOTWISE_UNSUPERVISED_LIMIT_S",
+    "seconds",
+    "",
+    "The job's `unsupervised_limit`: without a new heartbeat for this long, save and stop.",
+    "spotwise",
 )
 # --- the runtime's checkpoint schedule -------------------------------------------------------
 CHECKPOINT_DIR = _declare(

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import os
 import signal
+import time
+import uuid
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -16,6 +18,7 @@ from spotwise.notices import DETECTORS
 from spotwise.notices.aws import NOMINAL_NOTICE_S, AwsDetector
 from spotwise.notices.azure import TERMINATE_TYPES, AzureDetector
 from spotwise.notices.gcp import PREEMPT_NOTICE_S, GcpDetector
+from spotwise.notices.heartbeat import HeartbeatDetector
 from spotwise.notices.kubernetes import KubernetesDetector
 from spotwise.notices.signals import DEFAULT_GRACE_S, SignalDetector
 from spotwise.notices.slurm import SIGNAL_LEAD_S, SlurmDetector
@@ -24,6 +27,19 @@ from spotwise.testing import DetectorCase, DetectorContract, ScriptedDetector
 
 def _signal(signum: int) -> Callable[[], None]:
     return lambda: os.kill(os.getpid(), signum)
+
+
+def _heartbeat() -> DetectorCase:
+    """The watchdog on a heartbeat that never changes: its clock stands still until the
+    announcement, then runs, and the limit (50 ms) has passed at once."""
+    frozen = [time.monotonic()]
+    det = HeartbeatDetector(
+        f"memory://heartbeat-{uuid.uuid4().hex}",
+        limit_s=0.05,
+        grace_s=30.0,
+        clock=lambda: frozen[0] if frozen else time.monotonic(),
+    )
+    return DetectorCase(det, announce=frozen.clear, nominal_s=30.0)
 
 
 def _emulated(emu: LoopbackEmulator, build: Callable[[str], object], nominal_s: float):
@@ -52,6 +68,7 @@ CASES: dict[str, Callable[[], DetectorCase]] = {
         lambda url: GcpDetector(url, wait_s=1, timeout_s=2.0),
         PREEMPT_NOTICE_S,
     ),
+    "heartbeat": _heartbeat,
     "kubernetes": lambda: DetectorCase(
         KubernetesDetector(env={}), _signal(signal.SIGTERM), DEFAULT_GRACE_S
     ),

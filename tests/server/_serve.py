@@ -22,4 +22,5 @@ def authenticate(request: Request) -> Principal | None:
 
 
 if __name__ == "__main__":
-    serve(host="127.0.0.1", port=0, authenticate=authenticate)
+    # a short lease: a test's server restarted after a SIGKILL adopts its jobs within 3 s
+    serve(host="127.0.0.1", port=0, authenticate=authenticate, lease_s=3.0)

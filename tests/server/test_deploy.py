@@ -1,6 +1,7 @@
 """The deploy recipes (deploy/): the systemd unit passes ``systemd-analyze verify`` and its own
 ExecStart serves; every Kubernetes manifest passes the official schemas, the Role grants what the
-``kubernetes`` provider uses, one replica is ever running, and the Deployment's own arguments
+``kubernetes`` provider uses, two replicas share the PostgreSQL store and the home volume, and
+the Deployment's own arguments
 serve TLS; the objects the loopback Kubernetes double knows are created through the official
 client."""
 
@@ -26,7 +27,7 @@ import yaml
 from kubernetes import client, config, utils
 
 from spotwise.emulators.kubernetes import KubernetesEmulator
-from spotwise.server.serve import check_bind
+from spotwise.server.serve import check_bind, check_lease
 
 from .conftest import Server
 
@@ -163,13 +164,16 @@ def test_the_role_is_exactly_the_one_the_kubernetes_provider_documents():
     assert objects["ServiceAccount"]["metadata"]["name"] == pod["serviceAccountName"]
 
 
-def test_one_server_at_a_time_reading_its_database_from_the_secret():
-    """Until leases exist two servers must never drive the same jobs: one replica, and an
-    update stops the old pod before starting the new one."""
+def test_two_replicas_on_the_database_of_the_secret_and_one_shared_home():
+    """Leases let two servers share the PostgreSQL store (each job driven by one): two replicas,
+    rolling updates, the lease as documented, and a home volume both can mount."""
     objects = manifests()
     spec = objects["Deployment"]["spec"]
-    assert spec["replicas"] == 1 and spec["strategy"] == {"type": "Recreate"}
+    assert spec["replicas"] == 2 and spec["strategy"]["type"] == "RollingUpdate"
     container = spec["template"]["spec"]["containers"][0]
+    args = dict(a.removeprefix("--").split("=", 1) for a in container["args"])
+    assert check_lease(args["lease"]) <= 30  # a dead replica's jobs adopted within 30 s
+    assert objects["PersistentVolumeClaim"]["spec"]["accessModes"] == ["ReadWriteMany"]
     env = {e["name"]: e for e in container["env"]}
     db = env["SPOTWISE_DB"]["valueFrom"]["secretKeyRef"]
     assert db["name"] == objects["Secret"]["metadata"]["name"]
@@ -284,7 +288,7 @@ def test_the_objects_the_double_knows_are_created_through_the_official_client(tm
         secret = core.read_namespaced_secret("spotwise-server", "spotwise")
         assert set(secret.data) == {"SPOTWISE_DB", "admin-token"}
         claim = core.read_namespaced_persistent_volume_claim("spotwise-home", "spotwise")
-        assert claim.spec.access_modes == ["ReadWriteOnce"]
+        assert claim.spec.access_modes == ["ReadWriteMany"]
     finally:
         emu.stop()
 

@@ -47,20 +47,29 @@ def register(app: typer.Typer) -> None:
             "mounted Secret) instead of making one; it is never printed",
             show_default=False,
         ),
+        lease: str = typer.Option(
+            "15s",
+            "--lease",
+            help="how long a job's lease lasts unrenewed (renewed every third of it): with "
+            "several servers on one PostgreSQL, a dead one's jobs are adopted within it",
+        ),
     ) -> None:
         """Drive every job from this one process, and serve the API and the dashboard.
 
         Launches, watches, relaunches, switches, budgets and cleans up every unfinished job of
         the store exactly as `spotwise launch` does, from one process instead of one per job.
         At start it adopts every job that has not ended (a restarted server continues them;
-        no attempt is launched twice). Serves /healthz, the JSON API under /api/v1 (described
-        at /api/v1/openapi.json) and the dashboard at /. Stops on Ctrl-C or SIGTERM; the
-        jobs' machines keep running and the next start adopts them. See docs/server.md.
+        no attempt is launched twice). Several servers may share one PostgreSQL database
+        (SPOTWISE_DB): each job is driven by one of them at a time, through a lease. Serves
+        /healthz, the JSON API under /api/v1 (described at /api/v1/openapi.json) and the
+        dashboard at /. Stops on Ctrl-C or SIGTERM; the jobs' machines keep running and the
+        next start (or another replica) adopts them. See docs/server.md.
         """
         from spotwise import settings
-        from spotwise.server.serve import check_bind, serve
+        from spotwise.server.serve import check_bind, check_lease, serve
 
         check_bind(host, tls_cert, tls_key, behind_proxy)  # before anything is opened
+        lease_s = check_lease(lease)
         if home is not None:
             os.environ[settings.HOME.name] = str(home.expanduser().resolve())
         serve(
@@ -71,4 +80,5 @@ def register(app: typer.Typer) -> None:
             behind_proxy=behind_proxy,
             admin_token_file=admin_token_file,
             allowed_hosts=allowed_host,
+            lease_s=lease_s,
         )

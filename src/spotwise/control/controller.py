@@ -8,7 +8,10 @@ PENDING -> LAUNCHING -> RUNNING -> SUCCEEDED
 Every transition is written to SQLite before it is acted on, and an attempt is recorded before
 its launch, so a controller killed at any instant resumes where it was: it finds a launch whose
 handle it lost through the provider (``find``), never starts a second attempt while one is open,
-and bills every attempt from its launch. One controller per job, enforced by a ``flock``.
+and bills every attempt from its launch. One controller per job: embedded, it holds the job's
+``flock`` and refuses a job a server's lease holds; in ``spotwise server``, the job's lease
+(``control/store/leases.py``), whose ``fence`` every launch and terminate passes first, and
+which a server takes only while no embedded controller holds the ``flock``.
 The decisions themselves are the pure functions in ``decisions.py``; time comes from ``clock``.
 """
 
@@ -61,6 +64,7 @@ from spotwise.control.providers.base import adoptable, checkpoint_dir, orphans
 from spotwise.control.secret_refs import file_values
 from spotwise.control.spec import JobSpec, stored_spec
 from spotwise.control.store import Attempt, Job, JobState, Store, spotwise_home
+from spotwise.control.store.core import Guard
 from spotwise.control.workdir import ARCHIVES, CodeArchive, split_workdir, submit_workdir
 from spotwise.errors import (
     BudgetError,
@@ -253,7 +257,7 @@ def controller_lock_path(job: Job) -> Path:
 
 @contextmanager
 def controller_lock(job: Job):
-    """Exactly one live controller per job."""
+    """Exactly one live embedded controller per job (a server's hold the job's lease)."""
     job.dir.mkdir(parents=True, exist_ok=True)
     fd = os.open(controller_lock_path(job), os.O_RDWR | os.O_CREAT, 0o600)
     try:
@@ -271,9 +275,19 @@ def controller_lock(job: Job):
 
 
 def controller_alive(job: Job) -> bool:
+    """Whether a controller drives the job: an embedded one on this host, or a server."""
+    return embedded_alive(job) or server_drives(job)
+
+
+def embedded_alive(job: Job) -> bool:
     from spotwise.control.providers.process import lock_held
 
     return lock_held(controller_lock_path(job))
+
+
+def server_drives(job: Job) -> bool:
+    """Whether a ``spotwise server`` replica holds the job's lease (as last read)."""
+    return job.lease_owner is not None and job.lease_expires_at > time.time()
 
 
 def attempts_dir(job_dir: Path) -> Path:
@@ -351,6 +365,7 @@ class Controller:
         provider: Provider | None = None,
         read_progress: ProgressReader = read_committed,
         interruptions: InterruptionModel | None = None,
+        fence: Guard | None = None,
     ) -> None:
         self.store = store
         self.job_id = store.job(job_id).id
@@ -362,6 +377,7 @@ class Controller:
         self.provider = provider if provider is not None else provider_for(job)
         self.read_progress = read_progress
         self._interruptions = interruptions  # the advisor's estimates (default: shipped)
+        self.fence = fence  # a server's lease: checked with every launch and terminate
         self._terminate_sent: dict[int, float] = {}  # attempt -> when we asked it to stop
         self._driver: PolicyDriver | None = None  # the job's policy, restored from the store
         ckpt = job_checkpoint_dir(self.spec, self.provider, job.id, job.dir)
@@ -377,6 +393,12 @@ class Controller:
     def run(self) -> JobState:
         job = self.store.job(self.job_id)
         with controller_lock(job):
+            job = self.store.job(self.job_id)  # (read after the lock: the server reads after
+            if server_drives(job):  # its lease, so one of the two always sees the other)
+                raise ControlError(
+                    f"job {job.id} is driven by spotwise server (replica {job.lease_owner})",
+                    hint=f"watch it with: spotwise status {job.id}",
+                )
             self.start(job)
             while True:
                 state = self.tick()
@@ -516,6 +538,7 @@ class Controller:
             ondemand_usd_per_hour=pricing.ondemand_usd_per_hour * self.spec.nodes,
             time_scale=pricing.time_scale,
             now=now,
+            guard=self.fence,
         )
         self._set(
             JobState.LAUNCHING, f"attempt {attempt.n}: {placement.market} {placement.zone}".rstrip()
@@ -530,6 +553,7 @@ class Controller:
                 self.job_id, "adopt", f"attempt {attempt.n} was already launched; adopting it"
             )
         else:
+            self._fenced("launch", f"attempt {attempt.n}: launching", attempt.n)
             try:
                 handle = self._launch_sized(self._request(job, attempt))
             except CapacityError as exc:
@@ -632,6 +656,7 @@ class Controller:
                     time_scale=attempt.time_scale,
                     handle={**attempt.handle, "restarts": status.restarts},
                     now=now,
+                    guard=self.fence,
                 )
                 self._set(JobState.LAUNCHING, f"attempt {nxt.n}: requeued")
             return
@@ -659,7 +684,19 @@ class Controller:
 
     def _stop(self, n: int, handle: Handle, now: float) -> None:
         self._terminate_sent[n] = now
+        self._terminate(handle)
+
+    def _terminate(self, handle: Handle) -> None:
+        self._fenced("terminate", f"attempt {handle['n']}: terminating {handle['id']}", handle["n"])
         self.provider.terminate(handle)
+
+    def _fenced(self, kind: str, message: str, n: int) -> None:
+        """Under a server's lease (``fence``), record the launch or terminate about to be made
+        in a transaction that checks the lease still holds: a replica that lost the job raises
+        ``LeaseLost`` here and leaves the machines to the new owner. (Embedded, the job's file
+        lock is what keeps a second controller away.)"""
+        if self.fence is not None:
+            self.store.event(self.job_id, kind, message, {"n": n}, guard=self.fence)
 
     def _check_budget(self, job: Job, attempt: Attempt, now: float) -> None:
         if self.spec.budget_usd is None or job.stop_reason:
@@ -934,7 +971,7 @@ class Controller:
 
     def _terminate_and_wait(self, handle: Handle) -> None:
         """Terminate a machine and wait (up to a minute) until the provider reports it ended."""
-        self.provider.terminate(handle)
+        self._terminate(handle)
         for _ in range(600):
             if self.provider.status(handle).phase in (Phase.EXITED, Phase.LOST):
                 return

@@ -12,6 +12,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from spotwise.control.store.leases import DEFAULT_LEASE_S
+from spotwise.durations import parse_duration_s
 from spotwise.errors import ConfigError
 from spotwise.registry import require
 
@@ -20,6 +22,8 @@ if TYPE_CHECKING:
 
 LOOPBACK_NAMES = ("localhost",)
 _HOST = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9.-]{0,251}[A-Za-z0-9])?|\[[0-9A-Fa-f:.]+\]")
+MIN_LEASE_S = 1.0
+MAX_LEASE_S = 600.0
 
 
 def is_loopback(host: str) -> bool:
@@ -59,6 +63,22 @@ def check_host(name: str) -> str:
     return name.lower()
 
 
+def check_lease(text: str) -> float:
+    """``--lease``: long enough to renew (every third of it) on a busy host, short enough that
+    a dead replica's jobs do not wait long for another."""
+    try:
+        lease_s = parse_duration_s(text)
+    except ValueError as exc:
+        raise ConfigError(f"--lease {text}: {exc}", hint="e.g. --lease 15s (the default)") from None
+    if not MIN_LEASE_S <= lease_s <= MAX_LEASE_S:
+        raise ConfigError(
+            f"--lease {text} is outside {MIN_LEASE_S:g}s..{MAX_LEASE_S:g}s",
+            hint="e.g. --lease 15s (the default): renewed every 5s, taken over 15s after a "
+            "replica dies",
+        )
+    return lease_s
+
+
 def serve(
     *,
     host: str,
@@ -69,13 +89,16 @@ def serve(
     behind_proxy: bool = False,
     admin_token_file: Path | None = None,
     allowed_hosts: Sequence[str] = (),
+    lease_s: float = DEFAULT_LEASE_S,
 ) -> None:
     """Serve until stopped (the store is ``SPOTWISE_DB``, else SQLite in ``SPOTWISE_HOME``).
 
     Callers are the store's users, by their tokens (``authenticate`` replaces that check, for
     tests); at the first start an admin token is made and printed once, or the one in
     ``admin_token_file`` is registered (and never shown). ``allowed_hosts``: names the
-    dashboard answers to besides loopback and ``host`` (a Service's, a proxy's)."""
+    dashboard answers to besides loopback and ``host`` (a Service's, a proxy's). Several
+    servers may share one PostgreSQL database: each job is driven by the one holding its lease
+    (``lease_s``: a dead replica's jobs are adopted by another within it, plus one scan)."""
     uvicorn = require("uvicorn", "dashboard", "spotwise server")
     require("starlette", "dashboard", "spotwise server")
     from spotwise.control.store import Store
@@ -104,14 +127,14 @@ def serve(
                 file=sys.stderr,
                 flush=True,
             )
-    driver = Driver(store)
+    driver = Driver(store, lease_s=lease_s)
     app = create_app(store, driver, authenticate=authenticate, allowed_hosts=names)
     sock = listen(host, port)
     scheme = "https" if tls_cert else "http"
     shown = f"[{host}]" if sock.family == socket.AF_INET6 else host
     print(
         f"spotwise server on {scheme}://{shown}:{sock.getsockname()[1]}/ driving the jobs of "
-        f"{store.where} (Ctrl-C to stop)",
+        f"{store.where} as replica {driver.replica} (lease {lease_s:g}s; Ctrl-C to stop)",
         flush=True,
     )
     if token is not None and preset is not None:

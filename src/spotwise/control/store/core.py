@@ -12,7 +12,7 @@ import base64
 import json
 import secrets
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from enum import Enum
 from pathlib import Path
@@ -22,10 +22,15 @@ import sqlalchemy as sa
 
 from spotwise.control.store.accounts import Accounts
 from spotwise.control.store.engine import WRITE, database_url, open_engine, private_dir, shown
+from spotwise.control.store.leases import Leases
 from spotwise.control.store.migrate import ensure_schema
 from spotwise.control.store.models import Attempt, Job, JobState, spotwise_home
 from spotwise.control.store.schema import attempts, events, jobs
 from spotwise.errors import ConfigError, ControlError, JobNotFoundError
+
+# Checked inside a transaction that records an action on a machine; raises to refuse it (and
+# roll the record back): a server's lease is one (leases.py, the fencing of launches).
+Guard = Callable[[sa.Connection], None]
 
 # Ids are ``<name[:24]>-<6 hex>``; anything much longer is not an id (and is not echoed whole).
 MAX_ID_CHARS = 128
@@ -77,6 +82,9 @@ def _row_job(r: sa.RowMapping) -> Job:
         stop_reason=r["stop_reason"],
         policy=json.loads(r["policy_json"]) if r["policy_json"] else None,
         owner=r["owner"],
+        lease_owner=r["lease_owner"],
+        lease_token=r["lease_token"],
+        lease_expires_at=r["lease_expires_at"],
     )
 
 
@@ -134,6 +142,7 @@ class Store:
                 f"cannot open the job database {self.where}: {_reason(exc, url)}", hint=hint
             ) from None
         self.accounts = Accounts(self._engine, self._writer)
+        self.leases = Leases(self._engine, self._writer)
 
     def close(self) -> None:
         self._engine.dispose()
@@ -308,12 +317,16 @@ class Store:
         time_scale: float,
         handle: dict[str, Any] | None = None,
         now: float | None = None,
+        guard: Guard | None = None,
     ) -> Attempt:
-        """Record an attempt *before* launching it, so a crash can never leave one unknown."""
+        """Record an attempt *before* launching it, so a crash can never leave one unknown
+        (and only if ``guard`` passes, in the same transaction)."""
         now = time.time() if now is None else now
         with self._tx() as db:
             # the job's row lock orders two controllers of one job on PostgreSQL
             db.execute(sa.select(jobs.c.id).where(jobs.c.id == job_id).with_for_update())
+            if guard is not None:
+                guard(db)
             of_job = attempts.c.job_id == job_id
             n = int(
                 db.execute(
@@ -393,8 +406,12 @@ class Store:
         message: str,
         data: dict[str, Any] | None = None,
         now: float | None = None,
+        guard: Guard | None = None,
     ) -> None:
+        """Log one event (only if ``guard`` passes, in the same transaction)."""
         with self._tx() as db:
+            if guard is not None:
+                guard(db)
             self._event(db, job_id, time.time() if now is None else now, kind, message, data)
 
     def events(self, job_id: str) -> list[dict[str, Any]]:

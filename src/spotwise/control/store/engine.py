@@ -22,6 +22,10 @@ DB_FILE = "spotwise.db"
 WRITE = "spotwise_write"
 BUSY_TIMEOUT_S = 30.0
 CONNECT_TIMEOUT_S = 10
+# A process frozen inside a transaction (a stalled server replica) holds its row locks until
+# PostgreSQL ends its session: at most this long, so it cannot hold up the take-over of its
+# jobs' leases for more. The store's transactions never wait on their client for long.
+IDLE_IN_TRANSACTION_S = 5
 _SQLITE_SIDE_FILES = ("-wal", "-shm", "-journal")
 _URL_FORMS = "sqlite:///PATH or postgresql://USER:PASSWORD@HOST:PORT/DATABASE"
 
@@ -57,9 +61,17 @@ def open_engine(url: sa.URL) -> sa.Engine:
     if url.get_backend_name() == "sqlite":
         return _sqlite_engine(Path(str(url.database)))
     require("psycopg", "postgres", f"the PostgreSQL job store ({DB_ENV}={shown(url)})")
-    return sa.create_engine(
+    engine = sa.create_engine(
         url, pool_pre_ping=True, connect_args={"connect_timeout": CONNECT_TIMEOUT_S}
     )
+
+    @sa.event.listens_for(engine, "connect")
+    def _connect(dbapi_connection: Any, _record: Any) -> None:
+        with dbapi_connection.cursor() as cursor:
+            cursor.execute(f"SET idle_in_transaction_session_timeout = '{IDLE_IN_TRANSACTION_S}s'")
+        dbapi_connection.commit()
+
+    return engine
 
 
 def _sqlite_engine(path: Path) -> sa.Engine:

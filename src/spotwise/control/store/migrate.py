@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 
 MIGRATIONS = Path(__file__).with_name("migrations")
 BASELINE = "0001"
-HEAD = "0003"  # the newest revision under migrations/versions (a test holds the two together)
+HEAD = "0004"  # the newest revision under migrations/versions (a test holds the two together)
 # Columns the pre-migration code added to older databases at open; adopted before stamping.
 _PRE_BASELINE_COLUMNS = (("jobs", "policy_json", "TEXT"),)
 # pg_advisory_xact_lock key: one migrating process per PostgreSQL database at a time.

@@ -92,6 +92,9 @@ class Job:
     stop_reason: str = ""  # why the controller stops the attempt: cancel | budget | switch
     policy: dict[str, Any] | None = None  # the job's policy driver (PolicyDriver.to_json)
     owner: str | None = None  # the user who submitted it through the server (None: local)
+    lease_owner: str | None = None  # the server replica driving it (None: nobody; leases.py)
+    lease_token: int = 0  # its fencing token, raised by every take-over
+    lease_expires_at: float = 0.0  # (the database's clock)
 
     @property
     def dir(self) -> Path:

@@ -29,6 +29,11 @@ jobs = sa.Table(
     sa.Column("stop_reason", sa.Text, nullable=False, server_default=""),
     sa.Column("policy_json", sa.Text),
     sa.Column("owner", sa.Text),  # the user who submitted it (None: before users existed)
+    # the server replica driving it (leases.py): owner (None: nobody), expiry (the database's
+    # clock), fencing token (raised by every take-over)
+    sa.Column("lease_owner", sa.Text),
+    sa.Column("lease_expires_at", sa.Float, nullable=False, server_default="0"),
+    sa.Column("lease_token", sa.BigInteger, nullable=False, server_default="0"),
     # a listing's pages, newest first: everyone's, one owner's; the jobs a server drives
     sa.Index("jobs_listing", "created_at", "id"),
     sa.Index("jobs_owner_listing", "owner", "created_at", "id"),
