@@ -79,6 +79,7 @@ from spotwise.market.advisor import RankedZone
 from spotwise.market.interruption import InterruptionModel, load_interruption_model
 from spotwise.market.policies import Market, Problem, make_policy
 from spotwise.market.policies.driver import PolicyDriver
+from spotwise.notices.heartbeat import beat_every_s
 from spotwise.telemetry.webhooks import notify_state
 
 Clock = Callable[[], float]
@@ -411,6 +412,13 @@ class Controller:
         """Whether the job acts on time passing, not only on its machine's events: a budget
         that burns, a policy's decision boundaries. Such a job is ticked every poll."""
         return self.spec.budget_usd is not None or plans(self.spec, self.provider)
+
+    @property
+    def beat_every_s(self) -> float | None:
+        """How often its ticks must come for the heartbeat to stay fresh (None: no heartbeat),
+        however rarely its machine's events need them."""
+        limit_s = self.spec.unsupervised_limit_s
+        return None if limit_s is None else beat_every_s(limit_s)
 
     def start(self, job: Job) -> None:
         """What a controller does once, holding the job's lock, before its first ``tick``

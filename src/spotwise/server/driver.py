@@ -251,7 +251,8 @@ class Driver:
         handle = controller.running_handle
         if handle is not None and not controller.acts_on_time:
             if self._ends.watch(job_id, controller.provider, handle):
-                poll = self.watch_s
+                # (the machine's end wakes it; the heartbeat, if any, still needs its ticks)
+                poll = min(self.watch_s, controller.beat_every_s or self.watch_s)
         else:
             self._ends.forget(job_id)
         with self._cond:
