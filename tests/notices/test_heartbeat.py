@@ -116,6 +116,7 @@ def test_the_machine_gets_the_watchdog_only_where_both_sides_reach_the_heartbeat
 def test_the_watcher_runs_the_watchdog_from_the_machines_environment(tmp_path: Path):
     env = {"SPOTWISE_PLATFORM": "none", LOCATION_ENV: str(tmp_path), LIMIT_ENV: "30"}
     plan = plan_from_environment(env)
+    plan.signals.close()  # (it installed this process's signal handlers: give them back)
     [detector] = [d for d in plan.remote if d.name == "heartbeat"]
     assert isinstance(detector, HeartbeatDetector) and detector.limit_s == 30.0
     assert heartbeat_detectors({"SPOTWISE_PLATFORM": "none"}) == []
