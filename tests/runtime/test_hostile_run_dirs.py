@@ -22,6 +22,8 @@ import pytest
 
 from spotwise.checkpoint.format import MANIFEST, STATE_FILE, TENSORS_FILE, step_dir_name
 from spotwise.runtime.commit import list_checkpoints, verify_checkpoint
+from spotwise.runtime.tiered import push
+from spotwise.storage.local import LocalStorage
 from spotwise.telemetry.events import EVENTS_FILE, EventLog, read_events
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -63,6 +65,8 @@ class Canary:
 def test_links_planted_in_a_run_directory_are_never_followed(tmp_path: Path) -> None:
     run, store, outside = tmp_path / "run", tmp_path / "store", tmp_path / "outside"
     assert train(run, store, 6, keep_last=10) == {"resumed": None, "step": 6}
+    if not (store / step_dir_name(4)).is_dir():  # the mirror uploads only the newest pending
+        push(LocalStorage(store), run / step_dir_name(4))  # one; the store needs an older one
     # outside: a valid checkpoint of step 8 (step 6's, renumbered), a directory of files
     # named like a checkpoint's, and a file a log could be appended to
     shutil.copytree(run / step_dir_name(6), outside / step_dir_name(8))

@@ -221,11 +221,11 @@ class Ec2DataPlane:
         code = m.proc.poll()
         if code is not None:  # the user-data finished: the machine powers itself off
             m.exit_code = code
-            m.ended = "terminated" if m.stopped_by_api else "exited"
             m.imds.stop()
             machine_root.discard(self.workdir / m.instance_id / "machine")
             if not m.stopped_by_api:
                 self._mark_terminated(m.instance_id, SHUTDOWN_REASON)
+            m.ended = "terminated" if m.stopped_by_api else "exited"  # last: the books agree
             return
         if (
             state in ("shutting-down", "terminated", "stopping", "stopped")
@@ -249,8 +249,8 @@ class Ec2DataPlane:
             m.imds.stop()
             machine_root.discard(self.workdir / m.instance_id / "machine")
             if m.interrupted and not m.stopped_by_api:
-                m.ended = "interrupted"
                 self._mark_terminated(m.instance_id, SPOT_REASON)
+                m.ended = "interrupted"
             else:
                 m.ended = "terminated"
 
