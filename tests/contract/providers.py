@@ -101,14 +101,15 @@ def _gcp(request: pytest.FixtureRequest, tmp: Path, plan: Plan) -> Backend:
     script; its run dir on moto's S3."""
     import boto3
 
-    from spotwise.control.providers.gcp import ENDPOINT_ENV
     from spotwise.emulators.gcp_compute import GcpComputeEmulator
+    from spotwise.settings import GCP_COMPUTE_ENDPOINT
 
     endpoint = request.getfixturevalue("aws_env")
     bucket = f"contract-{uuid.uuid4().hex[:12]}"
     boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket=bucket)
-    double = GcpComputeEmulator(tmp / "gce", s3_endpoint=endpoint, stop_grace_s=3.0, poll_s=0.1)
-    request.getfixturevalue("monkeypatch").setenv(ENDPOINT_ENV, double.start())
+    aws = {k: os.environ[k] for k in os.environ if k.startswith("AWS_")}
+    double = GcpComputeEmulator(tmp / "gce", machine_env=aws, stop_grace_s=3.0, poll_s=0.1)
+    request.getfixturevalue("monkeypatch").setenv(GCP_COMPUTE_ENDPOINT.name, double.start())
     request.addfinalizer(double.stop)
     options = {
         "project": "spotwise-project",

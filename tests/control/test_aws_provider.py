@@ -137,7 +137,7 @@ def test_a_spot_launch_asks_ec2_for_what_the_issue_lists(aws, tmp_path: Path):
     ).decode()
     uri = f"s3://{aws['bucket']}/jobs/{req.job_id}"
     assert f"SPOTWISE_CHECKPOINT_DIR={uri}/checkpoint" in user_data
-    assert f"aws report {uri}/attempts/1" in user_data
+    assert f"remote_boot report {uri}/attempts/1" in user_data
     # $SPOTWISE_CHECKPOINT_DIR is expanded by the instance's bash, to the S3 URI it exports;
     # the controller's job directory is nowhere (it is on a disk the instance cannot see)
     assert str(job_dir) not in user_data

@@ -171,3 +171,47 @@ def test_a_disk_that_outlived_its_vm_is_found_by_tag_and_deleted(
     assert provider.find("j-stray", tmp_path / "attempts") == []
     assert arm.live() == ["disk/j-other-osdisk"]
     arm.disks.clear()
+
+
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [
+        ({"store": "az://c/jobs"}, "provider.azure: both store and s3"),
+        ({"s3": "az://c/jobs"}, "provider.azure.s3: 'az://c/jobs' is not an object-store URI"),
+        ({"s3": None, "store": "azure://c/jobs"}, "provider.azure.store: 'azure://c/jobs'"),
+        ({"s3": None, "store": "az:///jobs"}, "provider.azure.store: URI 'az:///jobs' has no"),
+        ({"s3": None}, "provider.azure.store: required"),
+    ],
+)
+def test_a_bad_job_store_is_named_by_its_key(
+    arm: AzureComputeEmulator, change: dict[str, object], named: str
+):
+    options = {k: v for k, v in {**OPTIONS, **change}.items() if v is not None}
+    with pytest.raises(ConfigError) as info:
+        make_provider("azure", options, epoch=0.0)
+    assert named in str(info.value)
+
+
+def test_an_az_store_reaches_the_vm_by_its_account_url_never_its_key(
+    arm: AzureComputeEmulator, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """The VM's custom data names the store's account by URL (from the connection string the
+    controller has) and holds no key; without any account the store's key is named."""
+    from spotwise.emulators.azure_blob import AzureBlobEmulator
+
+    options = {**{k: v for k, v in OPTIONS.items() if k != "s3"}, "store": "az://ckpt/jobs"}
+    for name in ("AZURE_STORAGE_ACCOUNT", "AZURE_STORAGE_ACCOUNT_URL"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.delenv("AZURE_STORAGE_CONNECTION_STRING", raising=False)
+    with pytest.raises(ConfigError, match=r"provider\.azure\.store: az://ckpt/jobs names no"):
+        make_provider("azure", options, epoch=0.0)
+    blob = AzureBlobEmulator()  # (not started: only its development connection string)
+    monkeypatch.setenv("AZURE_STORAGE_CONNECTION_STRING", blob.connection_string())
+    provider = make_provider("azure", options, epoch=0.0)
+    custom = provider.custom_data(_request(tmp_path))  # type: ignore[attr-defined]
+    assert f"export AZURE_STORAGE_ACCOUNT_URL={blob.account_url}" in custom
+    assert "remote_boot report az://ckpt/jobs/j-azure/attempts/1" in custom
+    assert "AccountKey" not in custom
+    assert provider.features.checkpoints.default == "az://ckpt/jobs/{job_id}/checkpoint"
+    with pytest.raises(ConfigError, match="AZURE_STORAGE_CONNECTION_STRING"):
+        provider.launch(_request(tmp_path, env={"AZURE_STORAGE_CONNECTION_STRING": "x"}))

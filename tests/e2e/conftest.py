@@ -7,7 +7,7 @@ import os
 import re
 import subprocess
 import sys
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -78,8 +78,14 @@ def s3_checkpoints(env: dict[str, str], besides: Collection[str] = ()) -> dict[s
     example jobs' machines save them), but for the jobs in ``besides`` (moto's state is one
     per test process: the other clouds' tests' jobs are there too)."""
     listed = aws_client("s3", env).list_objects_v2(Bucket="spotwise-digits", Prefix="jobs/")
+    return checkpoint_steps((o["Key"] for o in listed.get("Contents", [])), besides)
+
+
+def checkpoint_steps(keys: Iterable[str], besides: Collection[str] = ()) -> dict[str, set[int]]:
+    """The steps of each job's checkpoints among a store's ``keys`` (``jobs/<id>/checkpoint/
+    step-N/...``), but for the jobs in ``besides``."""
     found: dict[str, set[int]] = {}
-    for key in (o["Key"] for o in listed.get("Contents", [])):
+    for key in keys:
         m = re.fullmatch(r"jobs/([^/]+)/checkpoint/step-(\d+)/.*", key)
         if m and m.group(1) not in besides:
             found.setdefault(m.group(1), set()).add(int(m.group(2)))

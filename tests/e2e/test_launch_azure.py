@@ -1,8 +1,9 @@
 """``spotwise launch examples/digits/job-azure.yaml`` on the loopback Azure Resource Manager:
 what ``spotwise emulate azure-compute`` runs (the ARM double whose VMs run their custom data
-in roots of their own, moto's S3) in the test's process, the controller in another driving the
-official azure-mgmt clients, real training, a real Scheduled Events Preempt and eviction, and
-the resume from S3."""
+in roots of their own, the Azure Blob double for the job's ``az://`` store) in the test's
+process, the controller in another driving the official azure-mgmt and azure-storage-blob
+clients, real training, a real Scheduled Events Preempt and eviction, and the resume from Blob
+Storage."""
 
 from __future__ import annotations
 
@@ -18,9 +19,11 @@ from pathlib import Path
 import pytest
 
 from spotwise.control.spec import load_spec
+from spotwise.emulators.azure_blob import AzureBlobEmulator
 from spotwise.emulators.azure_compute import AzureComputeEmulator
+from spotwise.settings import AZURE_ENDPOINT_URL
 
-from .conftest import HASH, SPOTWISE, aws_client, cli, s3_checkpoints
+from .conftest import HASH, SPOTWISE, checkpoint_steps, cli
 
 ROOT = Path(__file__).resolve().parents[2]
 JOB = ROOT / "examples" / "digits" / "job-azure.yaml"
@@ -32,51 +35,46 @@ pytestmark = pytest.mark.e2e
 class Azure:
     env: dict[str, str]  # what `spotwise emulate azure-compute` says to export
     arm: AzureComputeEmulator
+    blob: AzureBlobEmulator
+
+    def checkpoints(self) -> dict[str, set[int]]:
+        """The steps each job has saved in az://spotwise-digits/jobs."""
+        return checkpoint_steps(list(self.blob.containers["spotwise-digits"]))
 
 
 @pytest.fixture()
 def azure(tmp_path: Path) -> Iterator[Azure]:
     """What `spotwise emulate azure-compute` runs, in this process so that the test can evict
-    a VM once it has saved: moto's S3 and the ARM double, whose first VM create fails with
-    ZonalAllocationFailed (the VM is left Failed, as ARM leaves it)."""
-    from moto.server import ThreadedMotoServer
-
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    aws = {
-        "AWS_ENDPOINT_URL": f"http://{host}:{port}",
-        "AWS_ACCESS_KEY_ID": "testing",
-        "AWS_SECRET_ACCESS_KEY": "testing",
-        "AWS_DEFAULT_REGION": "us-east-1",
-        "AWS_EC2_METADATA_DISABLED": "true",
-    }
+    a VM once it has saved: the Azure Blob double the job's az:// store is on (its development
+    account in the VMs' environment, as their managed identity would reach it) and the ARM
+    double."""
+    blob = AzureBlobEmulator()
+    blob.start()
+    blob.add_bucket("spotwise-digits")
     arm = AzureComputeEmulator(
-        tmp_path / "azure", notice_lead_s=30, stop_grace_s=10, machine_env=aws, image=[ROOT]
+        tmp_path / "azure", notice_lead_s=30, stop_grace_s=10, machine_env=blob.env(), image=[ROOT]
     )
-    arm.fail_next("ZonalAllocationFailed")
-    env = {**os.environ, **aws, "SPOTWISE_AZURE_ENDPOINT_URL": arm.start()}
-    for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN"):
+    env = {**os.environ, **blob.env(), AZURE_ENDPOINT_URL.name: arm.start()}
+    for name in ("AZURE_STORAGE_ACCOUNT", "AZURE_STORAGE_ACCOUNT_URL"):
         env.pop(name, None)
-    aws_client("s3", env).create_bucket(Bucket="spotwise-digits")
     try:
-        yield Azure(env, arm)
+        yield Azure(env, arm, blob)
     finally:
         arm.stop()
-        server.stop()
+        blob.stop()
 
 
 def test_digits_on_azure_spot_survives_an_eviction_with_identical_weights(
     azure: Azure, tmp_path: Path, uninterrupted
 ):
     """The first VM create fails for capacity (the next placement is tried); the VM that runs
-    is evicted once it has saved; the next one resumes from S3 and ends with the weights of a
-    run never interrupted; no VM, disk or NIC is left."""
+    is evicted once it has saved; the next one resumes from Blob Storage and ends with the
+    weights of a run never interrupted; no VM, disk or NIC is left."""
     from spotwise.control.store import Store
 
+    azure.arm.fail_next("ZonalAllocationFailed")  # the VM is left Failed, as ARM leaves it
     baseline = uninterrupted(load_spec(JOB))
     env = {**azure.env, "SPOTWISE_HOME": str(tmp_path / "home")}
-    earlier = set(s3_checkpoints(env))  # (jobs of the tests before this one)
     launch = subprocess.Popen(
         [*SPOTWISE, "launch", str(JOB)],
         env=env,
@@ -85,8 +83,8 @@ def test_digits_on_azure_spot_survives_an_eviction_with_identical_weights(
         stderr=subprocess.STDOUT,
     )
     deadline = time.monotonic() + 300
-    while not (saved := s3_checkpoints(env, earlier)):  # the first VM has saved to S3
-        assert launch.poll() is None and time.monotonic() < deadline, "no checkpoint in S3"
+    while not (saved := azure.checkpoints()):  # the first VM has saved to Blob Storage
+        assert launch.poll() is None and time.monotonic() < deadline, "no checkpoint saved"
         time.sleep(0.5)
     [(job_id, steps)] = saved.items()
     [first] = azure.arm.created
@@ -119,5 +117,50 @@ def test_digits_on_azure_spot_survives_an_eviction_with_identical_weights(
     assert len(azure.arm.created) == len(status["attempts"])
     deadline = time.monotonic() + 30
     while azure.arm.live():
+        assert time.monotonic() < deadline, azure.arm.live()
+        time.sleep(0.2)
+
+
+def test_controller_killed_mid_launch_then_resumed_leaves_no_orphan_or_duplicate(
+    azure: Azure, tmp_path: Path
+):
+    """SIGKILL the controller right after its VM exists; `spotwise resume` adopts that VM as
+    attempt 1 (its name is the attempt's: a second create would be the same VM) and the job
+    ends with one VM per attempt, its custom data free of the store's key, and none left."""
+    import signal
+
+    import yaml
+
+    doc = yaml.safe_load(JOB.read_text())  # the same provider settings, a short command
+    doc.update(command="python -c 'import time; time.sleep(3)'", workdir=str(JOB.parent))
+    job_file = tmp_path / "job.yaml"
+    job_file.write_text(yaml.safe_dump(doc))
+    env = {**azure.env, "SPOTWISE_HOME": str(tmp_path / "home")}
+    first = subprocess.Popen(
+        [*SPOTWISE, "launch", str(job_file)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    deadline = time.monotonic() + 180
+    while not azure.arm.created:
+        assert time.monotonic() < deadline and first.poll() is None, "no VM was created"
+        time.sleep(0.1)
+    first.send_signal(signal.SIGKILL)  # the VM runs; its controller is gone
+    first.wait()
+    [machine] = azure.arm.created
+    custom = (azure.arm.workdir / machine / "custom-data").read_text()  # as cloud-init got it
+    assert "AccountKey" not in custom and azure.blob.account_url in custom  # URL, not key
+    [job] = json.loads(cli("jobs", "--json", env=env).stdout)
+
+    resumed = cli("resume", job["id"], "--quiet", timeout=600, env=env)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    status = json.loads(cli("status", job["id"], "--json", env=env).stdout)
+    assert status["state"] == "SUCCEEDED", status
+    assert azure.arm.created[0] == machine  # attempt 1 is the killed controller's VM, adopted
+    assert len(azure.arm.created) == len(set(azure.arm.created)) == len(status["attempts"])
+    deadline = time.monotonic() + 30
+    while azure.arm.live():  # its delete completes in the double's next ticks
         assert time.monotonic() < deadline, azure.arm.live()
         time.sleep(0.2)

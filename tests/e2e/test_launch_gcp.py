@@ -1,9 +1,9 @@
 """``spotwise launch examples/digits/job-gcp.yaml`` on loopback Google Cloud: what ``spotwise
 emulate gcp-compute`` runs (the Compute Engine double, its VMs running their startup scripts in
-roots of their own with a GCP metadata server each, moto's S3 for the run dir) in the test's
-process, the controller in another through the official google-cloud-compute clients, real
-training, a real Spot preemption (notice, shutdown, ``compute.instances.preempted``, deletion)
-and the resume from the object store."""
+roots of their own with a GCP metadata server each, the GCS double for the job's ``gs://``
+store) in the test's process, the controller in another through the official
+google-cloud-compute and google-cloud-storage clients, real training, a real Spot preemption
+(notice, shutdown, ``compute.instances.preempted``, deletion) and the resume from GCS."""
 
 from __future__ import annotations
 
@@ -18,10 +18,11 @@ from pathlib import Path
 
 import pytest
 
-from spotwise.control.providers.gcp import ENDPOINT_ENV
 from spotwise.emulators.gcp_compute import GcpComputeEmulator
+from spotwise.emulators.gcs import GcsEmulator
+from spotwise.settings import GCP_COMPUTE_ENDPOINT
 
-from .conftest import HASH, SPOTWISE, aws_client, cli, s3_checkpoints
+from .conftest import HASH, SPOTWISE, checkpoint_steps, cli
 
 ROOT = Path(__file__).resolve().parents[2]
 JOB = ROOT / "examples" / "digits" / "job-gcp.yaml"
@@ -34,44 +35,37 @@ pytestmark = pytest.mark.e2e
 class Gce:
     env: dict[str, str]  # what `spotwise emulate gcp-compute` says to export
     double: GcpComputeEmulator
+    gcs: GcsEmulator
+
+    def checkpoints(self, besides: set[str] | frozenset[str] = frozenset()) -> dict[str, set[int]]:
+        """The steps each job has saved in gs://spotwise-digits/jobs."""
+        return checkpoint_steps(list(self.gcs.buckets["spotwise-digits"]), besides)
 
 
 @pytest.fixture(scope="module")
 def gce(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gce]:
     """What `spotwise emulate gcp-compute` runs, in this process so that a test can preempt a
     VM once it has saved (a fixed schedule races the VM's start on a loaded machine), with a
-    stockout on the first insert in us-central1-a."""
-    from moto.server import ThreadedMotoServer
-
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    s3 = f"http://{host}:{port}"
+    stockout on the first insert in us-central1-a, and the GCS double the job's gs:// store is
+    on (its endpoint in the VMs' environment, as their service account would reach GCS)."""
+    gcs = GcsEmulator()
+    gcs.start()
+    gcs.add_bucket("spotwise-digits")
     double = GcpComputeEmulator(
         tmp_path_factory.mktemp("gce"),
         notice_lead_s=5,
         stop_grace_s=10,
-        s3_endpoint=s3,
+        machine_env=gcs.env(),
         image=[ROOT],
     )
     double.fail("insert", "ZONE_RESOURCE_POOL_EXHAUSTED", 1, zone="us-central1-a")
-    env = {
-        **os.environ,
-        ENDPOINT_ENV: double.start(),
-        "AWS_ENDPOINT_URL": s3,
-        "AWS_ACCESS_KEY_ID": "testing",
-        "AWS_SECRET_ACCESS_KEY": "testing",
-        "AWS_DEFAULT_REGION": "us-east-1",
-        "AWS_EC2_METADATA_DISABLED": "true",
-    }
-    for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "GOOGLE_APPLICATION_CREDENTIALS"):
-        env.pop(name, None)
-    aws_client("s3", env).create_bucket(Bucket="spotwise-digits")
+    env = {**os.environ, GCP_COMPUTE_ENDPOINT.name: double.start(), **gcs.env()}
+    env.pop("GOOGLE_APPLICATION_CREDENTIALS", None)
     try:
-        yield Gce(env, double)
+        yield Gce(env, double, gcs)
     finally:
         double.stop()
-        server.stop()
+        gcs.stop()
 
 
 def test_digits_on_gcp_spot_survives_a_preemption_with_identical_weights(
@@ -85,7 +79,7 @@ def test_digits_on_gcp_spot_survives_a_preemption_with_identical_weights(
 
     baseline = uninterrupted(load_spec(JOB))
     env = {**gce.env, "SPOTWISE_HOME": str(tmp_path / "home")}
-    earlier = set(s3_checkpoints(env))  # (jobs of the tests before this one)
+    earlier = set(gce.checkpoints())  # (jobs of the tests before this one)
     launch = subprocess.Popen(
         [*SPOTWISE, "launch", str(JOB)],
         env=env,
@@ -94,7 +88,7 @@ def test_digits_on_gcp_spot_survives_a_preemption_with_identical_weights(
         stderr=subprocess.STDOUT,
     )
     deadline = time.monotonic() + 300
-    while not (saved := s3_checkpoints(env, earlier)):  # the first VM has saved to the object store
+    while not (saved := gce.checkpoints(earlier)):  # the first VM has saved to GCS
         assert launch.poll() is None and time.monotonic() < deadline, "no checkpoint saved"
         time.sleep(0.5)
     [(job_id, steps)] = saved.items()
@@ -152,7 +146,7 @@ def test_bad_input_is_named_by_its_key_before_any_vm(
     assert out.returncode != 0 and "provider.gcp.project" in out.stderr, out.stderr
     assert "Traceback" not in out.stderr
 
-    for key in (ENDPOINT_ENV, "AWS_ENDPOINT_URL"):
+    for key in (GCP_COMPUTE_ENDPOINT.name, "STORAGE_EMULATOR_HOST"):
         monkeypatch.setenv(key, gce.env[key])
     options = {k: v for k, v in doc["provider"].items() if k != "name"}
     for change, named in [
@@ -162,6 +156,8 @@ def test_bad_input_is_named_by_its_key_before_any_vm(
             {"machine_type": "n1-standard-8", "accelerator_type": "nvidia-h100-80gb"},
             "provider.gcp.accelerator_type",
         ),
+        ({"store": "gs://no-such-bucket/jobs"}, "provider.gcp.store"),
+        ({"store": "gcs://spotwise-digits/jobs"}, "provider.gcp.store"),
     ]:
         with pytest.raises(ConfigError, match=re.escape(named)):
             make_provider(

@@ -1,5 +1,6 @@
-"""``spotwise emulate azure-compute`` as a user runs it: the exports a client needs, then the
-official SDK served by it with them; a bad ``--fault`` is a clear error."""
+"""``spotwise emulate azure-compute`` as a user runs it: the exports a client needs (the
+Resource Manager and the job store's Blob account), then the official SDKs served by it with
+them; a bad ``--fault`` is a clear error."""
 
 from __future__ import annotations
 
@@ -21,14 +22,20 @@ def test_emulate_azure_compute_prints_what_a_client_needs(tmp_path: Path) -> Non
     )  # fmt: skip
     try:
         assert proc.stdout is not None
-        lines = [proc.stdout.readline() for _ in range(8)]
+        lines = [proc.stdout.readline() for _ in range(4)]  # listening, ids, two exports
         assert "azure-compute emulator listening on http://127.0.0.1:" in lines[0]
         exports = dict(
             line.removeprefix("export ").strip().split("=", 1)
             for line in lines
             if line.startswith("export ")
         )
-        assert set(exports) >= {"SPOTWISE_AZURE_ENDPOINT_URL", "AWS_ENDPOINT_URL"}
+        assert set(exports) == {"SPOTWISE_AZURE_ENDPOINT_URL", "AZURE_STORAGE_CONNECTION_STRING"}
+        from azure.storage.blob import ContainerClient
+
+        store = ContainerClient.from_connection_string(
+            exports["AZURE_STORAGE_CONNECTION_STRING"], "spotwise-digits"
+        )
+        assert store.exists()  # --bucket made the job store's container
         from azure.mgmt.compute import ComputeManagementClient
 
         from spotwise.control.providers.azure import _LoopbackToken, _plain_http_on_loopback

@@ -4,6 +4,7 @@ API's own JSON, and the gcp provider's handling of its faults and of missing cre
 from __future__ import annotations
 
 import json
+import re
 import sys
 import urllib.error
 import urllib.request
@@ -13,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from spotwise.control.providers import LaunchRequest, Placement, make_provider
-from spotwise.control.providers.gcp import ENDPOINT_ENV
 from spotwise.emulators.gcp_compute import GcpComputeEmulator
 from spotwise.errors import ProviderUnavailableError
+from spotwise.settings import GCP_COMPUTE_ENDPOINT
 
 PROJECT = "spotwise-project"
 OPTIONS = {
@@ -30,7 +31,7 @@ OPTIONS = {
 @pytest.fixture()
 def double(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[GcpComputeEmulator]:
     emu = GcpComputeEmulator(tmp_path / "gce", stop_grace_s=1.0, poll_s=0.05)
-    monkeypatch.setenv(ENDPOINT_ENV, emu.start())
+    monkeypatch.setenv(GCP_COMPUTE_ENDPOINT.name, emu.start())
     yield emu
     emu.stop()
 
@@ -105,10 +106,29 @@ def test_a_credential_in_the_jobs_env_never_reaches_the_vm(double, tmp_path):
 def test_no_credentials_is_a_clear_error(tmp_path, monkeypatch):
     """Without the endpoint override and without Application Default Credentials (and no
     metadata server probed), the provider names both ways to give them."""
-    monkeypatch.delenv(ENDPOINT_ENV, raising=False)
+    monkeypatch.delenv(GCP_COMPUTE_ENDPOINT.name, raising=False)
     monkeypatch.delenv("GOOGLE_APPLICATION_CREDENTIALS", raising=False)
     monkeypatch.setenv("CLOUDSDK_CONFIG", str(tmp_path / "gcloud"))
     monkeypatch.setenv("NO_GCE_CHECK", "True")
     with pytest.raises(ProviderUnavailableError) as info:
         make_provider("gcp", OPTIONS, epoch=0.0, instance_type=None)
     assert "gcloud auth application-default login" in str(info.value)
+
+
+def test_a_gs_store_is_the_vms_run_dir_and_report_target(double, tmp_path):
+    """``store: gs://...``: checkpoints default under it, the startup script reports there;
+    ``s3:`` (the old spelling) takes only s3://, and both at once is refused by name."""
+    from spotwise.errors import ConfigError
+
+    options = {**{k: v for k, v in OPTIONS.items() if k != "s3"}, "store": "gs://ckpt/jobs/"}
+    provider = make_provider("gcp", options, epoch=0.0, instance_type=None)
+    assert provider.features.checkpoints.default == "gs://ckpt/jobs/{job_id}/checkpoint"
+    assert "az://" in provider.features.checkpoints.durable
+    script = provider.startup_script(_request(tmp_path))
+    assert "remote_boot report gs://ckpt/jobs/Faults.1/attempts/1" in script
+    for change, named in [
+        ({"s3": "gs://ckpt/jobs"}, "provider.gcp.s3: 'gs://ckpt/jobs' is not an object-store"),
+        ({**options, "s3": "s3://b/jobs"}, "provider.gcp: both store and s3"),
+    ]:
+        with pytest.raises(ConfigError, match=re.escape(named)):
+            make_provider("gcp", {**OPTIONS, **change}, epoch=0.0, instance_type=None)

@@ -1,7 +1,9 @@
-"""``spotwise emulate azure-compute``: a loopback Azure Resource Manager with VMs, plus S3.
+"""``spotwise emulate azure-compute``: a loopback Azure Resource Manager with VMs + a job store.
 
 Serves the subset of ARM the ``azure`` provider uses (``spotwise.emulators.azure_compute``)
-and a moto S3 for the job's checkpoints and exit records; each VM runs its custom data as a
+and the job store for the checkpoints and exit records (an Azure Blob double, ``--store az``,
+the default, or moto's S3, ``--store s3``), whose endpoint and test credentials the VMs get in
+their environment, as a managed identity would reach it; each VM runs its custom data as a
 local process in a root of its own and gets a Scheduled Events ``Preempt`` on schedule, so
 ``spotwise launch job-azure.yaml`` can be rehearsed before paying for a VM.
 """
@@ -25,8 +27,13 @@ FAULT_HELP = (
 
 def azure_compute(
     port: int = typer.Option(1341, help="Port of the Resource Manager (0: any free port)."),
-    s3_port: int = typer.Option(0, help="Port of the S3 endpoint (0: any free port)."),
-    bucket: list[str] = typer.Option([], help="Create this S3 bucket (repeatable)."),
+    store: str = typer.Option("az", help="The job store: az (an Azure Blob double) or s3 (moto)."),
+    store_port: int = typer.Option(
+        0, "--store-port", "--s3-port", help="Port of the job store (0: any free port)."
+    ),
+    bucket: list[str] = typer.Option(
+        [], help="Create this container (az) or bucket (s3) in the store (repeatable)."
+    ),
     interrupt_after: list[float] = typer.Option(
         [],
         help="Seconds after the N-th VM runs that its Preempt event appears "
@@ -40,11 +47,18 @@ def azure_compute(
     ),
     duration: float = typer.Option(None, help="Stop after this many seconds."),
 ) -> None:
-    """Emulate Azure Resource Manager (VMs, disks, NICs) + S3 on 127.0.0.1."""
-    from spotwise.cli.emulate import listen, loopback_aws, serve_until
+    """Emulate Azure Resource Manager (VMs, disks, NICs) + Blob Storage or S3 on 127.0.0.1."""
+    from spotwise.cli._emulate_storage import loopback_store
+    from spotwise.cli.emulate import listen, serve_until
     from spotwise.emulators.azure_compute import SUBSCRIPTION
+    from spotwise.settings import AZURE_ENDPOINT_URL
 
-    aws = loopback_aws(s3_port, bucket, "azure-compute")
+    if store not in ("az", "s3"):
+        raise ConfigError(
+            f"--store {store!r}: the azure provider's stores here are az and s3",
+            hint="--store az (an Azure Blob double, the default) or --store s3 (moto)",
+        )
+    exports, stop_store = loopback_store(store, store_port, bucket, "azure-compute")
     home = workdir or Path(tempfile.mkdtemp(prefix="spotwise-azure-"))
     arm = AzureComputeEmulator(
         home,
@@ -52,20 +66,18 @@ def azure_compute(
         interrupt_after_s=interrupt_after,
         notice_lead_s=notice_lead,
         stop_grace_s=stop_grace,
-        machine_env=aws.env(),
+        machine_env=exports,
     )
     try:
         for text in fault:
             add_fault(arm, text)
         url = listen(arm, arm.host, port)
     except BaseException:
-        aws.server.stop()
+        stop_store()
         raise
     typer.echo(f"azure-compute emulator listening on {url} (VMs in {home})")
     typer.echo(f"subscription_id: {SUBSCRIPTION}, resource_group: {arm.resource_groups[0]}")
-    serve_until(
-        duration, {"SPOTWISE_AZURE_ENDPOINT_URL": url, **aws.env()}, arm.stop, aws.server.stop
-    )
+    serve_until(duration, {AZURE_ENDPOINT_URL.name: url, **exports}, arm.stop, stop_store)
 
 
 def add_fault(arm: AzureComputeEmulator, text: str) -> None:

@@ -1,10 +1,11 @@
-"""``spotwise emulate gcp-compute``: a loopback Compute Engine API + S3 to rehearse a job file.
+"""``spotwise emulate gcp-compute``: a loopback Compute Engine API + a job store to rehearse with.
 
 The official ``google-cloud-compute`` clients (the ``gcp`` provider) reach it through the
 printed ``SPOTWISE_GCP_COMPUTE_ENDPOINT``; each VM runs its startup script as a local process
 with its own GCP metadata server and is preempted on the given schedule, so
 ``spotwise launch examples/digits/job-gcp.yaml`` can be tried before paying for a VM. The job's
-run dir is on a moto S3 started beside it.
+store is a loopback GCS (``--store gs``, the default) or moto's S3 (``--store s3``) started
+beside it; the VMs get its endpoint in their environment, as a service account would reach it.
 """
 
 from __future__ import annotations
@@ -37,9 +38,12 @@ def parse_fault(text: str) -> tuple[str, int, str]:
 
 def gcp_compute(
     port: int = typer.Option(5010, help="Port of the Compute API (0: any free port)."),
-    s3_port: int = typer.Option(0, help="Port of the S3 endpoint the run dir is on (0: any)."),
+    store: str = typer.Option("gs", help="The job store: gs (a GCS double) or s3 (moto)."),
+    store_port: int = typer.Option(
+        0, "--store-port", "--s3-port", help="Port of the job store (0: any)."
+    ),
     project: str = typer.Option("spotwise-project", help="The one project the API knows."),
-    bucket: list[str] = typer.Option([], help="Create this S3 bucket (repeatable)."),
+    bucket: list[str] = typer.Option([], help="Create this bucket in the store (repeatable)."),
     interrupt_after: list[float] = typer.Option(
         [],
         help="Seconds after the N-th VM boots that it is preempted (repeat once per VM, in "
@@ -53,16 +57,22 @@ def gcp_compute(
     ),
     duration: float = typer.Option(None, help="Stop after this many seconds."),
 ) -> None:
-    """Emulate the Compute Engine API (+ S3) on 127.0.0.1: VMs run as local processes."""
+    """Emulate the Compute Engine API (+ GCS or S3) on 127.0.0.1: VMs run as local processes."""
     from spotwise.registry import require
 
     require("google.cloud.compute_v1", "gcp", "spotwise emulate gcp-compute")
-    from spotwise.cli.emulate import listen, loopback_aws, serve_until
-    from spotwise.control.providers.gcp import ENDPOINT_ENV
+    from spotwise.cli._emulate_storage import loopback_store
+    from spotwise.cli.emulate import listen, serve_until
     from spotwise.emulators.gcp_compute import GcpComputeEmulator
+    from spotwise.settings import GCP_COMPUTE_ENDPOINT
 
+    if store not in ("gs", "s3"):
+        raise ConfigError(
+            f"--store {store!r}: the gcp provider's stores here are gs and s3",
+            hint="--store gs (a GCS double, the default) or --store s3 (moto)",
+        )
     faults = [parse_fault(f) for f in fault]
-    aws = loopback_aws(s3_port, bucket, "gcp-compute")
+    exports, stop_store = loopback_store(store, store_port, bucket, "gcp-compute")
     home = workdir or Path(tempfile.mkdtemp(prefix="spotwise-gce-"))
     double = GcpComputeEmulator(
         home,
@@ -71,7 +81,7 @@ def gcp_compute(
         interrupt_after_s=interrupt_after,
         notice_lead_s=notice_lead,
         stop_grace_s=stop_grace,
-        s3_endpoint=aws.url,
+        machine_env=exports,
     )
     try:
         for code, count, zone in faults:
@@ -81,7 +91,7 @@ def gcp_compute(
                 raise ConfigError(str(exc), hint=FAULT_HELP) from None
         url = listen(double, "127.0.0.1", port)
     except ConfigError:
-        aws.server.stop()
+        stop_store()
         raise
-    typer.echo(f"gcp-compute emulator listening on {url} (VMs in {home}; S3 on {aws.url})")
-    serve_until(duration, {ENDPOINT_ENV: url, **aws.env()}, double.stop, aws.server.stop)
+    typer.echo(f"gcp-compute emulator listening on {url} (VMs in {home}; {store} store)")
+    serve_until(duration, {GCP_COMPUTE_ENDPOINT.name: url, **exports}, double.stop, stop_store)

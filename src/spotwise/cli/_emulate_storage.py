@@ -2,11 +2,13 @@
 Azure Blob service for ``gs://`` / ``az://`` run dirs, to rehearse a job's checkpoints before
 paying for a bucket. Each prints the ``export`` line the official client reads
 (``STORAGE_EMULATOR_HOST``, ``AZURE_STORAGE_CONNECTION_STRING``: the development account's
-published key, never a real one).
+published key, never a real one). :func:`loopback_store` starts the store a compute double's
+machines share with the controller (``spotwise emulate gcp-compute|azure-compute --store``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import typer
@@ -55,11 +57,7 @@ def _run(
 ) -> None:
     from spotwise.cli.emulate import listen, serve_until
 
-    for name in names:
-        try:
-            emu.add_bucket(name)
-        except ValueError as exc:
-            raise ConfigError(f"{option} {name!r}: {exc}", hint=emu.NAME_RULE) from None
+    _add(emu, names, option)
     if fault:
         try:
             emu.inject(fault, fault_count)
@@ -68,3 +66,38 @@ def _run(
     url = listen(emu, emu.host, emu.port)
     typer.echo(f"{emu.platform} emulator listening on {url}")
     serve_until(duration, emu.env(), emu.stop)
+
+
+def _add(emu: Any, names: list[str], option: str) -> None:
+    for name in names:
+        try:
+            emu.add_bucket(name)
+        except ValueError as exc:
+            raise ConfigError(f"{option} {name!r}: {exc}", hint=emu.NAME_RULE) from None
+
+
+STORES = ("gs", "az", "s3")
+
+
+def loopback_store(
+    scheme: str, port: int, buckets: list[str], command: str
+) -> tuple[dict[str, str], Callable[[], None]]:
+    """The job store (``gs``: the GCS double, ``az``: the Azure Blob double, ``s3``: moto) with
+    ``buckets`` in it, started for ``spotwise emulate COMMAND``: the variables a client (the
+    controller, the double's machines) needs, and its stop."""
+    from spotwise.cli.emulate import listen, loopback_aws
+
+    if scheme == "s3":
+        aws = loopback_aws(port, buckets, command)
+        return aws.env(), aws.server.stop
+    if scheme not in STORES:
+        raise ConfigError(
+            f"--store {scheme!r} is not one of {', '.join(STORES)}", hint="--store gs"
+        )
+    from spotwise.emulators.azure_blob import AzureBlobEmulator
+    from spotwise.emulators.gcs import GcsEmulator
+
+    emu = GcsEmulator(port=port) if scheme == "gs" else AzureBlobEmulator(port=port)
+    _add(emu, buckets, "--bucket")
+    listen(emu, emu.host, port)
+    return emu.env(), emu.stop

@@ -14,7 +14,8 @@ Served: ``zones.get``, ``machineTypes.get``, ``acceleratorTypes.get``,
 Each instance is a machine as on ``spotwise emulate ec2``: its ``startup-script`` metadata runs
 as a local process in a root of its own (``machine_root``), with its own GCP metadata server
 (``GCE_METADATA_HOST``, :class:`GcpMetadataEmulator`), and what a service account would give
-it (here: the S3 endpoint and credentials of the job's run dir, never in the script). Then it
+it (here: the job store's endpoint and test credentials, ``machine_env``, never in the
+script). Then it
 behaves as Compute Engine does:
 
 - the script ends: the guest powers off, the instance is ``TERMINATED`` (and stays, billed for
@@ -40,7 +41,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -121,10 +122,12 @@ class _Vm:
 
 
 class GcpComputeEmulator(LoopbackEmulator):
-    """``GcpComputeEmulator(workdir, s3_endpoint=...).start()`` -> the ``api_endpoint``.
+    """``GcpComputeEmulator(workdir, machine_env=...).start()`` -> the ``api_endpoint``.
 
     ``interrupt_after_s[i]``: seconds after the i-th instance boots that it is preempted (None
-    or missing: never). ``s3_endpoint``: the S3 endpoint the guests reach (the job's run dir).
+    or missing: never). ``machine_env``: what the guests get besides their metadata server (the
+    job store's endpoint and test credentials, as a service account would reach it:
+    ``STORAGE_EMULATOR_HOST`` for a ``gs://`` store on the GCS double, ``AWS_*`` for moto).
     ``image``: the job's code on the machine image (default: the working directory)."""
 
     platform = "gcp-compute"
@@ -139,7 +142,7 @@ class GcpComputeEmulator(LoopbackEmulator):
         interrupt_after_s: Sequence[float | None] = (),
         notice_lead_s: float = 30.0,
         stop_grace_s: float = 90.0,
-        s3_endpoint: str | None = None,
+        machine_env: Mapping[str, str] | None = None,
         image: Sequence[Path] | None = None,
         python_bin: str | None = None,
         poll_s: float = 0.2,
@@ -148,7 +151,7 @@ class GcpComputeEmulator(LoopbackEmulator):
         self.workdir, self.project = workdir, project
         self.interrupt_after_s = list(interrupt_after_s)
         self.notice_lead_s, self.stop_grace_s, self.poll_s = notice_lead_s, stop_grace_s, poll_s
-        self.s3_endpoint, self.python_bin = s3_endpoint, python_bin
+        self.machine_env, self.python_bin = dict(machine_env or {}), python_bin
         self.places = _catalog_places()
         self.vms: dict[tuple[str, str], _Vm] = {}  # (zone, name) -> instance
         self.operations: dict[str, tuple[str, Any]] = {}  # name -> (zone, compute_v1.Operation)
@@ -504,24 +507,17 @@ class GcpComputeEmulator(LoopbackEmulator):
 
     def _guest_env(self, metadata_host: str) -> dict[str, str]:
         """What the guest's processes see: the image's PATH, its metadata server, and what its
-        service account would reach (the run dir's S3 endpoint)."""
+        service account would reach (the job store, ``machine_env``)."""
         bin_dir = self.python_bin or os.path.dirname(sys.executable)
         env = {
             "PATH": f"{bin_dir}:/usr/local/bin:/usr/bin:/bin",
             "LANG": "C.UTF-8",
+            **self.machine_env,
             "GCE_METADATA_HOST": metadata_host,
             "SPOTWISE_PLATFORM": "gcp",
             "SPOTWISE_GCE_EMULATED": "1",
             "NO_PROXY": "127.0.0.1,localhost",
         }
-        if self.s3_endpoint:
-            env.update(
-                AWS_ENDPOINT_URL=self.s3_endpoint,
-                AWS_ACCESS_KEY_ID="testing",
-                AWS_SECRET_ACCESS_KEY="testing",
-                AWS_DEFAULT_REGION="us-east-1",
-                AWS_EC2_METADATA_DISABLED="true",
-            )
         if os.environ.get("PYTHONPATH"):  # where this spotwise lives, as installed on the image
             env["PYTHONPATH"] = os.environ["PYTHONPATH"]
         return env

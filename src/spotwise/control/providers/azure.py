@@ -5,9 +5,10 @@ The VM is created in the job's resource group with ``virtual_machines.begin_crea
 on-demand price, never evicted for price), a managed identity, an encrypted managed OS disk and
 a NIC the VM makes itself, both ``deleteOption: Delete`` so they go with it, and tags
 ``spotwise-job`` / ``spotwise-attempt``. Its custom data (base64, run by cloud-init) is the
-boot script of ``remote_boot``: the job's command with an ``s3://`` checkpoint directory, then
-the exit record written to the job's S3 prefix. No credential is in it: the VM's identity
-supplies them.
+boot script of ``remote_boot``: the job's command with its checkpoint directory in the job's
+object store (``store:``: ``az://container/prefix`` in the storage account the controller's
+``AZURE_STORAGE_*`` variables name, or ``s3://``), then the exit record written there. No
+credential is in it: the VM's identity supplies them (the account is passed by its URL).
 
 Status comes from the instance view plus that exit record: a Spot eviction (the Scheduled
 Events ``Preempt`` notice, 30 s, then the VM deleted) is a lost machine, a preemption, never
@@ -17,7 +18,8 @@ an error. ``SkuNotAvailable``, ``OperationNotAllowed`` (quota) and ``AllocationF
 
 The SDKs are imported only when a provider is built (``pip install 'spotwise[azure]'``).
 Credentials are ``DefaultAzureCredential``'s (environment, managed identity, ``az login``).
-``SPOTWISE_AZURE_ENDPOINT_URL`` points the clients at another Resource Manager (``base_url``):
+``SPOTWISE_AZURE_ENDPOINT_URL`` (``spotwise.settings``) points the clients at another Resource
+Manager (``base_url``):
 on a loopback address (``spotwise emulate azure-compute``) they use a fixed test token and may
 speak plain HTTP there, and only there.
 """
@@ -31,6 +33,7 @@ import os
 import re
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import urlsplit
@@ -41,7 +44,6 @@ from spotwise.control.pricing import catalog_usd_per_hour
 from spotwise.control.providers.base import (
     MARKETS,
     AttemptStatus,
-    CheckpointHome,
     Features,
     Handle,
     LaunchRequest,
@@ -52,6 +54,7 @@ from spotwise.control.providers.base import (
     Pricing,
     parse_options,
 )
+from spotwise.control.providers.jobstore import JobStore
 from spotwise.control.providers.remote_boot import boot_script, copy_log, exit_record
 from spotwise.errors import (
     CapacityError,
@@ -61,23 +64,25 @@ from spotwise.errors import (
     TransientProviderError,
 )
 from spotwise.registry import require
+from spotwise.settings import AZURE_ENDPOINT_URL
 
 if TYPE_CHECKING:
     from spotwise.control.spec import Resources
 
 T = TypeVar("T")
 
-ENDPOINT_ENV = "SPOTWISE_AZURE_ENDPOINT_URL"  # the one place the endpoint override is read
 JOB_TAG, ATTEMPT_TAG = "spotwise-job", "spotwise-attempt"
 # create errors that mean "no machine of that kind here, now": try another placement
 CAPACITY_CODES = frozenset({
     "SkuNotAvailable", "OperationNotAllowed", "AllocationFailed", "ZonalAllocationFailed",
     "OverconstrainedAllocationRequest", "OverconstrainedZonalAllocationRequest",
 })  # fmt: skip
+ACCOUNT_URL_ENV = "AZURE_STORAGE_ACCOUNT_URL"  # read by the az:// backend on the VM
 LOOPBACK_TOKEN = "spotwise-emulator-token"  # good only on a loopback Resource Manager
 # never written into custom data: the VM's managed identity is its credential
 _SECRET_ENV = re.compile(
-    r"^(AZURE_(CLIENT_SECRET|CLIENT_CERTIFICATE_PASSWORD|PASSWORD|STORAGE_KEY|ACCESS_TOKEN)"
+    r"^(AZURE_(CLIENT_SECRET|CLIENT_CERTIFICATE_PASSWORD|PASSWORD|STORAGE_KEY|ACCESS_TOKEN"
+    r"|STORAGE_CONNECTION_STRING|STORAGE_SAS_TOKEN)"
     r"|AWS_(ACCESS_KEY_ID|SECRET_ACCESS_KEY|SESSION_TOKEN|SECURITY_TOKEN))$"
 )
 
@@ -100,7 +105,8 @@ class AzureOptions(Options):
     disk_encryption_set_id: str | None = None
     encryption_at_host: bool = False
     max_price: float = Field(default=-1, ge=-1)  # USD/hour; -1: up to the on-demand price
-    s3: str = Field(pattern=r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/.*)?$")
+    store: str | None = None  # az://container/prefix (any object store): see JobStore
+    s3: str | None = None  # store's old spelling (s3:// only), still read
     spot_usd_per_hour: float | None = Field(default=None, ge=0)  # default: the catalog's
     ondemand_usd_per_hour: float | None = Field(default=None, ge=0)
     workdir: str | None = None  # on the VM; default: the job's workdir
@@ -112,7 +118,7 @@ class AzureOptions(Options):
 
 def arm_endpoint() -> str | None:
     """The Resource Manager to use instead of Azure's (``SPOTWISE_AZURE_ENDPOINT_URL``)."""
-    return os.environ.get(ENDPOINT_ENV) or None
+    return AZURE_ENDPOINT_URL.text()
 
 
 def _loopback(url: str) -> bool:
@@ -198,7 +204,9 @@ class AzureProvider:
     ):
         self.opts = o = parse_options(AzureOptions, self.name, options)
         require("azure.mgmt.compute", "azure", "the azure provider")
-        boto3 = require("boto3", "s3", "the azure provider's s3:// checkpoints")
+        self.store = JobStore(self.name, o.store, o.s3)
+        # the VM learns which storage account an az:// store is in by its URL, never a key
+        self.account = storage_account_url(self.store) if self.store.scheme == "az" else None
         size = o.vm_size or instance_type or (resources.instance_type if resources else None)
         if not size:
             raise ConfigError(
@@ -214,15 +222,9 @@ class AzureProvider:
             poll_s=o.poll_s,
             grace_s=o.grace_s,
             same_host=False,
-            checkpoints=CheckpointHome(
-                default=f"{o.s3.rstrip('/')}/{{job_id}}/checkpoint",
-                durable=("s3://",),
-                hint="give checkpoint_dir as an s3:// URI, or leave it out: each job then "
-                f"checkpoints to {o.s3.rstrip('/')}/<job id>/checkpoint",
-            ),
+            checkpoints=self.store.checkpoints(),
         )
         self.compute, self.network = _clients(o.subscription_id, arm_endpoint())
-        self.s3 = boto3.session.Session().client("s3")
         if preflight:
             self._preflight()
         self.prices = Prices(
@@ -276,7 +278,7 @@ class AzureProvider:
 
     def _preflight(self) -> None:
         """Before anything is paid for: the region and VM size exist (resource SKUs), the
-        zones offer the size, the resource group is there and the bucket is usable."""
+        zones offer the size, the resource group is there and the job store is usable."""
         o = self.opts
         skus = self._call(
             "ResourceSkus",
@@ -315,16 +317,7 @@ class AzureProvider:
                 f"provider.azure.{key}: {exc.message}",
                 hint="az group create -n NAME -l REGION, or fix the name",
             ) from None
-        from spotwise.storage.s3 import parse_s3_uri
-
-        bucket, _ = parse_s3_uri(o.s3)
-        try:
-            self.s3.head_bucket(Bucket=bucket)
-        except Exception as exc:  # the S3 SDK's errors, shown as they are
-            raise ConfigError(
-                f"provider.azure.s3: bucket {bucket!r} is not usable: {exc}",
-                hint="create it or fix provider.azure.s3",
-            ) from None
+        self.store.check()
 
     # --- the protocol ----------------------------------------------------------------------
     def launch(self, req: LaunchRequest) -> Handle:
@@ -360,7 +353,7 @@ class AzureProvider:
     def status(self, handle: Handle) -> AttemptStatus:
         if handle.get("kind") in ("disk", "nic", "ip"):  # a stray found by the sweep
             return AttemptStatus(Phase.STARTING, detail=handle["kind"])
-        record = exit_record(self._attempt_store(handle))
+        record = exit_record(self.store.attempt(handle["job"], handle["n"]))
         if record is not None:
             return self._ended(handle, record)
         from azure.core.exceptions import ResourceNotFoundError
@@ -375,7 +368,8 @@ class AzureProvider:
         except ProviderError as exc:
             if not isinstance(exc.__cause__, ResourceNotFoundError):
                 raise
-            record = exit_record(self._attempt_store(handle))  # written just before the VM went
+            # written just before the VM went
+            record = exit_record(self.store.attempt(handle["job"], handle["n"]))
             if record is not None:
                 return self._ended(handle, record)
             return AttemptStatus(
@@ -398,17 +392,11 @@ class AzureProvider:
             )
         return AttemptStatus(Phase.STARTING, detail=provisioning or power)
 
-    def _attempt_store(self, handle: Handle) -> Any:
-        """The attempt's prefix of the job's S3 storage (its VM's exit record and output)."""
-        from spotwise.storage.s3 import S3Storage
-
-        uri = f"{self.opts.s3.rstrip('/')}/{handle['job']}/attempts/{handle['n']}"
-        return S3Storage.from_uri(uri, client=self.s3)
-
     def _ended(self, handle: Handle, record: dict[str, Any]) -> AttemptStatus:
         if handle.get("log"):
             where = f"azure {handle['id']}"
-            copy_log(self._attempt_store(handle), Path(handle["log"]), handle["n"], where)
+            store = self.store.attempt(handle["job"], handle["n"])
+            copy_log(store, Path(handle["log"]), handle["n"], where)
         self._delete(handle["id"])  # done: stop paying for it
         code, ended = int(record["exit_code"]), float(record["ended_at"])
         started = float(record.get("started_at") or handle.get("launched_at") or ended)
@@ -545,14 +533,47 @@ class AzureProvider:
 
     def custom_data(self, req: LaunchRequest) -> str:
         o = self.opts
+        if self.account is not None:
+            req = replace(req, env={ACCOUNT_URL_ENV: self.account, **req.env})
         return boot_script(
             req,
             python=o.python,
             workdir=o.workdir,
             setup=o.setup,
-            report_uri=f"{o.s3.rstrip('/')}/{req.job_id}/attempts/{req.n}",
+            report_uri=self.store.attempt_uri(req.job_id, req.n),
             shutdown_if='[ -d /var/lib/waagent ] && [ "${SPOTWISE_AZURE_EMULATED:-0}" != 1 ]',
         )
+
+
+def storage_account_url(store: JobStore) -> str:
+    """The blob endpoint of the account an ``az://`` store is in, as the controller's
+    ``AZURE_STORAGE_*`` variables name it (the ``az://`` backend's own), for the VM: its
+    managed identity signs in there. A connection string gives only its endpoint (never its
+    key)."""
+    parts = dict(
+        item.split("=", 1)
+        for item in os.environ.get("AZURE_STORAGE_CONNECTION_STRING", "").split(";")
+        if "=" in item
+    )  # (the backend's order: the connection string, the account's URL, its name)
+    account = os.environ.get("AZURE_STORAGE_ACCOUNT", "").strip()
+    if parts.get("BlobEndpoint"):
+        url = parts["BlobEndpoint"]
+    elif parts.get("AccountName"):
+        url = (
+            f"https://{parts['AccountName']}.blob.{parts.get('EndpointSuffix', 'core.windows.net')}"
+        )
+    else:
+        url = os.environ.get(ACCOUNT_URL_ENV, "").strip() or (
+            f"https://{account}.blob.core.windows.net" if account else ""
+        )
+    if not url:
+        raise ConfigError(
+            f"{store.named}: {store.uri} names no storage account",
+            hint="set AZURE_STORAGE_ACCOUNT=<account name> (or AZURE_STORAGE_ACCOUNT_URL) "
+            "where spotwise runs; the VMs get the account's URL, and sign in with their "
+            "managed identity",
+        )
+    return url.rstrip("/")
 
 
 def _image(image: str) -> dict[str, str]:

@@ -2,8 +2,9 @@
 
 The VM boots an image family (a Deep Learning VM image by default) and runs its
 ``startup-script`` metadata, which runs the job's command with ``SPOTWISE_CHECKPOINT_DIR`` in
-the job's object store and, when the command ends, writes the attempt's exit record and output
-there (the ``aws`` provider's reporter) before the VM powers itself off. The script carries no
+the job's object store (``store:``: ``gs://``, or any scheme the Storage seam serves) and,
+when the command ends, writes the attempt's exit record and output there (``remote_boot``'s
+reporter) before the VM powers itself off. The script carries no
 credentials: the VM's service account (least scopes) supplies them. Status comes from
 ``instances.get`` plus that exit record; a VM that is gone without one was preempted when its
 zone recorded a ``compute.instances.preempted`` operation for it (a preemption, never an error).
@@ -16,14 +17,13 @@ operation, become :class:`CapacityError`: the controller tries the next placemen
 
 ``google-cloud-compute`` is imported only when a provider is built (``pip install
 'spotwise[gcp]'``). Credentials are Application Default Credentials; ``SPOTWISE_GCP_COMPUTE_
-ENDPOINT`` points the clients at another API endpoint (``spotwise emulate gcp-compute``) with
-anonymous credentials.
+ENDPOINT`` (``spotwise.settings``) points the clients at another API endpoint (``spotwise
+emulate gcp-compute``) with anonymous credentials.
 """
 
 from __future__ import annotations
 
 import hashlib
-import os
 import random
 import re
 import time
@@ -40,7 +40,6 @@ from spotwise.control.pricing import catalog_usd_per_hour
 from spotwise.control.providers.base import (
     MARKETS,
     AttemptStatus,
-    CheckpointHome,
     Features,
     Handle,
     LaunchRequest,
@@ -51,6 +50,7 @@ from spotwise.control.providers.base import (
     Pricing,
     parse_options,
 )
+from spotwise.control.providers.jobstore import JobStore
 from spotwise.control.providers.remote_boot import boot_script, copy_log, exit_record
 from spotwise.errors import (
     CapacityError,
@@ -61,13 +61,14 @@ from spotwise.errors import (
     TransientProviderError,
 )
 from spotwise.registry import require
+from spotwise.retry import RetryPolicy
+from spotwise.settings import GCP_COMPUTE_ENDPOINT
 
 if TYPE_CHECKING:
     from spotwise.control.spec import Resources
 
 T = TypeVar("T")
 
-ENDPOINT_ENV = "SPOTWISE_GCP_COMPUTE_ENDPOINT"  # the one place it is read: _clients()
 JOB_LABEL, ATTEMPT_LABEL = "spotwise-job", "spotwise-attempt"
 # insert errors (the call's or its operation's) that mean "no machine here, now"
 CAPACITY_CODES = frozenset({
@@ -91,14 +92,15 @@ BUNDLED_GPU = ("a2-", "a3-", "a4-", "g2-")  # machine types with their GPUs buil
 STORAGE_SCOPE = "https://www.googleapis.com/auth/devstorage.read_write"
 LOGGING_SCOPE = "https://www.googleapis.com/auth/logging.write"
 # never written into a startup script: the service account gives the VM its credentials
-_SECRET_ENV = re.compile(r"SECRET|TOKEN|PASSWORD|CREDENTIALS|^AWS_ACCESS_KEY_ID$")
+_SECRET_ENV = re.compile(r"SECRET|TOKEN|PASSWORD|CREDENTIALS|CONNECTION_STRING|^AWS_ACCESS_KEY_ID$")
 OP_WAIT_S = 600.0  # longest an insert may take before the launch gives up
 
 
 class GcpOptions(Options):
     project: str = Field(pattern=r"^[a-z][-a-z0-9]{4,28}[a-z0-9]$")
     zones: list[str] = Field(min_length=1)
-    s3: str = Field(pattern=r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/.*)?$")
+    store: str | None = None  # gs://bucket/prefix (any object store): see JobStore
+    s3: str | None = None  # store's old spelling (s3:// only), still read
     machine_type: str | None = None  # default: resources.instance_type
     accelerator_type: str | None = None  # default: resources.gpu on an N1 machine type
     accelerator_count: int | None = Field(default=None, ge=1, le=16)
@@ -171,9 +173,7 @@ class GcpProvider:
                     f"provider.gcp.zones: {zone!r} is not a Compute Engine zone",
                     hint="zones are named like us-central1-a (gcloud compute zones list)",
                 )
-        from spotwise.storage.s3 import RetryPolicy, parse_s3_uri
-
-        self.bucket, self.prefix = parse_s3_uri(o.s3)
+        self.store = JobStore(self.name, o.store, o.s3)
         self.features = Features(
             zones=self.zones,
             spot=True,
@@ -181,16 +181,10 @@ class GcpProvider:
             poll_s=o.poll_s,
             grace_s=o.grace_s,
             same_host=False,
-            checkpoints=CheckpointHome(
-                default=f"{self.job_uri('{job_id}')}/checkpoint",
-                durable=("s3://",),
-                hint="give checkpoint_dir as an s3:// URI, or leave it out: each job then "
-                f"checkpoints to {o.s3.rstrip('/')}/<job id>/checkpoint",
-            ),
+            checkpoints=self.store.checkpoints(),
         )
         self.retry = RetryPolicy.from_env()
         self._sleep, self._rand = sleep, random.Random()
-        self._s3: Any = None
         self._gce = require("google.cloud.compute_v1", "gcp", "the gcp provider")
         self._errors = require("google.api_core.exceptions", "gcp", "the gcp provider")
         self._kwargs = self._client_kwargs()
@@ -250,7 +244,7 @@ class GcpProvider:
 
     def _client_kwargs(self) -> dict[str, Any]:
         """Application Default Credentials, or an endpoint override with no credentials."""
-        endpoint = os.environ.get(ENDPOINT_ENV, "").strip()
+        endpoint = GCP_COMPUTE_ENDPOINT.text()
         if endpoint:
             from google.auth.credentials import AnonymousCredentials
 
@@ -364,15 +358,7 @@ class GcpProvider:
                 f"{o.image_project!r}",
                 hint="gcloud compute images list --project " + o.image_project,
             ) from None
-        from spotwise.storage.s3 import S3Storage
-
-        try:
-            S3Storage.from_uri(o.s3).list("")
-        except SpotwiseError as exc:
-            raise ConfigError(
-                f"provider.gcp.s3: {o.s3} is not usable: {exc.message}",
-                hint="create the bucket or fix provider.gcp.s3",
-            ) from None
+        self.store.check()
 
     # --- the protocol ----------------------------------------------------------------------
     def launch(self, req: LaunchRequest) -> Handle:
@@ -445,10 +431,11 @@ class GcpProvider:
 
     def status(self, handle: Handle) -> AttemptStatus:
         vm = self._get(handle["zone"], handle["name"])
-        record = exit_record(self._store(handle))
+        store = self.store.attempt(handle["job"], handle["n"])
+        record = exit_record(store)
         if record is not None:
             if handle.get("log"):
-                copy_log(self._store(handle), Path(handle["log"]), handle["n"], self._where(handle))
+                copy_log(store, Path(handle["log"]), handle["n"], self._where(handle))
             if vm is not None and vm.status != "STOPPING":
                 self.terminate(handle)  # done (powered off, TERMINATED): stop paying for its disk
             code, ended = int(record["exit_code"]), float(record["ended_at"])
@@ -589,9 +576,6 @@ class GcpProvider:
     def _labels(self, req: LaunchRequest) -> dict[str, str]:
         return {JOB_LABEL: label_value(req.job_id), ATTEMPT_LABEL: str(req.n)}
 
-    def job_uri(self, job_id: str) -> str:
-        return f"s3://{self.bucket}/{self.prefix + '/' if self.prefix else ''}{job_id}"
-
     def startup_script(self, req: LaunchRequest) -> str:
         """The VM's startup script (bash; no credentials in it: the service account's)."""
         if req.env_from:
@@ -613,17 +597,9 @@ class GcpProvider:
             python=self.opts.python,
             workdir=self.opts.workdir,
             setup=self.opts.setup,
-            report_uri=f"{self.job_uri(req.job_id)}/attempts/{req.n}",
+            report_uri=self.store.attempt_uri(req.job_id, req.n),
             shutdown_if='[ "${SPOTWISE_GCE_EMULATED:-0}" != 1 ]',
         )
-
-    def _store(self, handle: Handle) -> Any:
-        from spotwise.storage.s3 import S3Storage
-
-        uri = f"{self.job_uri(handle['job'])}/attempts/{handle['n']}"
-        if self._s3 is None:  # one client for every status poll (making one costs seconds)
-            self._s3 = require("boto3", "aws", "an s3:// run dir").session.Session().client("s3")
-        return S3Storage.from_uri(uri, client=self._s3)
 
     def _where(self, handle: Handle) -> str:
         return f"gcp {handle['zone']}/{handle['name']}"

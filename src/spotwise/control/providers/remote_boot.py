@@ -1,16 +1,20 @@
-"""What a cloud VM runs at boot for one attempt, and how its exit comes back through S3.
+"""What a cloud VM runs at boot for one attempt, and how its exit comes back through its store.
 
 A cloud VM's process is out of the controller's sight: the boot script (EC2 user-data, a
 Compute Engine startup script, Azure custom data) runs the job's command, then
-``python -m spotwise.control.providers.aws report`` writes the exit record (``exit.json``) and
-the output (``output.log``) under the attempt's ``s3://`` prefix, where the controller reads
+``python -m spotwise.control.providers.remote_boot report`` writes the exit record
+(``exit.json``) and the output (``output.log``) under the attempt's prefix of the job's object
+store (``s3://``, ``gs://``, ``az://``: through the Storage seam), where the controller reads
 them. The script carries no credentials: the machine's identity supplies them.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import shlex
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -64,7 +68,7 @@ trap 'STOPPING=1' TERM
 CODE=0
 wait "$PID" || CODE=$?
 while kill -0 "$PID" 2>/dev/null; do wait "$PID"; CODE=$?; done
-{shlex.quote(python)} -m spotwise.control.providers.aws report {shlex.quote(report_uri)} \\
+{shlex.quote(python)} -m spotwise.control.providers.remote_boot report {shlex.quote(report_uri)} \\
   --exit-code "$CODE" --started "$STARTED" --stopping "$STOPPING" --log "$LOG"
 if {shutdown_if}; then
   shutdown -h now
@@ -84,7 +88,7 @@ def bash_word(word: str, env: dict[str, str]) -> str:
 
 
 def exit_record(store: Any) -> dict[str, Any] | None:
-    """The attempt's exit record from ``store`` (an ``S3Storage`` at the attempt's prefix),
+    """The attempt's exit record from ``store`` (a ``Storage`` at the attempt's prefix),
     or None while there is none (object stores write whole objects: a malformed one is not
     ours, so no exit is known)."""
     try:
@@ -110,3 +114,36 @@ def copy_log(store: Any, log: Path, n: int, where: str) -> None:
     with open(log, "ab") as f:
         f.write(f"[spotwise] attempt {n} on {where}\n".encode() + text)
     marker.touch()
+
+
+def report(argv: list[str] | None = None) -> int:
+    """On the machine: write the attempt's exit record and output to its store (the
+    machine identity's credentials), so the controller learns the exit code of a process it
+    cannot see."""
+    from spotwise.storage import open_storage
+
+    parser = argparse.ArgumentParser(prog="python -m spotwise.control.providers.remote_boot report")
+    parser.add_argument("uri")
+    parser.add_argument("--exit-code", type=int, required=True)
+    parser.add_argument("--started", type=float, required=True)
+    parser.add_argument("--stopping", type=int, default=0, help="1: the machine was shutting down")
+    parser.add_argument("--log", type=Path)
+    args = parser.parse_args(argv)
+    store = open_storage(args.uri)
+    if args.log is not None and args.log.exists():
+        store.put_bytes("output.log", args.log.read_bytes())
+        sys.stdout.write(args.log.read_text(errors="replace")[-4000:])  # the console log
+    record = {
+        "exit_code": args.exit_code,
+        "started_at": args.started,
+        "ended_at": time.time(),
+        "stopping": bool(args.stopping),
+    }
+    store.put_bytes("exit.json", json.dumps(record).encode())
+    return 0
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] != ["report"]:
+        sys.exit("usage: python -m spotwise.control.providers.remote_boot report URI --exit-code N")
+    sys.exit(report(sys.argv[2:]))
