@@ -41,7 +41,7 @@ def azure_compute(
     duration: float = typer.Option(None, help="Stop after this many seconds."),
 ) -> None:
     """Emulate Azure Resource Manager (VMs, disks, NICs) + S3 on 127.0.0.1."""
-    from spotwise.cli.emulate import listen, loopback_aws, serve_until
+    from spotwise.cli._emulate_serve import listen, loopback_aws, serve_until
     from spotwise.emulators.azure_compute import SUBSCRIPTION
 
     aws = loopback_aws(s3_port, bucket, "azure-compute")

@@ -57,7 +57,7 @@ def gcp_compute(
     from spotwise.registry import require
 
     require("google.cloud.compute_v1", "gcp", "spotwise emulate gcp-compute")
-    from spotwise.cli.emulate import listen, loopback_aws, serve_until
+    from spotwise.cli._emulate_serve import listen, loopback_aws, serve_until
     from spotwise.control.providers.gcp import ENDPOINT_ENV
     from spotwise.emulators.gcp_compute import GcpComputeEmulator
 

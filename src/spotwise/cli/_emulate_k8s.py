@@ -54,7 +54,7 @@ def kubernetes(
     duration: float = typer.Option(None, help="Stop after this many seconds."),
 ) -> None:
     """Emulate a Kubernetes cluster with a spot GPU pool (API subset, pods as processes)."""
-    from spotwise.cli.emulate import listen
+    from spotwise.cli._emulate_serve import listen
     from spotwise.emulators.kubernetes import KubernetesEmulator, pool_nodes
     from spotwise.emulators.kueue import quantity
 

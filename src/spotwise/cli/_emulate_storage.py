@@ -53,7 +53,7 @@ def _run(
     fault_count: int | None,
     duration: float | None,
 ) -> None:
-    from spotwise.cli.emulate import listen, serve_until
+    from spotwise.cli._emulate_serve import listen, serve_until
 
     for name in names:
         try:
