@@ -19,13 +19,12 @@ from __future__ import annotations
 import io
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import IO, Any
 
 import crc32c
 
-from spotwise.checkpoint.durable import write_atomic
 from spotwise.errors import (
     ConfigError,
     StorageNotFoundError,
@@ -38,12 +37,10 @@ from spotwise.storage.objectstore import (
     ErrorTable,
     Failure,
     MiB,
-    check_prefix,
     crc_hex,
     file_crc,
     integrity_error,
     is_network_error,
-    stream_crc,
 )
 
 CRC_KEY = "spotwise_crc32c"
@@ -225,31 +222,14 @@ class AzureBlobStorage(BucketStore):
         self._call(
             f"get {key!r}", lambda: self._client.get_blob_client(full).get_blob_properties()
         )  # a missing blob fails before any file is made
-        dest.parent.mkdir(parents=True, exist_ok=True)
-
-        def fill(out: IO[bytes]) -> None:
-            def fetch() -> int | None:
-                out.seek(0)
-                out.truncate()
-                return self._download(full, out)
-
-            expected = self._call(f"get {key!r}", fetch)
-            out.flush()
-            out.seek(0)
-            if expected is not None and stream_crc(out) != expected:
-                raise integrity_error(self.uri, key)
-
-        write_atomic(dest, fill)
+        self._download_whole(key, dest, lambda out: self._download(full, out))
 
     def list(self, prefix: str = "") -> list[ObjectInfo]:
-        check_prefix(prefix)
-        root = self._root
+        def entries(full: str) -> Iterable[tuple[str, int]]:
+            blobs = self._client.list_blobs(name_starts_with=full)
+            return ((b.name, int(b.size or 0)) for b in blobs)
 
-        def collect() -> list[ObjectInfo]:
-            blobs = self._client.list_blobs(name_starts_with=root + prefix)
-            return [ObjectInfo(b.name[len(root) :], int(b.size or 0)) for b in blobs]
-
-        return sorted(self._call(f"list {prefix!r}", collect), key=lambda o: o.key)
+        return self._listing(prefix, entries)
 
     def delete(self, key: str) -> None:
         full = self._full(key)

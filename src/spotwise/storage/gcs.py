@@ -13,13 +13,12 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import IO, Any
 
 import crc32c
 
-from spotwise.checkpoint.durable import write_atomic
 from spotwise.errors import (
     ConfigError,
     StorageNotFoundError,
@@ -32,13 +31,11 @@ from spotwise.storage.objectstore import (
     ErrorTable,
     Failure,
     MiB,
-    check_prefix,
     crc_metadata,
     expected_crc,
     file_crc,
     integrity_error,
     is_network_error,
-    stream_crc,
 )
 
 log = logging.getLogger(__name__)
@@ -184,39 +181,26 @@ class GCSStorage(BucketStore):
         full = self._full(key)
         dest = Path(dest)
         self._stat(key, full)  # a missing object fails before any file is made
-        dest.parent.mkdir(parents=True, exist_ok=True)
 
-        def fill(out: IO[bytes]) -> None:
-            def fetch() -> int | None:
-                out.seek(0)
-                out.truncate()
-                blob = self._blob(full)
-                blob.reload(retry=None, timeout=self.timeout)
-                blob.download_to_file(
-                    out, retry=None, timeout=self.timeout, checksum="crc32c",
-                    if_generation_match=blob.generation,
-                )  # fmt: skip
-                return expected_crc(blob.metadata)
+        def download(out: IO[bytes]) -> int | None:
+            blob = self._blob(full)
+            blob.reload(retry=None, timeout=self.timeout)
+            blob.download_to_file(
+                out, retry=None, timeout=self.timeout, checksum="crc32c",
+                if_generation_match=blob.generation,
+            )  # fmt: skip
+            return expected_crc(blob.metadata)
 
-            expected = self._call(f"get {key!r}", fetch)
-            out.flush()
-            out.seek(0)
-            if expected is not None and stream_crc(out) != expected:
-                raise integrity_error(self.uri, key)
-
-        write_atomic(dest, fill)
+        self._download_whole(key, dest, download)
 
     def list(self, prefix: str = "") -> list[ObjectInfo]:
-        check_prefix(prefix)
-        root = self._root
-
-        def collect() -> list[ObjectInfo]:
+        def entries(full: str) -> Iterable[tuple[str, int]]:
             blobs = self._client.list_blobs(
-                self._bucket, prefix=root + prefix, retry=None, timeout=self.timeout
+                self._bucket, prefix=full, retry=None, timeout=self.timeout
             )
-            return [ObjectInfo(b.name[len(root) :], int(b.size or 0)) for b in blobs]
+            return ((b.name, int(b.size or 0)) for b in blobs)
 
-        return sorted(self._call(f"list {prefix!r}", collect), key=lambda o: o.key)
+        return self._listing(prefix, entries)
 
     def delete(self, key: str) -> None:
         full = self._full(key)

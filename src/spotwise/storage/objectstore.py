@@ -12,7 +12,7 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
@@ -20,6 +20,7 @@ from typing import IO, Any, ClassVar, TypeVar
 
 import crc32c
 
+from spotwise.checkpoint.durable import write_atomic
 from spotwise.errors import (
     ConfigError,
     IntegrityError,
@@ -29,7 +30,7 @@ from spotwise.errors import (
     TransientStorageError,
 )
 from spotwise.retry import RetryPolicy
-from spotwise.storage.base import validate_key
+from spotwise.storage.base import ObjectInfo, validate_key
 
 log = logging.getLogger(__name__)
 
@@ -231,6 +232,40 @@ class BucketStore:
     def _call(self, what: str, fn: Callable[[], T]) -> T:
         """Run ``fn`` with retries on transient failures; translate the final failure."""
         return self._edge.call(what, fn)
+
+    def _listing(
+        self, prefix: str, entries: Callable[[str], Iterable[tuple[str, int]]]
+    ) -> list[ObjectInfo]:
+        """The objects under ``prefix``, sorted; ``entries(full_prefix)`` yields the vendor's
+        (full key, size) pairs."""
+        check_prefix(prefix)
+        root = self._root
+
+        def collect() -> list[ObjectInfo]:
+            return [ObjectInfo(name[len(root) :], size) for name, size in entries(root + prefix)]
+
+        return sorted(self._call(f"list {prefix!r}", collect), key=lambda o: o.key)
+
+    def _download_whole(
+        self, key: str, dest: Path, download: Callable[[IO[bytes]], int | None]
+    ) -> None:
+        """Fill ``dest`` atomically by ``download(out)`` (which returns the CRC32C recorded at
+        upload, or None), retried from the start, then checked; the object is known to exist."""
+        dest.parent.mkdir(parents=True, exist_ok=True)
+
+        def fill(out: IO[bytes]) -> None:
+            def fetch() -> int | None:
+                out.seek(0)
+                out.truncate()
+                return download(out)
+
+            expected = self._call(f"get {key!r}", fetch)
+            out.flush()
+            out.seek(0)
+            if expected is not None and stream_crc(out) != expected:
+                raise integrity_error(self.uri, key)
+
+        write_atomic(dest, fill)
 
     def _translate(self, what: str, exc: BaseException, kind: Failure, attempts: int) -> Exception:
         table, where = self.errors, f"{what} at {self.uri}"

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,7 +36,6 @@ from spotwise.storage.objectstore import (
     ErrorTable,
     Failure,
     MiB,
-    check_prefix,
     crc_metadata,
     expected_crc,
     file_crc,
@@ -425,18 +424,15 @@ class S3Storage(BucketStore):
         self._call(f"get {key!r} bytes {offset}-{end - 1}", stream)
 
     def list(self, prefix: str = "") -> list[ObjectInfo]:
-        check_prefix(prefix)
-        root = self._root
-
-        def collect() -> list[ObjectInfo]:
+        def entries(full: str) -> Iterable[tuple[str, int]]:
             paginator = self._client.get_paginator("list_objects_v2")
-            found: list[ObjectInfo] = []
-            for page in paginator.paginate(Bucket=self.bucket, Prefix=root + prefix):
-                for obj in page.get("Contents", []):
-                    found.append(ObjectInfo(obj["Key"][len(root) :], int(obj["Size"])))
-            return found
+            return [
+                (obj["Key"], int(obj["Size"]))
+                for page in paginator.paginate(Bucket=self.bucket, Prefix=full)
+                for obj in page.get("Contents", [])
+            ]
 
-        return sorted(self._call(f"list {prefix!r}", collect), key=lambda o: o.key)
+        return self._listing(prefix, entries)
 
     def delete(self, key: str) -> None:
         full = self._full(key)
