@@ -56,7 +56,7 @@ def kubernetes(
     """Emulate a Kubernetes cluster with a spot GPU pool (API subset, pods as processes)."""
     from spotwise.cli._emulate_serve import listen
     from spotwise.emulators.kubernetes import KubernetesEmulator, pool_nodes
-    from spotwise.emulators.kueue import quantity
+    from spotwise.emulators.kubernetes.kueue import quantity
 
     quota: dict[str, str] = {}
     for item in kueue_quota:
