@@ -232,16 +232,7 @@ class AzureBlobStorage(BucketStore):
         return self._listing(prefix, entries)
 
     def delete(self, key: str) -> None:
-        full = self._full(key)
-
-        def remove() -> None:
-            try:
-                self._client.get_blob_client(full).delete_blob()
-            except Exception as exc:
-                if classify(exc) is not Failure.NOT_FOUND:  # a missing container is still an error
-                    raise
-
-        self._call(f"delete {key!r}", remove)
+        self._delete(key, lambda full: self._client.get_blob_client(full).delete_blob())
 
     # -- compare-and-swap (ObjectLeases) ---------------------------------------------------------
     def put_if(self, key: str, data: bytes, *, etag: str | None) -> str | None:

@@ -203,16 +203,7 @@ class GCSStorage(BucketStore):
         return self._listing(prefix, entries)
 
     def delete(self, key: str) -> None:
-        full = self._full(key)
-
-        def remove() -> None:
-            try:
-                self._blob(full).delete(retry=None, timeout=self.timeout)
-            except Exception as exc:
-                if classify(exc) is not Failure.NOT_FOUND:  # a missing bucket is still an error
-                    raise
-
-        self._call(f"delete {key!r}", remove)
+        self._delete(key, lambda full: self._blob(full).delete(retry=None, timeout=self.timeout))
 
     # -- compare-and-swap (ObjectLeases) ---------------------------------------------------------
     def put_if(self, key: str, data: bytes, *, etag: str | None) -> str | None:

@@ -246,6 +246,19 @@ class BucketStore:
 
         return sorted(self._call(f"list {prefix!r}", collect), key=lambda o: o.key)
 
+    def _delete(self, key: str, remove: Callable[[str], None]) -> None:
+        """``remove(full key)``, where an object already gone is no error (a missing bucket is)."""
+        full = self._full(key)
+
+        def attempt() -> None:
+            try:
+                remove(full)
+            except Exception as exc:
+                if self.errors.classify(exc) is not Failure.NOT_FOUND:
+                    raise
+
+        self._call(f"delete {key!r}", attempt)
+
     def _download_whole(
         self, key: str, dest: Path, download: Callable[[IO[bytes]], int | None]
     ) -> None:
