@@ -19,8 +19,7 @@ from spotwise.control.controller import launch_request
 from spotwise.control.providers import Phase, Placement
 from spotwise.control.providers.kubernetes import KubernetesProvider
 from spotwise.control.spec import Resources, parse_spec
-from spotwise.emulators.kubelet import NodeSpec
-from spotwise.emulators.kubernetes import KubernetesEmulator, pool_nodes
+from spotwise.emulators.kubernetes import KubernetesEmulator, NodeSpec, pool_nodes
 from spotwise.errors import CapacityError
 
 from .conftest import controller_thread, wait_until

@@ -195,7 +195,7 @@ def test_job_file_forms(tmp_path: Path):
 
 def test_archives_go_beside_the_checkpoints(tmp_path: Path):
     from spotwise.control.providers.base import CheckpointHome, Features
-    from spotwise.control.workdir import archive_home
+    from spotwise.control.workdir_home import archive_home
 
     here = Features(zones=("local",))
     assert archive_home(here, None, tmp_path / "workdirs") == str(tmp_path / "workdirs")

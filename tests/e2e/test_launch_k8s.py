@@ -18,8 +18,7 @@ import yaml
 from kubernetes import client, config
 
 from spotwise.control.spec import load_spec
-from spotwise.emulators.kubelet import NodeSpec
-from spotwise.emulators.kubernetes import KubernetesEmulator, pool_nodes
+from spotwise.emulators.kubernetes import KubernetesEmulator, NodeSpec, pool_nodes
 
 from .conftest import HASH, SPOTWISE, cli
 

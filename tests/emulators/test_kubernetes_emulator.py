@@ -16,8 +16,7 @@ import pytest
 from kubernetes import client, config, watch
 
 from spotwise.emulators import machine_root
-from spotwise.emulators.kubelet import NodeSpec
-from spotwise.emulators.kubernetes import KubernetesEmulator
+from spotwise.emulators.kubernetes import KubernetesEmulator, NodeSpec
 
 NS = "default"
 # saves on SIGTERM by exiting 75, like spotwise.Run after a notice

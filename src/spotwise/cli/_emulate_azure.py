@@ -48,8 +48,8 @@ def azure_compute(
     duration: float = typer.Option(None, help="Stop after this many seconds."),
 ) -> None:
     """Emulate Azure Resource Manager (VMs, disks, NICs) + Blob Storage or S3 on 127.0.0.1."""
+    from spotwise.cli._emulate_serve import listen, serve_until
     from spotwise.cli._emulate_storage import loopback_store
-    from spotwise.cli.emulate import listen, serve_until
     from spotwise.emulators.azure_compute import SUBSCRIPTION
     from spotwise.settings import AZURE_ENDPOINT_URL
 

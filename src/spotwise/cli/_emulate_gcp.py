@@ -61,8 +61,8 @@ def gcp_compute(
     from spotwise.registry import require
 
     require("google.cloud.compute_v1", "gcp", "spotwise emulate gcp-compute")
+    from spotwise.cli._emulate_serve import listen, serve_until
     from spotwise.cli._emulate_storage import loopback_store
-    from spotwise.cli.emulate import listen, serve_until
     from spotwise.emulators.gcp_compute import GcpComputeEmulator
     from spotwise.settings import GCP_COMPUTE_ENDPOINT
 

@@ -54,9 +54,9 @@ def kubernetes(
     duration: float = typer.Option(None, help="Stop after this many seconds."),
 ) -> None:
     """Emulate a Kubernetes cluster with a spot GPU pool (API subset, pods as processes)."""
-    from spotwise.cli.emulate import listen
+    from spotwise.cli._emulate_serve import listen
     from spotwise.emulators.kubernetes import KubernetesEmulator, pool_nodes
-    from spotwise.emulators.kueue import quantity
+    from spotwise.emulators.kubernetes.kueue import quantity
 
     quota: dict[str, str] = {}
     for item in kueue_quota:

@@ -55,7 +55,7 @@ def _run(
     fault_count: int | None,
     duration: float | None,
 ) -> None:
-    from spotwise.cli.emulate import listen, serve_until
+    from spotwise.cli._emulate_serve import listen, serve_until
 
     _add(emu, names, option)
     if fault:
@@ -85,7 +85,7 @@ def loopback_store(
     """The job store (``gs``: the GCS double, ``az``: the Azure Blob double, ``s3``: moto) with
     ``buckets`` in it, started for ``spotwise emulate COMMAND``: the variables a client (the
     controller, the double's machines) needs, and its stop."""
-    from spotwise.cli.emulate import listen, loopback_aws
+    from spotwise.cli._emulate_serve import listen, loopback_aws
 
     if scheme == "s3":
         aws = loopback_aws(port, buckets, command)

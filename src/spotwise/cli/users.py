@@ -119,7 +119,7 @@ def tokens_create(
     ),
 ) -> None:
     """Create a token and print it, once: it is stored hashed and cannot be shown again."""
-    from spotwise.control.spec import parse_duration_s
+    from spotwise.durations import parse_duration_s
     from spotwise.errors import ConfigError
     from spotwise.server.auth import create_token
 

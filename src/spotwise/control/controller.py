@@ -65,7 +65,8 @@ from spotwise.control.secret_refs import file_values
 from spotwise.control.spec import JobSpec, stored_spec
 from spotwise.control.store import Attempt, Job, JobState, Store, spotwise_home
 from spotwise.control.store.core import Guard
-from spotwise.control.workdir import ARCHIVES, CodeArchive, split_workdir, submit_workdir
+from spotwise.control.workdir import ARCHIVES, CodeArchive, split_workdir
+from spotwise.control.workdir_home import submit_workdir
 from spotwise.errors import (
     BudgetError,
     CapacityError,

@@ -30,6 +30,7 @@ from pydantic import (
 )
 
 from spotwise.control.jobfile import printable, read_job_file, shown, value_problems
+from spotwise.control.resources import Resources
 from spotwise.control.secret_refs import SecretRef, check_refs, missing_files, plain_secret_keys
 from spotwise.control.workdir import split_workdir
 from spotwise.durations import DURATION, parse_duration_s
@@ -92,16 +93,6 @@ def _is_date(text: str) -> bool:
     except ValueError:
         return False
     return True
-
-
-class Resources(BaseModel):
-    """What one machine must have. ``gpu`` is a catalog name (V100, A100...) or absent."""
-
-    model_config = ConfigDict(extra="forbid")
-    gpu: str | None = None
-    gpu_count: int = Field(default=0, ge=0, le=64)
-    instance_type: str | None = None  # e.g. p3.2xlarge: what the sim bills and SLURM ignores
-    cpus: int = Field(default=1, ge=1, le=1024)
 
 
 class ProviderSpec(BaseModel):

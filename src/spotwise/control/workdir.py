@@ -21,8 +21,8 @@ that runs exactly the code that was submitted, on every provider, resumes includ
 - **From a server's client** (``spotwise.server.uploads``): the client packs here, uploads
   the archive by its digest, and the server stores it as below (``uploaded``), never reading
   the client's folder.
-- **Where**: beside the job's checkpoints, through the storage seam: the controller's
-  ``$SPOTWISE_HOME/workdirs/`` for machines on its host (local, sim, slurm), else
+- **Where** (``workdir_home``): beside the job's checkpoints, through the storage seam: the
+  controller's ``$SPOTWISE_HOME/workdirs/`` for machines on its host (local, sim, slurm), else
   ``workdirs/`` next to the job's object-store checkpoint directory (``s3://.../workdirs/``).
 - **Unpacking** (``python -m spotwise.control.workdir unpack|run``, the one step every
   provider's bootstrap calls): the sha256 is verified before the archive is opened; absolute
@@ -49,12 +49,8 @@ import tempfile
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import TYPE_CHECKING
 
 from spotwise.errors import ConfigError
-
-if TYPE_CHECKING:
-    from spotwise.control.providers.base import Features
 
 PACK, REMOTE = "pack:", "remote:"
 MAX_BYTES = 100 * 2**20  # of files before compression: code, configs, small assets
@@ -316,23 +312,6 @@ class _Hashing(io.RawIOBase):
         return self._out.write(data)
 
 
-def archive_home(features: Features, checkpoint_dir: str | None, local: Path) -> str | None:
-    """The store a job's archives go to, beside its checkpoints: ``local`` (the controller's
-    ``$SPOTWISE_HOME/workdirs``) where the machines share the controller's disk, else
-    ``workdirs/`` next to the job's object-store checkpoint directory; None where the
-    controller cannot write what the machines read (a cluster's volume)."""
-    if features.checkpoints is None:
-        return str(local)
-    where = checkpoint_dir or features.checkpoints.default
-    if where is None or "://" not in where:
-        return None
-    if "{job_id}" in where:  # the provider's default: the folder of every job's folder
-        return f"{where.split('/{job_id}', 1)[0].rstrip('/')}/{ARCHIVES}"
-    scheme, rest = where.rstrip("/").split("://", 1)
-    parent = rest.rsplit("/", 1)[0] if "/" in rest else rest
-    return f"{scheme}://{parent}/{ARCHIVES}"
-
-
 def submit_archive(root: Path, home: str, *, upload: bool = True) -> CodeArchive:
     """Pack ``root`` and store it under ``home`` (kept if that digest is already there);
     without ``upload``, only its name (what ``launch --dry-run`` shows)."""
@@ -363,37 +342,6 @@ def store_uploaded(sha256: str, uploads: Path, home: str) -> CodeArchive:
     archive = CodeArchive(home, sha256)
     _store(archive, uploads / packed.key)
     return archive
-
-
-def submit_workdir(
-    workdir: str,
-    features: Features,
-    checkpoint_dir: str | None,
-    local: Path,
-    provider: str,
-    *,
-    upload: bool = True,
-    uploaded: str | None = None,
-) -> str | None:
-    """At submit: a ``pack:`` workdir packed and stored (what the job store keeps as
-    ``workdir_archive``); None for any other workdir. Refused, before the job exists, when
-    over the limit or when the provider's machines read no store the controller can write.
-    ``uploaded``: the sha256 of the archive a server's client packed and uploaded to
-    ``local``, stored in place of packing ``PATH`` (which is on the client's machine)."""
-    kind, path = split_workdir(workdir)
-    if kind != "pack":
-        return None
-    home = archive_home(features, checkpoint_dir, local)
-    if home is None:
-        raise ConfigError(
-            f"workdir: {workdir!r}: the {provider} machines read checkpoints from a volume "
-            "the controller cannot write, so the packed code could not reach them",
-            hint="give checkpoint_dir as an s3:// URI (the archive goes beside it), or put "
-            "the code on the image and write workdir: remote:/path/in/the/image",
-        )
-    if uploaded is not None:
-        return str(store_uploaded(uploaded, local, home))
-    return str(submit_archive(Path(path), home, upload=upload))
 
 
 # --- unpacking ------------------------------------------------------------------------------

@@ -19,38 +19,30 @@ from __future__ import annotations
 import io
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import IO, Any, TypeVar
+from typing import IO, Any
 
 import crc32c
 
-from spotwise.checkpoint.durable import write_atomic
 from spotwise.errors import (
     ConfigError,
-    StorageError,
     StorageNotFoundError,
-    StoragePermissionError,
-    TransientStorageError,
 )
 from spotwise.registry import require
 from spotwise.retry import RetryPolicy
-from spotwise.storage.base import ObjectInfo, validate_key
+from spotwise.storage.base import ObjectInfo
 from spotwise.storage.objectstore import (
-    Edge,
+    BucketStore,
+    ErrorTable,
     Failure,
     MiB,
-    brief,
-    check_prefix,
     crc_hex,
     file_crc,
     integrity_error,
     is_network_error,
-    parse_bucket_uri,
-    stream_crc,
 )
 
-T = TypeVar("T")
 CRC_KEY = "spotwise_crc32c"
 _FEATURE = "az:// checkpoint storage"
 _ENV_HINT = (
@@ -88,8 +80,20 @@ def _lost_race(exc: BaseException) -> bool:
     return getattr(exc, "status_code", None) in (409, 412)
 
 
-class AzureBlobStorage:
+class AzureBlobStorage(BucketStore):
     """A key space under ``az://container/prefix``; implements the ``Storage`` protocol."""
+
+    scheme = "az"
+    errors = ErrorTable(
+        classify,
+        vendor="Azure",
+        container="container",
+        create="az storage container create -n {name}",
+        check="check AZURE_STORAGE_ACCOUNT / the connection string",
+        permission_hint=f"{_ENV_HINT}; the identity needs the 'Storage Blob Data Contributor' "
+        "role on the container",
+        retry_hint="check the account URL and network, or raise RetryPolicy.max_attempts",
+    )
 
     def __init__(
         self,
@@ -106,28 +110,14 @@ class AzureBlobStorage:
         client: Any = None,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
-        if not container or "/" in container:
-            raise ConfigError(
-                f"invalid Azure container name {container!r}", hint="use az://container/prefix"
-            )
+        self._locate(container, prefix, retry, sleep)
         if max_concurrency < 1 or block_size < 1:
             raise ConfigError("block_size and max_concurrency must be >= 1")
         self.container = container
-        self.prefix = prefix.strip("/")
-        if self.prefix:
-            validate_key(self.prefix)
-        self.uri = f"az://{container}/{self.prefix}" if self.prefix else f"az://{container}"
         self.max_concurrency = max_concurrency
-        self.retry = retry or RetryPolicy.from_env()
-        self._edge = Edge(classify, self._translate, self.retry, sleep)
         self._client = client or self._connect(
             connection_string, account_url, credential, block_size, timeout_s
         )
-
-    @classmethod
-    def from_uri(cls, uri: str, **options: Any) -> AzureBlobStorage:
-        container, prefix = parse_bucket_uri(uri, "az", "container")
-        return cls(container, prefix, **options)
 
     def _connect(
         self,
@@ -175,38 +165,6 @@ class AzureBlobStorage:
                 f"invalid Azure storage account URL {account_url!r}",
                 hint="use https://ACCOUNT.blob.core.windows.net (or an emulator's URL)",
             ) from exc
-
-    # -- helpers ---------------------------------------------------------------------------------
-    def _full(self, key: str) -> str:
-        validate_key(key)
-        return f"{self.prefix}/{key}" if self.prefix else key
-
-    def _call(self, what: str, fn: Callable[[], T]) -> T:
-        return self._edge.call(what, fn)
-
-    def _translate(self, what: str, exc: BaseException, kind: Failure, attempts: int) -> Exception:
-        where = f"{what} at {self.uri}"
-        if kind is Failure.NO_BUCKET:
-            return StorageNotFoundError(
-                f"Azure container {self.container!r} does not exist ({where})",
-                hint=f"create it (az storage container create -n {self.container}) or fix the "
-                "container in the URI; check AZURE_STORAGE_ACCOUNT / the connection string",
-            )
-        if kind is Failure.NOT_FOUND:
-            return StorageNotFoundError(f"not found: {where}")
-        if kind is Failure.PERMISSION:
-            return StoragePermissionError(
-                f"Azure refused access: {where} ({brief(exc)})",
-                hint=f"{_ENV_HINT}; the identity needs the 'Storage Blob Data Contributor' role "
-                "on the container",
-            )
-        if kind is Failure.RETRY:
-            return TransientStorageError(
-                f"{where} still failing after {attempts} attempts ({brief(exc)})",
-                hint="the store is throttling, erroring or unreachable; check the account URL "
-                "and network, or raise RetryPolicy.max_attempts",
-            )
-        return StorageError(f"{where} failed: {brief(exc)}")
 
     def _upload(self, full: str, data: Any, crc: int, length: int, **conditions: Any) -> Any:
         return self._client.get_blob_client(full).upload_blob(
@@ -264,43 +222,17 @@ class AzureBlobStorage:
         self._call(
             f"get {key!r}", lambda: self._client.get_blob_client(full).get_blob_properties()
         )  # a missing blob fails before any file is made
-        dest.parent.mkdir(parents=True, exist_ok=True)
-
-        def fill(out: IO[bytes]) -> None:
-            def fetch() -> int | None:
-                out.seek(0)
-                out.truncate()
-                return self._download(full, out)
-
-            expected = self._call(f"get {key!r}", fetch)
-            out.flush()
-            out.seek(0)
-            if expected is not None and stream_crc(out) != expected:
-                raise integrity_error(self.uri, key)
-
-        write_atomic(dest, fill)
+        self._download_whole(key, dest, lambda out: self._download(full, out))
 
     def list(self, prefix: str = "") -> list[ObjectInfo]:
-        check_prefix(prefix)
-        root = f"{self.prefix}/" if self.prefix else ""
+        def entries(full: str) -> Iterable[tuple[str, int]]:
+            blobs = self._client.list_blobs(name_starts_with=full)
+            return ((b.name, int(b.size or 0)) for b in blobs)
 
-        def collect() -> list[ObjectInfo]:
-            blobs = self._client.list_blobs(name_starts_with=root + prefix)
-            return [ObjectInfo(b.name[len(root) :], int(b.size or 0)) for b in blobs]
-
-        return sorted(self._call(f"list {prefix!r}", collect), key=lambda o: o.key)
+        return self._listing(prefix, entries)
 
     def delete(self, key: str) -> None:
-        full = self._full(key)
-
-        def remove() -> None:
-            try:
-                self._client.get_blob_client(full).delete_blob()
-            except Exception as exc:
-                if classify(exc) is not Failure.NOT_FOUND:  # a missing container is still an error
-                    raise
-
-        self._call(f"delete {key!r}", remove)
+        self._delete(key, lambda full: self._client.get_blob_client(full).delete_blob())
 
     # -- compare-and-swap (ObjectLeases) ---------------------------------------------------------
     def put_if(self, key: str, data: bytes, *, etag: str | None) -> str | None:
@@ -341,7 +273,3 @@ class AzureBlobStorage:
             return downloader.readall(), str(downloader.properties.etag)
 
         return self._call(f"get {key!r}", fetch)
-
-    @property
-    def retries(self) -> int:
-        return self._edge.retries

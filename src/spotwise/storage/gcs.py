@@ -13,42 +13,33 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import IO, Any, TypeVar
+from typing import IO, Any
 
 import crc32c
 
-from spotwise.checkpoint.durable import write_atomic
 from spotwise.errors import (
     ConfigError,
-    IntegrityError,
-    StorageError,
     StorageNotFoundError,
-    StoragePermissionError,
-    TransientStorageError,
 )
 from spotwise.registry import require
 from spotwise.retry import RetryPolicy
-from spotwise.storage.base import ObjectInfo, validate_key
+from spotwise.storage.base import ObjectInfo
 from spotwise.storage.objectstore import (
-    Edge,
+    BucketStore,
+    ErrorTable,
     Failure,
     MiB,
-    brief,
-    check_prefix,
     crc_metadata,
     expected_crc,
     file_crc,
     integrity_error,
     is_network_error,
-    parse_bucket_uri,
-    stream_crc,
 )
 
 log = logging.getLogger(__name__)
 
-T = TypeVar("T")
 _RESUMABLE_QUANTUM = 256 * 1024  # GCS resumable chunks are multiples of 256 KiB
 
 
@@ -78,8 +69,22 @@ def _names_bucket(message: str) -> bool:
     return "bucket does not exist" in message.lower()
 
 
-class GCSStorage:
+class GCSStorage(BucketStore):
     """A key space under ``gs://bucket/prefix``; implements the ``Storage`` protocol."""
+
+    scheme = "gs"
+    errors = ErrorTable(
+        classify,
+        vendor="GCS",
+        container="bucket",
+        create="gcloud storage buckets create gs://{name}",
+        check="check STORAGE_EMULATOR_HOST if you use an emulator",
+        permission_hint="run `gcloud auth application-default login` or set "
+        "GOOGLE_APPLICATION_CREDENTIALS to a service-account key file; the identity needs "
+        "roles/storage.objectUser on the bucket",
+        retry_hint="check the network (and STORAGE_EMULATOR_HOST), or raise "
+        "RetryPolicy.max_attempts",
+    )
 
     def __init__(
         self,
@@ -93,68 +98,17 @@ class GCSStorage:
         client: Any = None,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
-        if not bucket or "/" in bucket:
-            raise ConfigError(f"invalid GCS bucket name {bucket!r}", hint="use gs://bucket/prefix")
+        self._locate(bucket, prefix, retry, sleep)
         if chunk_size <= 0 or chunk_size % _RESUMABLE_QUANTUM:
             raise ConfigError(
                 f"GCS chunk_size {chunk_size} is not a positive multiple of 256 KiB",
                 hint="use e.g. chunk_size=32 * 1024 * 1024",
             )
         self.bucket_name = bucket
-        self.prefix = prefix.strip("/")
-        if self.prefix:
-            validate_key(self.prefix)
-        self.uri = f"gs://{bucket}/{self.prefix}" if self.prefix else f"gs://{bucket}"
         self.chunk_size = chunk_size  # objects above 8 MiB go up as resumable uploads of this
         self.timeout = timeout_s  # (connect, read) seconds
-        self.retry = retry or RetryPolicy.from_env()
-        self._edge = Edge(classify, self._translate, self.retry, sleep)
         self._client = client or self._connect(project)
         self._bucket = self._client.bucket(bucket)
-
-    @classmethod
-    def from_uri(cls, uri: str, **options: Any) -> GCSStorage:
-        bucket, prefix = parse_bucket_uri(uri, "gs")
-        return cls(bucket, prefix, **options)
-
-    # -- helpers ---------------------------------------------------------------------------------
-    def _full(self, key: str) -> str:
-        validate_key(key)
-        return f"{self.prefix}/{key}" if self.prefix else key
-
-    def _call(self, what: str, fn: Callable[[], T]) -> T:
-        return self._edge.call(what, fn)
-
-    def _translate(self, what: str, exc: BaseException, kind: Failure, attempts: int) -> Exception:
-        where = f"{what} at {self.uri}"
-        if kind is Failure.NO_BUCKET:
-            return StorageNotFoundError(
-                f"GCS bucket {self.bucket_name!r} does not exist ({where})",
-                hint=f"create it (gcloud storage buckets create gs://{self.bucket_name}) or fix "
-                "the bucket in the URI; check STORAGE_EMULATOR_HOST if you use an emulator",
-            )
-        if kind is Failure.NOT_FOUND:
-            return StorageNotFoundError(f"not found: {where}")
-        if kind is Failure.PERMISSION:
-            return StoragePermissionError(
-                f"GCS refused access: {where} ({brief(exc)})",
-                hint="run `gcloud auth application-default login` or set "
-                "GOOGLE_APPLICATION_CREDENTIALS to a service-account key file; the identity "
-                "needs roles/storage.objectUser on the bucket",
-            )
-        if kind is Failure.CORRUPT:
-            return IntegrityError(
-                f"{where}: the bytes received failed GCS's CRC32C on every one of {attempts} "
-                "attempts",
-                hint="the stored object is corrupt; use an older checkpoint",
-            )
-        if kind is Failure.RETRY:
-            return TransientStorageError(
-                f"{where} still failing after {attempts} attempts ({brief(exc)})",
-                hint="the store is throttling, erroring or unreachable; check the network (and "
-                "STORAGE_EMULATOR_HOST), or raise RetryPolicy.max_attempts",
-            )
-        return StorageError(f"{where} failed: {brief(exc)}")
 
     def _connect(self, project: str | None) -> Any:
         storage = require("google.cloud.storage", "gcs", "gs:// checkpoint storage")
@@ -227,51 +181,29 @@ class GCSStorage:
         full = self._full(key)
         dest = Path(dest)
         self._stat(key, full)  # a missing object fails before any file is made
-        dest.parent.mkdir(parents=True, exist_ok=True)
 
-        def fill(out: IO[bytes]) -> None:
-            def fetch() -> int | None:
-                out.seek(0)
-                out.truncate()
-                blob = self._blob(full)
-                blob.reload(retry=None, timeout=self.timeout)
-                blob.download_to_file(
-                    out, retry=None, timeout=self.timeout, checksum="crc32c",
-                    if_generation_match=blob.generation,
-                )  # fmt: skip
-                return expected_crc(blob.metadata)
+        def download(out: IO[bytes]) -> int | None:
+            blob = self._blob(full)
+            blob.reload(retry=None, timeout=self.timeout)
+            blob.download_to_file(
+                out, retry=None, timeout=self.timeout, checksum="crc32c",
+                if_generation_match=blob.generation,
+            )  # fmt: skip
+            return expected_crc(blob.metadata)
 
-            expected = self._call(f"get {key!r}", fetch)
-            out.flush()
-            out.seek(0)
-            if expected is not None and stream_crc(out) != expected:
-                raise integrity_error(self.uri, key)
-
-        write_atomic(dest, fill)
+        self._download_whole(key, dest, download)
 
     def list(self, prefix: str = "") -> list[ObjectInfo]:
-        check_prefix(prefix)
-        root = f"{self.prefix}/" if self.prefix else ""
-
-        def collect() -> list[ObjectInfo]:
+        def entries(full: str) -> Iterable[tuple[str, int]]:
             blobs = self._client.list_blobs(
-                self._bucket, prefix=root + prefix, retry=None, timeout=self.timeout
+                self._bucket, prefix=full, retry=None, timeout=self.timeout
             )
-            return [ObjectInfo(b.name[len(root) :], int(b.size or 0)) for b in blobs]
+            return ((b.name, int(b.size or 0)) for b in blobs)
 
-        return sorted(self._call(f"list {prefix!r}", collect), key=lambda o: o.key)
+        return self._listing(prefix, entries)
 
     def delete(self, key: str) -> None:
-        full = self._full(key)
-
-        def remove() -> None:
-            try:
-                self._blob(full).delete(retry=None, timeout=self.timeout)
-            except Exception as exc:
-                if classify(exc) is not Failure.NOT_FOUND:  # a missing bucket is still an error
-                    raise
-
-        self._call(f"delete {key!r}", remove)
+        self._delete(key, lambda full: self._blob(full).delete(retry=None, timeout=self.timeout))
 
     # -- compare-and-swap (ObjectLeases) ---------------------------------------------------------
     def put_if(self, key: str, data: bytes, *, etag: str | None) -> str | None:
@@ -311,7 +243,3 @@ class GCSStorage:
             return data, str(blob.generation)
 
         return self._call(f"get {key!r}", fetch)
-
-    @property
-    def retries(self) -> int:
-        return self._edge.retries

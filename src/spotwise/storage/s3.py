@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,17 +27,15 @@ from spotwise.errors import (
     ConfigError,
     StorageError,
     StorageNotFoundError,
-    StoragePermissionError,
-    TransientStorageError,
 )
 from spotwise.registry import require
 from spotwise.retry import RetryPolicy
-from spotwise.storage.base import ObjectInfo, validate_key
+from spotwise.storage.base import ObjectInfo
 from spotwise.storage.objectstore import (
-    Edge,
+    BucketStore,
+    ErrorTable,
     Failure,
     MiB,
-    check_prefix,
     crc_metadata,
     expected_crc,
     file_crc,
@@ -130,9 +128,32 @@ def parse_s3_uri(uri: str) -> tuple[str, str]:
     return parse_bucket_uri(uri, "s3")
 
 
+def _brief(exc: BaseException) -> str:
+    response = getattr(exc, "response", None)
+    if isinstance(response, dict) and response.get("Error"):
+        error = response["Error"]
+        status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+        return f"{error.get('Code')} {status}: {error.get('Message', '')}".strip()
+    return f"{type(exc).__name__}: {exc}"
+
+
 # --- the backend -------------------------------------------------------------------------------
-class S3Storage:
+class S3Storage(BucketStore):
     """A key space under ``s3://bucket/prefix``; implements the ``Storage`` protocol."""
+
+    scheme = "s3"
+    errors = ErrorTable(
+        classify,
+        vendor="S3",
+        container="bucket",
+        create="aws s3 mb s3://{name}",
+        check="check AWS_ENDPOINT_URL if you use an S3-compatible store",
+        permission_hint="check AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY / AWS_PROFILE and that "
+        "the identity may read and write this bucket and prefix",
+        retry_hint="check the endpoint (AWS_ENDPOINT_URL) and network, or raise "
+        "RetryPolicy.max_attempts",
+        brief=_brief,
+    )
 
     def __init__(
         self,
@@ -150,24 +171,12 @@ class S3Storage:
         client: Any = None,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
-        if not bucket or "/" in bucket:
-            raise ConfigError(f"invalid S3 bucket name {bucket!r}", hint="use s3://bucket/prefix")
+        self._locate(bucket, prefix, retry, sleep)
         self.bucket = bucket
-        self.prefix = prefix.strip("/")
-        if self.prefix:
-            validate_key(self.prefix)
-        self.uri = f"s3://{bucket}/{self.prefix}" if self.prefix else f"s3://{bucket}"
         self.transfer = transfer or TransferSettings()
-        self.retry = retry or RetryPolicy.from_env()
-        self._edge = Edge(classify, self._translate, self.retry, sleep)
         self._client = client or self._make_client(
             endpoint_url, region, profile, addressing_style, connect_timeout_s, read_timeout_s
         )
-
-    @classmethod
-    def from_uri(cls, uri: str, **options: Any) -> S3Storage:
-        bucket, prefix = parse_s3_uri(uri)
-        return cls(bucket, prefix, **options)
 
     def _make_client(
         self,
@@ -205,39 +214,6 @@ class S3Storage:
                 f"invalid S3 endpoint: {exc}",
                 hint="AWS_ENDPOINT_URL / AWS_ENDPOINT_URL_S3 must look like https://host:port",
             ) from exc
-
-    # -- helpers ---------------------------------------------------------------------------------
-    def _full(self, key: str) -> str:
-        validate_key(key)
-        return f"{self.prefix}/{key}" if self.prefix else key
-
-    def _call(self, what: str, fn: Callable[[], T]) -> T:
-        """Run ``fn`` with retries on transient failures; translate the final failure."""
-        return self._edge.call(what, fn)
-
-    def _translate(self, what: str, exc: BaseException, kind: Failure, attempts: int) -> Exception:
-        where = f"{what} at {self.uri}"
-        if kind is Failure.NO_BUCKET:
-            return StorageNotFoundError(
-                f"S3 bucket {self.bucket!r} does not exist ({where})",
-                hint=f"create it (aws s3 mb s3://{self.bucket}) or fix the bucket in the URI; "
-                "check AWS_ENDPOINT_URL if you use an S3-compatible store",
-            )
-        if kind is Failure.NOT_FOUND:
-            return StorageNotFoundError(f"not found: {where}")
-        if kind is Failure.PERMISSION:
-            return StoragePermissionError(
-                f"S3 refused access: {where} ({_brief(exc)})",
-                hint="check AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY / AWS_PROFILE and that "
-                "the identity may read and write this bucket and prefix",
-            )
-        if kind is Failure.RETRY:
-            return TransientStorageError(
-                f"{where} still failing after {attempts} attempts ({_brief(exc)})",
-                hint="the store is throttling, erroring or unreachable; check the endpoint "
-                "(AWS_ENDPOINT_URL) and network, or raise RetryPolicy.max_attempts",
-            )
-        return StorageError(f"{where} failed: {_brief(exc)}")
 
     # -- Storage protocol ------------------------------------------------------------------------
     def put_bytes(self, key: str, data: bytes) -> None:
@@ -448,18 +424,15 @@ class S3Storage:
         self._call(f"get {key!r} bytes {offset}-{end - 1}", stream)
 
     def list(self, prefix: str = "") -> list[ObjectInfo]:
-        check_prefix(prefix)
-        root = f"{self.prefix}/" if self.prefix else ""
-
-        def collect() -> list[ObjectInfo]:
+        def entries(full: str) -> Iterable[tuple[str, int]]:
             paginator = self._client.get_paginator("list_objects_v2")
-            found: list[ObjectInfo] = []
-            for page in paginator.paginate(Bucket=self.bucket, Prefix=root + prefix):
-                for obj in page.get("Contents", []):
-                    found.append(ObjectInfo(obj["Key"][len(root) :], int(obj["Size"])))
-            return found
+            return [
+                (obj["Key"], int(obj["Size"]))
+                for page in paginator.paginate(Bucket=self.bucket, Prefix=full)
+                for obj in page.get("Contents", [])
+            ]
 
-        return sorted(self._call(f"list {prefix!r}", collect), key=lambda o: o.key)
+        return self._listing(prefix, entries)
 
     def delete(self, key: str) -> None:
         full = self._full(key)
@@ -473,7 +446,7 @@ class S3Storage:
 
         Only uploads older than ``older_than_s`` are touched, so a live writer elsewhere is safe.
         """
-        root = f"{self.prefix}/" if self.prefix else ""
+        root = self._root
         listing = self._call(
             "list incomplete uploads",
             lambda: self._client.list_multipart_uploads(Bucket=self.bucket, Prefix=root),
@@ -485,10 +458,6 @@ class S3Storage:
                 self._abort(upload["Key"], upload["UploadId"])
                 aborted += 1
         return aborted
-
-    @property
-    def retries(self) -> int:
-        return self._edge.retries
 
 
 class _ShortBody(ConnectionError):
@@ -512,12 +481,3 @@ def _lost_race(exc: BaseException) -> bool:
     code = str((response.get("Error") or {}).get("Code", ""))
     status = int(response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
     return code in ("PreconditionFailed", "ConditionalRequestConflict") or status in (409, 412)
-
-
-def _brief(exc: BaseException) -> str:
-    response = getattr(exc, "response", None)
-    if isinstance(response, dict) and response.get("Error"):
-        error = response["Error"]
-        status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-        return f"{error.get('Code')} {status}: {error.get('Message', '')}".strip()
-    return f"{type(exc).__name__}: {exc}"

@@ -35,6 +35,7 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from spotwise.durations import parse_duration_s
 from spotwise.echo import shown
 from spotwise.retry import RetryPolicy
 
@@ -107,8 +108,6 @@ class Webhook(BaseModel):
     @field_validator("timeout_s", mode="before")
     @classmethod
     def _timeout(cls, v: Any) -> float:
-        from spotwise.control.spec import parse_duration_s
-
         return parse_duration_s(v)
 
     @property

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
         Provider,
         parse_options,
     )
-    from spotwise.control.spec import Resources
+    from spotwise.control.resources import Resources
 
 # The protocol's names, loaded from ``base`` on first use (PEP 562): a sim or local machine's
 # supervisor (``providers.machine``, one process per attempt) imports this package, and must

@@ -34,7 +34,7 @@ from spotwise.errors import CapacityError, ProviderError
 from spotwise.exitcode import EXIT_INTERRUPTED
 
 if TYPE_CHECKING:
-    from spotwise.control.spec import Resources
+    from spotwise.control.resources import Resources
 
 _IDS = itertools.count(1)
 

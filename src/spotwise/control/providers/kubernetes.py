@@ -67,7 +67,7 @@ from spotwise.errors import (
 from spotwise.registry import require
 
 if TYPE_CHECKING:
-    from spotwise.control.spec import Resources
+    from spotwise.control.resources import Resources
 
 log = logging.getLogger("spotwise.providers.kubernetes")
 LOG_EVERY_S = 2.0  # how often a running pod's new output is copied into the job log

@@ -21,7 +21,7 @@ from spotwise.control.providers.base import (
 from spotwise.control.providers.process import ProcessBacked, ProcessMachines
 
 if TYPE_CHECKING:
-    from spotwise.control.spec import Resources
+    from spotwise.control.resources import Resources
 
 
 class LocalOptions(Options):

@@ -37,7 +37,7 @@ from spotwise.control.providers.process import ProcessBacked, ProcessMachines
 from spotwise.errors import CapacityError, ConfigError
 
 if TYPE_CHECKING:
-    from spotwise.control.spec import Resources
+    from spotwise.control.resources import Resources
 
 NOTICES = {"sigterm": NoticeKind.SIGNAL, "aws": NoticeKind.AWS_IMDS}
 

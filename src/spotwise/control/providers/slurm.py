@@ -42,7 +42,7 @@ from spotwise.errors import (
 )
 
 if TYPE_CHECKING:
-    from spotwise.control.spec import Resources
+    from spotwise.control.resources import Resources
 
 _PENDING = {
     "PENDING",

@@ -6,7 +6,7 @@ and field selectors), delete, and list+watch from a
 ``resourceVersion`` as a chunked stream of JSON lines, the way the real API server answers
 ``?watch=true``. A watch from a version older than the retained history gets the real
 ``410 Expired`` ERROR event. Deletion is graceful: an object whose owner must stop first (a
-running pod) gets ``deletionTimestamp`` and is removed once the cluster side (``kubelet.py``)
+running pod) gets ``deletionTimestamp`` and is removed once the cluster side (``cluster.py``)
 reports it stopped. Errors are ``kind: Status`` documents with the real codes and reasons, so
 the official ``kubernetes`` client raises its own ``ApiException`` with them.
 

@@ -1,5 +1,5 @@
-"""A Kubernetes cluster on loopback: the API double (``kube_api.py``) plus the cluster behind it
-(``kubelet.py``), with nodes that look like a managed cluster's spot and on-demand GPU pools and
+"""A Kubernetes cluster on loopback: the API double (``api.py``) plus the cluster behind it
+(``cluster.py``), with nodes that look like a managed cluster's spot and on-demand GPU pools and
 a kubeconfig the official client (and ``kubectl``) can use.
 
     emu = KubernetesEmulator(tmp_path, flavour="gke", evict_after_s=[20])
@@ -30,9 +30,10 @@ from typing import Any
 import yaml
 
 from spotwise.checkpoint.durable import write_atomic
-from spotwise.emulators.kube_api import KubeApiServer, ObjectStore
-from spotwise.emulators.kubelet import GPU, Cluster, NodeSpec
-from spotwise.emulators.kueue import Kueue, queues
+from spotwise.emulators.kubernetes.api import KubeApiServer, ObjectStore
+from spotwise.emulators.kubernetes.cluster import Cluster
+from spotwise.emulators.kubernetes.kubelet import GPU, NodeSpec
+from spotwise.emulators.kubernetes.kueue import Kueue, queues
 
 FLAVOURS = ("gke", "eks", "aks", "plain")
 

@@ -28,10 +28,13 @@ import re
 import secrets
 import threading
 
-from spotwise.emulators.kube_api import Obj, ObjectStore, rfc3339
+from spotwise.emulators.kubernetes.api import Obj, ObjectStore
+from spotwise.emulators.kubernetes.jobs import owned_by
+from spotwise.emulators.kubernetes.status import has_condition, record_event, set_condition
 
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"
+KUEUE = "kueue-admission"  # the source of its Events
 PREEMPTED = "Preempted to accommodate a higher priority Workload"
 _UNITS = {"m": 1e-3, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "Ki": 2**10, "Mi": 2**20}
 _UNITS.update(Gi=2**30, Ti=2**40)
@@ -71,29 +74,10 @@ def queues(cluster_queue: str, local_queue: str, namespace: str, quota: dict[str
     return [("clusterqueues", "", cq), ("localqueues", namespace, lq)]
 
 
-def _set(obj: Obj, ctype: str, status: str, reason: str, message: str) -> None:
-    conds = [c for c in obj.setdefault("status", {}).get("conditions") or [] if c["type"] != ctype]
-    conds.append(
-        {
-            "type": ctype,
-            "status": status,
-            "reason": reason,
-            "message": message,
-            "lastTransitionTime": rfc3339(),
-        }
-    )
-    obj["status"]["conditions"] = conds
-
-
 def condition(obj: Obj, ctype: str) -> Obj | None:
     return next(
         (c for c in (obj.get("status") or {}).get("conditions") or [] if c["type"] == ctype), None
     )
-
-
-def _true(obj: Obj, ctype: str) -> bool:
-    cond = condition(obj, ctype)
-    return cond is not None and cond["status"] == "True"
 
 
 class Kueue:
@@ -135,13 +119,13 @@ class Kueue:
             workloads, _ = self.store.select(
                 "workloads", namespace, f"{JOB_UID_LABEL}={job['metadata']['uid']}"
             )
-            if not workloads or not _true(workloads[0], "Admitted"):
+            if not workloads or not has_condition(workloads[0], "Admitted"):
                 raise ValueError(f"the Workload of Job {job_name} is not admitted")
             self.store.update(
                 "workloads",
                 namespace,
                 workloads[0]["metadata"]["name"],
-                lambda w: _set(w, "Evicted", "True", reason, PREEMPTED),
+                lambda w: set_condition(w, "Evicted", "True", reason, PREEMPTED),
             )
             self._suspend(job, True)
 
@@ -153,16 +137,7 @@ class Kueue:
             "metadata": {
                 "name": f"job-{meta['name']}-{secrets.token_hex(3)[:5]}",
                 "labels": {JOB_UID_LABEL: meta["uid"]},
-                "ownerReferences": [
-                    {
-                        "apiVersion": "batch/v1",
-                        "kind": "Job",
-                        "name": meta["name"],
-                        "uid": meta["uid"],
-                        "controller": True,
-                        "blockOwnerDeletion": True,
-                    }
-                ],
+                "ownerReferences": [owned_by(job)],
             },
             "spec": {
                 "active": True,
@@ -179,26 +154,28 @@ class Kueue:
         }
         created = self.store.create("workloads", meta["namespace"], workload)
         where = f"{meta['namespace']}/{created['metadata']['name']}"
-        self._job_event(job, "CreatedWorkload", f"Created Workload: {where}")
+        record_event(
+            self.store, job, "CreatedWorkload", f"Created Workload: {where}", component=KUEUE
+        )
         return created
 
     def _sync(self, job: Obj, workload: Obj) -> None:
         ns, name = workload["metadata"]["namespace"], workload["metadata"]["name"]
-        if _true(workload, "Finished"):
+        if has_condition(workload, "Finished"):
             return
-        ended = next((c for c in ("Complete", "Failed") if _true(job, c)), None)
+        ended = next((c for c in ("Complete", "Failed") if has_condition(job, c)), None)
         if ended is not None:
 
             def finish(w: Obj) -> None:
                 ok = ended == "Complete"
                 said = "Job finished successfully" if ok else "Job failed"
-                _set(w, "Finished", "True", "Succeeded" if ok else "Failed", said)
+                set_condition(w, "Finished", "True", "Succeeded" if ok else "Failed", said)
                 w["status"].pop("admission", None)
 
             self.store.update("workloads", ns, name, finish)
             return
-        if _true(workload, "Admitted"):
-            if _true(workload, "Evicted") and not self._active_pods(job):
+        if has_condition(workload, "Admitted"):
+            if has_condition(workload, "Evicted") and not self._active_pods(job):
                 self.store.update("workloads", ns, name, _release)
             return
         if job["spec"].get("suspend"):
@@ -265,26 +242,33 @@ class Kueue:
                     }
                 ],
             }
-            _set(
+            set_condition(
                 w,
                 "QuotaReserved",
                 "True",
                 "QuotaReserved",
                 f"Quota reserved in ClusterQueue {cq_name}",
             )
-            _set(w, "Admitted", "True", "Admitted", "The workload is admitted")
+            set_condition(w, "Admitted", "True", "Admitted", "The workload is admitted")
             evicted = condition(w, "Evicted")
             if evicted is not None and evicted["status"] == "True":
-                _set(w, "Evicted", "False", "QuotaReserved", f"Previously: {evicted['message']}")
+                set_condition(
+                    w, "Evicted", "False", "QuotaReserved", f"Previously: {evicted['message']}"
+                )
 
         self.store.update("workloads", ns, name, admit)
         self._suspend(job, False)
-        self._job_event(job, "Started", f"Admitted by clusterQueue {cq_name}")
+        record_event(
+            self.store, job, "Started", f"Admitted by clusterQueue {cq_name}", component=KUEUE
+        )
 
     # --- helpers ------------------------------------------------------------------------------
     def _pending(self, ns: str, name: str, reason: str, message: str) -> None:
         self.store.update(
-            "workloads", ns, name, lambda w: _set(w, "QuotaReserved", "False", reason, message)
+            "workloads",
+            ns,
+            name,
+            lambda w: set_condition(w, "QuotaReserved", "False", reason, message),
         )
 
     def _usage(self, cluster_queue: str) -> dict[str, float]:
@@ -293,7 +277,9 @@ class Kueue:
         used: dict[str, float] = {}
         for w in workloads:
             admission = (w.get("status") or {}).get("admission") or {}
-            if admission.get("clusterQueue") != cluster_queue or not _true(w, "QuotaReserved"):
+            if admission.get("clusterQueue") != cluster_queue or not has_condition(
+                w, "QuotaReserved"
+            ):
                 continue
             for assignment in admission["podSetAssignments"]:
                 for resource, value in assignment["resourceUsage"].items():
@@ -314,36 +300,12 @@ class Kueue:
 
         self.store.update("jobs", job["metadata"]["namespace"], job["metadata"]["name"], mutate)
 
-    def _job_event(self, job: Obj, reason: str, message: str) -> None:
-        meta = job["metadata"]
-        now = rfc3339()
-        self.store.create(
-            "events",
-            meta["namespace"],
-            {
-                "metadata": {"generateName": f"{meta['name']}."},
-                "involvedObject": {
-                    "kind": "Job",
-                    "name": meta["name"],
-                    "namespace": meta["namespace"],
-                    "uid": meta["uid"],
-                },
-                "reason": reason,
-                "message": message,
-                "type": "Normal",
-                "firstTimestamp": now,
-                "lastTimestamp": now,
-                "count": 1,
-                "source": {"component": "kueue-admission"},
-            },
-        )
-
 
 def _release(w: Obj) -> None:
     """An evicted Workload whose pods are gone gives its quota back and waits again."""
     w["status"].pop("admission", None)
-    _set(w, "QuotaReserved", "False", "Pending", "The workload is waiting for admission")
-    _set(w, "Admitted", "False", "NoReservation", "The workload has no reservation")
+    set_condition(w, "QuotaReserved", "False", "Pending", "The workload is waiting for admission")
+    set_condition(w, "Admitted", "False", "NoReservation", "The workload has no reservation")
 
 
 __all__ = ["JOB_UID_LABEL", "PREEMPTED", "QUEUE_LABEL", "Kueue", "quantity", "queues"]
