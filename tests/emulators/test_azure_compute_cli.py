@@ -5,6 +5,7 @@ them; a bad ``--fault`` is a clear error."""
 from __future__ import annotations
 
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -25,7 +26,7 @@ def test_emulate_azure_compute_prints_what_a_client_needs(tmp_path: Path) -> Non
         lines = [proc.stdout.readline() for _ in range(4)]  # listening, ids, two exports
         assert "azure-compute emulator listening on http://127.0.0.1:" in lines[0]
         exports = dict(
-            line.removeprefix("export ").strip().split("=", 1)
+            shlex.split(line.removeprefix("export "))[0].split("=", 1)  # as a shell reads it
             for line in lines
             if line.startswith("export ")
         )

@@ -4,6 +4,7 @@ official client served by it with only that; a bad bucket name is one clear erro
 from __future__ import annotations
 
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -23,7 +24,8 @@ def _exports(command: list[str]) -> tuple[subprocess.Popen[str], dict[str, str]]
     assert proc.stdout is not None
     lines = [proc.stdout.readline() for _ in range(2)]
     assert "emulator listening on http://127.0.0.1:" in lines[0]
-    name, _, value = lines[1].removeprefix("export ").strip().partition("=")
+    [assignment] = shlex.split(lines[1].removeprefix("export "))  # as a shell reads it
+    name, _, value = assignment.partition("=")
     return proc, {name: value}
 
 

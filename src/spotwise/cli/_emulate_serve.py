@@ -6,6 +6,7 @@ registers them.
 
 from __future__ import annotations
 
+import shlex
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -74,7 +75,7 @@ def serve_until(
     """Print the ``export`` lines a client needs, run until ``duration`` or Ctrl-C, then call
     ``stops`` in order (each emulator's own stop)."""
     for name, value in exports.items():
-        typer.echo(f"export {name}={value}")
+        typer.echo(f"export {name}={shlex.quote(value)}")  # (pasted into a shell)
     started = time.monotonic()
     try:
         while duration is None or time.monotonic() - started < duration:
