@@ -13,6 +13,8 @@ jobs are in the store from the start (a team's history). Prints
 - ``api-jobs-p99-ms``: ``GET /api/v1/jobs`` (its first page, the API's default size) with
   ``--stored`` finished jobs added to the store (target <= 200); also the time to walk every
   page of the listing (``api-jobs-walk-s``);
+- ``server-cpu-ms-per-job``: the server's CPU time from the second submission to the last
+  relaunch, per job (what its machine's load does not inflate);
 - ``server-cpu-steady-pct``: the server's CPU use (% of one core) while every job runs, after
   the relaunches (what the jobs cost it between their machines' ends);
 - ``server-imports-torch``: whether the server process has torch loaded;
@@ -317,7 +319,7 @@ def _drive(
     wait_until(lambda: running() == 1, args.timeout, "the first job to run")
     time.sleep(2)
     one = rss_mib(pid)
-    started = time.time()
+    started, cpu_start = time.time(), cpu_s(pid)
     for n in range(1, args.jobs):
         api.call("POST", "/api/v1/jobs", _job(traces, workdir, n))
         if n % 20 == 0 and available_mib() < args.min_free_mib:
@@ -340,6 +342,9 @@ def _drive(
         args.timeout + args.preempt_after,
         "every relaunch",
     )
+    # (whatever the load, what submitting, launching, preempting and relaunching a job cost)
+    cpu_ms = (cpu_s(pid) - cpu_start) * 1000 / max(1, args.jobs - 1)
+    print(f"server-cpu-ms-per-job: {cpu_ms:.0f} (submitted, launched, preempted, relaunched)")
     # what N running jobs cost the server between their machines' ends (their periodic ticks,
     # lease renewals, scans): CPU time, whatever else the machine runs meanwhile
     cpu, t0 = cpu_s(pid), time.time()
