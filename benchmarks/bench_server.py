@@ -259,18 +259,34 @@ def _run(args: argparse.Namespace, home: Path, traces: Path) -> None:
     try:
         _measure(api, server.pid, store, traces, home, args)
     finally:  # cancel every job (their machines stop), then the server
-        for job in store.jobs():
-            if not job.state.terminal:
-                api.call("POST", f"/api/v1/jobs/{job.id}/cancel")
-        wait_until(lambda: all(j.state.terminal for j in store.jobs()), 300, "every job to end")
-        if args.profile:
-            args.profile.unlink(missing_ok=True)
-            server.send_signal(signal.SIGUSR1)
-            wait_until(args.profile.exists, 120, "the server's profile")
-            print(f"server-profile: {args.profile}")
-        server.send_signal(signal.SIGTERM)
-        server.wait(120)
+        try:
+            for job in store.jobs():
+                if not job.state.terminal:
+                    api.call("POST", f"/api/v1/jobs/{job.id}/cancel")
+            wait_until(lambda: all(j.state.terminal for j in store.jobs()), 600, "every job to end")
+            if args.profile:
+                args.profile.unlink(missing_ok=True)
+                server.send_signal(signal.SIGUSR1)
+                wait_until(args.profile.exists, 120, "the server's profile")
+                print(f"server-profile: {args.profile}")
+        finally:  # (even when the jobs did not all end in time: no server or machine is left)
+            server.send_signal(signal.SIGTERM)
+            server.wait(120)
+            _end_machines(store)
         print(f"load-average: {os.getloadavg()[0]:.1f} at the end", flush=True)
+
+
+def _end_machines(store: Any) -> None:
+    """Stop the sim machines a job still has (the server gives its jobs back as it stops,
+    their machines running on): each job's command would otherwise sleep for a day."""
+    from spotwise.control.controller import attempts_dir
+    from spotwise.control.providers.process import ProcessMachines
+
+    machines = ProcessMachines(settle_s=1.0)
+    for job in store.jobs():
+        if job.name != "done":  # (the stored history has no machines)
+            for handle in machines.find(attempts_dir(job.dir)):
+                machines.terminate(handle)
 
 
 def _measure(
