@@ -13,6 +13,10 @@ jobs are in the store from the start (a team's history). Prints
 - ``api-jobs-p99-ms``: ``GET /api/v1/jobs`` (its first page, the API's default size) with
   ``--stored`` finished jobs added to the store (target <= 200); also the time to walk every
   page of the listing (``api-jobs-walk-s``);
+- ``server-cpu-ms-per-job``: the server's CPU time from the second submission to the last
+  relaunch, per job (what its machine's load does not inflate);
+- ``server-cpu-steady-pct``: the server's CPU use (% of one core) while every job runs, after
+  the relaunches (what the jobs cost it between their machines' ends);
 - ``server-imports-torch``: whether the server process has torch loaded;
 - ``load-average``: the machine's 1-minute load average at the start and at the end (a shared
   machine's figures depend on it).
@@ -33,6 +37,7 @@ import json
 import os
 import re
 import secrets
+import shutil
 import signal
 import statistics
 import subprocess
@@ -51,7 +56,7 @@ os.environ.setdefault("SPOTWISE_PLATFORM", "none")
 # (with BENCH_PROFILE, every thread runs under its own cProfile, merged into that file on
 # SIGUSR1: uvicorn ends the process by re-raising SIGTERM, past any `finally`)
 SERVER = """
-import cProfile, os, pstats, signal, threading
+import cProfile, os, pstats, signal, sys, threading
 from spotwise.server.principal import Principal
 from spotwise.server.serve import serve
 
@@ -60,7 +65,7 @@ PROFILE = os.environ.get("BENCH_PROFILE")
 profiles = []
 
 def profile_thread(*_):
-    threading.setprofile(None)
+    sys.setprofile(None)  # (this thread's hook only: every later thread is profiled too)
     profiles.append(cProfile.Profile())
     profiles[-1].enable()
 
@@ -137,6 +142,14 @@ def rss_mib(pid: int) -> float:
     raise RuntimeError("no VmRSS")
 
 
+def available_mib() -> float:
+    """The machine's memory available to new processes (``MemAvailable``)."""
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError("no MemAvailable")
+
+
 def cpu_s(pid: int) -> float:
     """CPU seconds the process has used (user and system, ``/proc/PID/stat``)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -165,6 +178,14 @@ def main() -> None:
     parser.add_argument("--preempt-after", type=float, default=60.0, help="wall s in zone za")
     parser.add_argument("--timeout", type=float, default=900.0, help="give up after (s)")
     parser.add_argument("--profile", type=Path, help="write the server's cProfile stats here")
+    parser.add_argument("--steady-s", type=float, default=30.0, help="CPU measured this long")
+    parser.add_argument(
+        "--min-free-mib",
+        type=float,
+        default=2048.0,
+        help="stop (cancelling every job) when the machine has less memory available: each sim"
+        " job is a machine process (about 10 MiB), and the machine may be shared",
+    )
     args = parser.parse_args()
     print(f"load-average: {os.getloadavg()[0]:.1f} at the start", flush=True)
 
@@ -173,12 +194,15 @@ def main() -> None:
     traces = home / "traces"
     traces.mkdir()
     za_ticks = max(1, int(args.preempt_after // TICK_S))
-    for zone, data in (("za", [1] * za_ticks + [0] * 5000), ("zb", [1] * 5000)):
+    for zone, data in (("za", [1] * za_ticks + [0] * 1000), ("zb", [1] * 1000)):
         (traces / f"{zone}_v100_1.json").write_text(
             json.dumps({"metadata": {"gap_seconds": TICK_S}, "data": data})
         )
-    with _database():
-        _run(args, home, traces)
+    try:
+        with _database():
+            _run(args, home, traces)
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
 
 
 @contextlib.contextmanager
@@ -235,18 +259,34 @@ def _run(args: argparse.Namespace, home: Path, traces: Path) -> None:
     try:
         _measure(api, server.pid, store, traces, home, args)
     finally:  # cancel every job (their machines stop), then the server
-        for job in store.jobs():
-            if not job.state.terminal:
-                api.call("POST", f"/api/v1/jobs/{job.id}/cancel")
-        wait_until(lambda: all(j.state.terminal for j in store.jobs()), 300, "every job to end")
-        if args.profile:
-            args.profile.unlink(missing_ok=True)
-            server.send_signal(signal.SIGUSR1)
-            wait_until(args.profile.exists, 120, "the server's profile")
-            print(f"server-profile: {args.profile}")
-        server.send_signal(signal.SIGTERM)
-        server.wait(120)
+        try:
+            for job in store.jobs():
+                if not job.state.terminal:
+                    api.call("POST", f"/api/v1/jobs/{job.id}/cancel")
+            wait_until(lambda: all(j.state.terminal for j in store.jobs()), 600, "every job to end")
+            if args.profile:
+                args.profile.unlink(missing_ok=True)
+                server.send_signal(signal.SIGUSR1)
+                wait_until(args.profile.exists, 120, "the server's profile")
+                print(f"server-profile: {args.profile}")
+        finally:  # (even when the jobs did not all end in time: no server or machine is left)
+            server.send_signal(signal.SIGTERM)
+            server.wait(120)
+            _end_machines(store)
         print(f"load-average: {os.getloadavg()[0]:.1f} at the end", flush=True)
+
+
+def _end_machines(store: Any) -> None:
+    """Stop the sim machines a job still has (the server gives its jobs back as it stops,
+    their machines running on): each job's command would otherwise sleep for a day."""
+    from spotwise.control.controller import attempts_dir
+    from spotwise.control.providers.process import ProcessMachines
+
+    machines = ProcessMachines(settle_s=1.0)
+    for job in store.jobs():
+        if job.name != "done":  # (the stored history has no machines)
+            for handle in machines.find(attempts_dir(job.dir)):
+                machines.terminate(handle)
 
 
 def _measure(
@@ -295,9 +335,14 @@ def _drive(
     wait_until(lambda: running() == 1, args.timeout, "the first job to run")
     time.sleep(2)
     one = rss_mib(pid)
-    started = time.time()
+    started, cpu_start = time.time(), cpu_s(pid)
     for n in range(1, args.jobs):
         api.call("POST", "/api/v1/jobs", _job(traces, workdir, n))
+        if n % 20 == 0 and available_mib() < args.min_free_mib:
+            raise SystemExit(
+                f"stopped at {n + 1} of {args.jobs} jobs: {available_mib():.0f} MiB of memory"
+                f" left (--min-free-mib {args.min_free_mib:g})"
+            )
     print(f"submitted {args.jobs} jobs in {time.time() - started:.1f}s", flush=True)
     wait_until(lambda: running() == args.jobs, args.timeout, "every job to run")
     many = rss_mib(pid)
@@ -313,6 +358,15 @@ def _drive(
         args.timeout + args.preempt_after,
         "every relaunch",
     )
+    # (whatever the load, what submitting, launching, preempting and relaunching a job cost)
+    cpu_ms = (cpu_s(pid) - cpu_start) * 1000 / max(1, args.jobs - 1)
+    print(f"server-cpu-ms-per-job: {cpu_ms:.0f} (submitted, launched, preempted, relaunched)")
+    # what N running jobs cost the server between their machines' ends (their periodic ticks,
+    # lease renewals, scans): CPU time, whatever else the machine runs meanwhile
+    cpu, t0 = cpu_s(pid), time.time()
+    time.sleep(args.steady_s)
+    share = (cpu_s(pid) - cpu) / (time.time() - t0) * 100
+    print(f"server-cpu-steady-pct: {share:.1f} of one core with {args.jobs} jobs running")
     reactions = []
     for first, second, *_ in (a for a in attempts() if len(a) > 1):
         # (lost: the machine was taken before the script's exit 75 was seen; an end all the same)

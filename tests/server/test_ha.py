@@ -13,10 +13,14 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from spotwise.control.controller import attempts_dir
+from spotwise.control.providers.base import Phase
+from spotwise.control.providers.process import ProcessMachines
 from spotwise.control.store import JobState, Store
 from spotwise.control.store.engine import IDLE_IN_TRANSACTION_S
 from spotwise.control.store.leases import RENEWALS_PER_LEASE
@@ -80,13 +84,31 @@ def _job(n: int, traces: Path, workdir: Path, go: Path) -> bytes:
     ).encode()
 
 
+@pytest.fixture()
+def machines_end(store_db: str) -> Iterator[None]:
+    """Whatever the test's outcome, none of its sim machines outlives it (their scripts wait
+    for ``go`` forever): after the test has stopped its servers, every machine still up in a
+    job's attempt directories is stopped the sim provider's way and waited for."""
+    yield
+    machines = ProcessMachines(settle_s=1.0)
+    store = Store()
+    try:
+        handles = [h for job in store.jobs() for h in machines.find(attempts_dir(job.dir))]
+    finally:
+        store.close()
+    for handle in handles:
+        machines.terminate(handle)
+    up = (Phase.STARTING, Phase.RUNNING)
+    wait_until(lambda: not any(machines.status(h).phase in up for h in handles), 60)
+
+
 def _driving(server: Server) -> int:
     return int(server.call("GET", "/healthz", None).json()["driving"])
 
 
 @pytest.mark.parametrize("store_db", ["postgres"], indirect=True)  # SQLite: one replica
 def test_a_killed_replicas_jobs_are_adopted_by_the_other_and_none_launched_twice(
-    store_db, tmp_path: Path
+    store_db, machines_end, tmp_path: Path
 ):
     """a drives the 20 jobs and stalls (SIGSTOP): b takes them over; a, woken, drops them all.
     Then b, now driving them, is SIGKILLed: a adopts them back within the lease time, and

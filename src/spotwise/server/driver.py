@@ -4,14 +4,14 @@ The policy code is the controller's own (:class:`~spotwise.control.controller.Co
 each driven job holds its lease in the store (``control/store/leases.py``: exactly one replica
 drives a job, however many servers share the database; an embedded ``spotwise resume``
 refuses it, and ``status`` shows its controller alive) and has its ``tick`` called by a small
-pool of worker
-threads, one tick of a job at a time, every ``poll_s``. Provider calls therefore happen on
-those threads, never on the HTTP request path. A job ticks again only after its previous tick
-returned, so one slow provider holds up its own job and one worker, not the others. A job whose
-machine is running and whose provider tells its end (:mod:`~spotwise.server.ends`) is ticked
-when that machine ends, and otherwise only every ``watch_s``, unless it acts on time passing
-(a budget, a policy): a thousand running jobs then cost the server next to nothing between
-their machines' ends, and each end is acted on at once.
+pool of worker threads, one tick of a job at a time, every ``poll_s`` (a job woken by an event
+ticks on a small pool of its own, never queued behind the others' periodic ticks). Provider
+calls therefore happen on those threads, never on the HTTP request path. A job ticks again
+only after its previous tick returned, so one slow provider holds up its own job and one
+worker, not the others. A job whose machine is running and whose provider tells its end
+(:mod:`~spotwise.server.ends`) is ticked when that machine ends, and otherwise only every
+``watch_s``, unless it acts on time passing (a budget, a policy): a thousand running jobs then
+cost the server next to nothing between their machines' ends, and each end is acted on at once.
 
 At start, and every ``scan_s`` after, the driver adopts each job of the store that has not
 ended and whose lease nobody holds (never taken, given back, or expired): a server restarted
@@ -52,8 +52,15 @@ log = logging.getLogger(__name__)
 _MAX_REASON = 300  # characters of an exception shown on the job
 
 DEFAULT_WORKERS = 8
+# ticks of jobs woken by an event (a machine's end, a cancel, a resume) have workers of their
+# own: measured with 200 jobs on a loaded machine, the periodic ticks of the running jobs kept
+# the shared pool's queue full, and a machine's end waited 17 s (median) behind them
+WOKEN_WORKERS = 4
 MIN_POLL_S = 0.25  # a provider's own poll (sim: 0.05 s) is for one job per process
-WATCH_S = 10.0  # a running job whose machine's end wakes it: ticked this often besides
+# a running job whose machine's end wakes it is ticked this often besides, as a safety net (the
+# heartbeat's renewals, MAX_BEAT_S, come as often): every 10 s, 1,000 such jobs were 100 ticks a
+# second, more than the workers of a 2-core machine could do
+WATCH_S = 60.0
 SCAN_S = 2.0  # how often the store is searched for jobs nobody drives
 RETRY_S = 30.0  # after a controller error, or while another controller holds the job
 
@@ -81,11 +88,14 @@ class Driver:
         self.retry_s = retry_s
         self.replica = replica_id()
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="spotwise-job")
+        self._woken_pool = ThreadPoolExecutor(WOKEN_WORKERS, thread_name_prefix="spotwise-woken")
         self._cond = threading.Condition()
         self._driven: dict[str, Controller] = {}
         self._busy: set[str] = set()  # a task for the job is queued or running
         self._due: dict[str, float] = {}  # driven job -> when it ticks next
         self._woken: set[str] = set()  # woken while it ticked
+        self._urgent: set[str] = set()  # woken while it waited: its tick goes to the woken pool
+        self._ended: set[str] = set()  # its machine ended: the next tick, then one more at once
         self._heap: list[tuple[float, int, str]] = []  # (due, seq, job): stale when due differs
         self._seq = itertools.count()
         self._not_before: dict[str, float] = {}  # job -> no adoption before (after an error)
@@ -97,7 +107,7 @@ class Driver:
         self._stopping = False
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="spotwise-driver", daemon=True)
-        self._ends = Ends(self.wake)
+        self._ends = Ends(self._machine_ended)
         self._renewer = threading.Thread(
             target=self._renew_loop, name="spotwise-leases", daemon=True
         )
@@ -117,6 +127,7 @@ class Driver:
             self._cond.notify_all()
         self._thread.join()
         self._pool.shutdown(wait=True, cancel_futures=True)
+        self._woken_pool.shutdown(wait=True, cancel_futures=True)
         self._ends.stop()
         self._stopped.set()
         self._renewer.join()
@@ -129,12 +140,20 @@ class Driver:
         with self._cond:
             self._not_before.pop(job_id, None)
             if job_id in self._due:
+                self._urgent.add(job_id)
                 self._schedule(job_id, time.time())
             elif job_id in self._driven:  # ticking now: it ticks again as soon as it returns
                 self._woken.add(job_id)
             else:
                 self._scan_at = 0.0
             self._cond.notify_all()
+
+    def _machine_ended(self, job_id: str) -> None:
+        """A watched machine ended: the job ticks now (its end is recorded), then again at
+        once, not a poll later (the controller relaunches at the tick after the end's)."""
+        with self._cond:
+            self._ended.add(job_id)
+        self.wake(job_id)
 
     def driving(self) -> int:
         with self._cond:
@@ -167,7 +186,9 @@ class Driver:
                     if self._due.get(job_id) == due:
                         del self._due[job_id]
                         self._busy.add(job_id)
-                        self._pool.submit(self._tick, job_id)
+                        urgent = job_id in self._urgent
+                        self._urgent.discard(job_id)
+                        (self._woken_pool if urgent else self._pool).submit(self._tick, job_id)
                 wait = self._scan_at - now
                 if self._heap:
                     wait = min(wait, self._heap[0][0] - now)
@@ -259,8 +280,11 @@ class Driver:
             self._busy.discard(job_id)
             held = job_id in self._leases
             if held and not self._stopping:
-                woken = job_id in self._woken
+                woken = job_id in self._woken or job_id in self._ended
                 self._woken.discard(job_id)
+                self._ended.discard(job_id)
+                if woken:
+                    self._urgent.add(job_id)
                 self._schedule(job_id, time.time() + (0.0 if woken else poll))
         if not held:  # lost while it ticked (the renewer saw it)
             self._release(job_id, lost=True)
@@ -272,6 +296,8 @@ class Driver:
             self._driven.pop(job_id, None)
             self._due.pop(job_id, None)
             self._woken.discard(job_id)
+            self._ended.discard(job_id)
+            self._urgent.discard(job_id)
         self._ends.forget(job_id)
         self._let_go(job_id, lost=lost)
 
@@ -338,6 +364,8 @@ class Driver:
                 self._driven.pop(job_id, None)
                 self._due.pop(job_id, None)
                 self._woken.discard(job_id)
+                self._ended.discard(job_id)
+                self._urgent.discard(job_id)
         self._ends.forget(job_id)
         log.warning("lost the lease of job %s to another replica: dropping it", job_id)
 

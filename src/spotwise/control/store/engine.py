@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sqlite3
 import stat
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +23,7 @@ DB_FILE = "spotwise.db"
 # a read-then-write transaction never fails half-way with "database is locked".
 WRITE = "spotwise_write"
 BUSY_TIMEOUT_S = 30.0
+_WRITING = "spotwise_writing"  # (in a pooled connection's info: it holds the writers' lock)
 CONNECT_TIMEOUT_S = 10
 # A process frozen inside a transaction (a stalled server replica) holds its row locks until
 # PostgreSQL ends its session: at most this long, so it cannot hold up the take-over of its
@@ -76,12 +79,20 @@ def open_engine(url: sa.URL) -> sa.Engine:
 
 def _sqlite_engine(path: Path) -> sa.Engine:
     """WAL (readers never wait for a writer), a busy timeout for the other controllers, and
-    transactions that begin as SQLAlchemy says (the sqlite3 module's own are switched off)."""
+    transactions that begin as SQLAlchemy says (the sqlite3 module's own are switched off).
+
+    The writers of this process queue on a lock of their own before ``BEGIN IMMEDIATE``:
+    SQLite's busy handler makes a writer that finds the database locked sleep and retry, up to
+    100 ms a try, so a server's threads writing at once (a thousand jobs' ticks) waited seconds
+    for a lock held for a millisecond (measured: ``BEGIN IMMEDIATE`` took 0.24 s on average
+    with 200 jobs driven). The lock hands the database over as soon as the holder's connection
+    goes back to the pool; the busy timeout still orders this process and the others."""
     private_file(path)
     engine = sa.create_engine(
         sa.URL.create("sqlite", database=str(path)),
         connect_args={"timeout": BUSY_TIMEOUT_S, "check_same_thread": False},
     )
+    writing = threading.Lock()
 
     @sa.event.listens_for(engine, "connect")
     def _connect(dbapi_connection: Any, _record: Any) -> None:
@@ -93,8 +104,22 @@ def _sqlite_engine(path: Path) -> sa.Engine:
     def _begin(connection: sa.Connection) -> None:
         # reads stay in autocommit, as each is one statement (or a lookup that may see a job
         # change between two), so that they cost no BEGIN and hold no snapshot
-        if connection.get_execution_options().get(WRITE, False):
+        if not connection.get_execution_options().get(WRITE, False):
+            return
+        if not writing.acquire(timeout=BUSY_TIMEOUT_S):
+            raise sqlite3.OperationalError("database is locked (by this process's writers)")
+        try:
             connection.connection.driver_connection.execute("BEGIN IMMEDIATE")  # type: ignore[union-attr]
+        except BaseException:
+            writing.release()
+            raise
+        connection.info[_WRITING] = True
+
+    @sa.event.listens_for(engine, "checkin")
+    def _checkin(_dbapi_connection: Any, record: Any) -> None:
+        # (after the commit or rollback: the connection is back in the pool)
+        if record.info.pop(_WRITING, False):
+            writing.release()
 
     return engine
 
