@@ -44,8 +44,9 @@ def test_values_are_parsed_one_way_with_the_variable_named() -> None:
         settings.METRICS_PORT.integer({"SPOTWISE_METRICS_PORT": "91x"})
     with pytest.raises(NoticeError, match="SPOTWISE_GRACE_S='-5' is negative"):  # the caller's
         settings.GRACE_S.seconds({"SPOTWISE_GRACE_S": "-5"}, 30.0, error=NoticeError)
-    with pytest.raises(ConfigError, match="SPOTWISE_MTBI_S='1e4' is not a number") as info:
-        settings.MTBI_S.seconds({"SPOTWISE_MTBI_S": "1e4"})
+    assert settings.UNSUPERVISED_LIMIT_S.seconds({"SPOTWISE_UNSUPERVISED_LIMIT_S": "1.2e+06"})
+    with pytest.raises(ConfigError, match="SPOTWISE_MTBI_S='an hour' is not a number") as info:
+        settings.MTBI_S.seconds({"SPOTWISE_MTBI_S": "an hour"})
     assert "SPOTWISE_MTBI_S=1h" in (info.value.hint or "")  # its example: it has no default
 
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, overload
 
-from spotwise.durations import DURATION, parse_duration_s
+from spotwise.durations import DURATION, MAX_DURATION_S, parse_duration_s
 from spotwise.errors import ConfigError, SpotwiseError
 
 Kind = Literal["path", "text", "url", "seconds", "int", "list", "secret", "flag"]
@@ -72,6 +72,9 @@ class Setting:
         try:
             return parse_duration_s(raw)
         except ValueError as exc:
+            number = _plain_seconds(raw)  # what a program wrote with "%g": "1.2e+06"
+            if number is not None:
+                return number
             problem = (
                 "is negative"
                 if raw.startswith("-")
@@ -104,6 +107,15 @@ class Setting:
 
     def _example(self, fallback: str) -> str:
         return self.example or self.default or fallback
+
+
+def _plain_seconds(raw: str) -> float | None:
+    """A finite, non-negative number in any form ``float`` reads, else None."""
+    try:
+        number = float(raw)
+    except ValueError:
+        return None
+    return number if 0 <= number <= MAX_DURATION_S else None
 
 
 def _declare(
