@@ -108,7 +108,7 @@ def retail_api(monkeypatch: pytest.MonkeyPatch):
     """A loopback Azure Retail Prices API (tests/market/retail_api.py), set as the source's URL."""
     import importlib.util
 
-    from spotwise.market.sources.azure import URL_ENV
+    from spotwise import settings
 
     spec = importlib.util.spec_from_file_location(
         "retail_api", Path(__file__).parent / "market" / "retail_api.py"
@@ -117,7 +117,7 @@ def retail_api(monkeypatch: pytest.MonkeyPatch):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     with module.serving() as server:
-        monkeypatch.setenv(URL_ENV, module.url_of(server))
+        monkeypatch.setenv(settings.AZURE_PRICES_URL.name, module.url_of(server))
         yield server
 
 

@@ -10,7 +10,6 @@ part of one.
 from __future__ import annotations
 
 import json
-import os
 import re
 import tempfile
 import urllib.error
@@ -21,12 +20,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from spotwise import settings
 from spotwise.control.store.models import spotwise_home
 from spotwise.control.workdir import pack, split_workdir
 from spotwise.errors import ConfigError, JobNotFoundError, ServerError
 
-SERVER_ENV = "SPOTWISE_SERVER"
-TOKEN_ENV = "SPOTWISE_TOKEN"
 LOGIN_FILE = "login.json"
 API = "/api/v1"
 PAGE = 1000  # jobs a listing asks for at once (the server's largest page)
@@ -49,19 +47,19 @@ def login_path() -> Path:
 
 def configured_server() -> Server | None:
     """The server the CLI should use, or None for the embedded mode."""
-    url = os.environ.get(SERVER_ENV, "").strip()
+    url = settings.SERVER.raw()
     if url:
         url = base_url(url)
-        token = os.environ.get(TOKEN_ENV, "").strip()
+        token = settings.TOKEN.raw()
         if not token:
             stored = _stored()
             token = stored.token if stored is not None and stored.url == url else ""
         if not token:
             raise ConfigError(
-                f"{SERVER_ENV}={url} is set but no token is",
-                hint=f"set {TOKEN_ENV}, or run: spotwise login {url}",
+                f"{settings.SERVER.name}={url} is set but no token is",
+                hint=f"set {settings.TOKEN.name}, or run: spotwise login {url}",
             )
-        return Server(url, token, SERVER_ENV)
+        return Server(url, token, settings.SERVER.name)
     return _stored()
 
 
@@ -73,7 +71,9 @@ def refuse_group(command: str, why: str) -> None:
     if server is None:
         return
     here = (
-        f"unset {SERVER_ENV}" if server.origin == SERVER_ENV else "run `spotwise logout`"
+        f"unset {settings.SERVER.name}"
+        if server.origin == settings.SERVER.name
+        else "run `spotwise logout`"
     ) + f" to run it on this machine (the embedded mode), then: spotwise {command} FILE"
     raise ConfigError(
         f"spotwise {command} does not run through a server ({server.url}, from "

@@ -14,15 +14,17 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Literal, overload
 
-from spotwise.durations import parse_duration_s
-from spotwise.errors import ConfigError
+from spotwise.durations import DURATION, MAX_DURATION_S, parse_duration_s
+from spotwise.errors import ConfigError, SpotwiseError
 
 Kind = Literal["path", "text", "url", "seconds", "int", "list", "secret", "flag"]
 SetBy = Literal[
     "you", "spotwise", "tests"
 ]  # spotwise: given to the job's process by the controller
+
+Error = type[SpotwiseError]
 
 SETTINGS: dict[str, Setting] = {}
 
@@ -34,6 +36,7 @@ class Setting:
     default: str  # as it would be written; "" when unset means "not used"
     doc: str
     set_by: SetBy = "you"
+    example: str = ""  # a good value for an error's hint, where the default is none
 
     def raw(self, env: Mapping[str, str] | None = None) -> str:
         """The value as set (stripped), or "" when unset."""
@@ -46,20 +49,48 @@ class Setting:
         raw = self.raw(env)
         return Path(raw).expanduser() if raw else None
 
+    @overload
     def seconds(
-        self, env: Mapping[str, str] | None = None, default: float | None = None
+        self, env: Mapping[str, str] | None = None, default: None = None, *, error: Error = ...
+    ) -> float | None: ...
+    @overload
+    def seconds(
+        self, env: Mapping[str, str] | None, default: float, *, error: Error = ...
+    ) -> float: ...
+    def seconds(
+        self,
+        env: Mapping[str, str] | None = None,
+        default: float | None = None,
+        *,
+        error: Error = ConfigError,
     ) -> float | None:
-        """A duration (``90``, ``90s``, ``15m``...) in seconds, or ``default`` when unset."""
+        """A duration (``90``, ``90s``, ``15m``...) in seconds, or ``default`` when unset.
+        ``error``: the exception a bad value raises (the caller's layer, e.g. NoticeError)."""
         raw = self.raw(env)
         if not raw:
             return default
         try:
             return parse_duration_s(raw)
         except ValueError as exc:
-            raise ConfigError(
-                f"{self.name}={raw!r}: {exc}", hint=f"e.g. {self.name}={self.default or '30s'}"
+            number = _plain_seconds(raw)  # what a program wrote with "%g": "1.2e+06"
+            if number is not None:
+                return number
+            problem = (
+                "is negative"
+                if raw.startswith("-")
+                else f"is out of range ({exc})"
+                if DURATION.match(raw)
+                else "is not a number of seconds"
+            )
+            raise error(
+                f"{self.name}={raw!r} {problem}",
+                hint=f"e.g. {self.name}={self._example('30s')} (or 90s, 15m, 2h), or unset it",
             ) from None
 
+    @overload
+    def integer(self, env: Mapping[str, str] | None = None, default: None = None) -> int | None: ...
+    @overload
+    def integer(self, env: Mapping[str, str] | None, default: int) -> int: ...
     def integer(
         self, env: Mapping[str, str] | None = None, default: int | None = None
     ) -> int | None:
@@ -71,12 +102,26 @@ class Setting:
         except ValueError:
             raise ConfigError(
                 f"{self.name}={raw!r} is not a whole number",
-                hint=f"e.g. {self.name}={self.default or '1'}",
+                hint=f"e.g. {self.name}={self._example('1')}",
             ) from None
 
+    def _example(self, fallback: str) -> str:
+        return self.example or self.default or fallback
 
-def _declare(name: str, kind: Kind, default: str, doc: str, set_by: SetBy = "you") -> Setting:
-    setting = Setting(name, kind, default, doc, set_by)
+
+def _plain_seconds(raw: str) -> float | None:
+    """A finite, non-negative number in any form ``float`` reads, else None."""
+    try:
+        number = float(raw)
+    except ValueError:
+        return None
+    return number if 0 <= number <= MAX_DURATION_S else None
+
+
+def _declare(
+    name: str, kind: Kind, default: str, doc: str, set_by: SetBy = "you", *, example: str = ""
+) -> Setting:
+    setting = Setting(name, kind, default, doc, set_by, example)
     SETTINGS[name] = setting
     return setting
 
@@ -98,7 +143,7 @@ CACHE_DIR = _declare(
     "SPOTWISE_CACHE_DIR",
     "path",
     "",
-    "Local staging of an object-store run directory (default: a temporary folder).",
+    "Where object-store run directories are staged locally (default: ~/.cache/spotwise).",
 )
 ADMIN_TOKEN_FILE = _declare(
     "SPOTWISE_ADMIN_TOKEN_FILE",
@@ -180,6 +225,7 @@ UNSUPERVISED_LIMIT_S = _declare(
     "",
     "The job's `unsupervised_limit`: without a new heartbeat for this long, save and stop.",
     "spotwise",
+    example="1h",
 )
 # --- the runtime's checkpoint schedule -------------------------------------------------------
 CHECKPOINT_DIR = _declare(
@@ -194,9 +240,14 @@ MTBI_S = _declare(
     "seconds",
     "",
     "Mean time between interruptions, for the checkpoint interval (default: from the provider).",
+    example="1h",
 )
 NOTICE_MARGIN_S = _declare(
-    "SPOTWISE_NOTICE_MARGIN_S", "seconds", "", "Safety margin kept before a notice's deadline."
+    "SPOTWISE_NOTICE_MARGIN_S",
+    "seconds",
+    "",
+    "Safety margin kept before a notice's deadline.",
+    example="60",
 )
 ENCRYPTION_KEY = _declare(
     "SPOTWISE_ENCRYPTION_KEY",
@@ -302,6 +353,7 @@ TEST_WRITE_DELAY_S = _declare(
     "",
     "Slows each checkpoint write (tests kill a run mid-save).",
     "tests",
+    example="0.5",
 )
 TEST_POSTGRES_URL = _declare(
     "SPOTWISE_TEST_POSTGRES_URL",

@@ -47,16 +47,16 @@ def board(request, tmp_path):
 def test_one_holder_at_a_time_and_handover_after_expiry(board):
     leases, clock = board
     a = leases.claim("a", [0, 1], ttl_s=10)
-    assert a is not None and a.shard == 0
+    assert a is not None and a.key == 0
     b = leases.claim("b", [0, 1], ttl_s=10)
-    assert b is not None and b.shard == 1, "a live lease is never granted twice"
+    assert b is not None and b.key == 1, "a live lease is never granted twice"
     assert leases.claim("c", [0, 1], ttl_s=10) is None
     clock.now += 5
     a = leases.renew(a, ttl_s=10)  # a keeps renewing: live until 1015
     assert a is not None
     clock.now += 6  # b (until 1010) expired without renewing: its worker died
     c = leases.claim("c", [0, 1], ttl_s=10)
-    assert c is not None and c.shard == 1 and c.token != b.token
+    assert c is not None and c.key == 1 and c.token != b.token
     assert leases.renew(b, ttl_s=10) is None, "the dead holder's lease is lost"
     assert leases.renew(c, ttl_s=10) is not None
 

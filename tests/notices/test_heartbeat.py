@@ -9,13 +9,12 @@ from pathlib import Path
 
 import pytest
 
+from spotwise import settings
 from spotwise.control.heartbeat import Heartbeat, heartbeat_location, machine_env
 from spotwise.control.spec import parse_spec
 from spotwise.errors import ConfigError, NoticeError
 from spotwise.notices.heartbeat import (
     HEARTBEAT_KEY,
-    LIMIT_ENV,
-    LOCATION_ENV,
     HeartbeatDetector,
     Unsupervised,
     beat_every_s,
@@ -23,6 +22,9 @@ from spotwise.notices.heartbeat import (
     renew_due,
 )
 from spotwise.notices.platform import plan_from_environment
+
+LOCATION_ENV = settings.HEARTBEAT_URI.name
+LIMIT_ENV = settings.UNSUPERVISED_LIMIT_S.name
 
 
 def beat(written: float, by: str = "host pid 1") -> bytes:

@@ -3,7 +3,7 @@
 See :func:`run_batch` and docs/batch.md.
 """
 
-from spotwise.batch.leases import Lease, LeaseBoard, ObjectLeases, SQLiteLeases, open_leases
+from spotwise.batch.leases import LeaseBoard, ObjectLeases, SQLiteLeases, open_leases
 from spotwise.batch.plan import Plan
 from spotwise.batch.runner import (
     BatchResult,
@@ -15,6 +15,7 @@ from spotwise.batch.runner import (
     run_batch,
     verify_outputs,
 )
+from spotwise.leases import Lease
 
 __all__ = [
     "BatchResult",

@@ -13,34 +13,24 @@ boards implement the same three operations:
   server or a lock. Expiry compares wall clocks, so workers' clocks must agree to well within
   the lease time (NTP does this on cloud machines).
 
-Time comes from an injected ``clock`` so the decisions can be tested without waiting.
+Both decide by the rule of :mod:`spotwise.leases` (who may take a shard, whose renewal holds),
+on time from an injected ``clock``, so the decisions can be tested without waiting.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import secrets
 import sqlite3
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 from spotwise.errors import ConfigError, StorageError
+from spotwise.leases import Clock, Lease, can_take, granted, renewed
 from spotwise.registry import Entry, Registry
-
-Clock = Callable[[], float]
-
-
-@dataclass(frozen=True)
-class Lease:
-    shard: int
-    holder: str  # who holds it: worker name, host and pid
-    token: str  # unique per grant: a renewal by anyone else's token fails
-    expires_at: float  # wall-clock seconds
-    etag: str = ""  # the object store's version of the lease object (ObjectLeases only)
 
 
 @runtime_checkable
@@ -61,10 +51,6 @@ class LeaseBoard(Protocol):
     def reopen(self, shard: int) -> None:
         """Make a finished shard leasable again (its output was found damaged)."""
         ...
-
-
-def new_token() -> str:
-    return secrets.token_hex(8)
 
 
 # --- one machine: SQLite --------------------------------------------------------------------
@@ -116,9 +102,9 @@ class SQLiteLeases:
                 (min(shards), max(shards)))} if shards else {}  # fmt: skip
             for shard in shards:
                 row = rows.get(shard)
-                if row is not None and (row[0] or row[1] > now):
+                if row is not None and (row[0] or not can_take(row[1], now)):
                     continue
-                lease = Lease(shard, holder, new_token(), now + ttl_s)
+                lease = granted(shard, holder, now, ttl_s)
                 db.execute(
                     "INSERT INTO leases (shard, holder, token, expires_at) VALUES (?, ?, ?, ?) "
                     "ON CONFLICT(shard) DO UPDATE SET holder=excluded.holder, "
@@ -132,20 +118,23 @@ class SQLiteLeases:
 
     def renew(self, lease: Lease, ttl_s: float) -> Lease | None:
         def extend(db: sqlite3.Connection) -> Lease | None:
-            now = self.clock()
-            until = now + ttl_s
-            changed = db.execute(
-                "UPDATE leases SET expires_at=? WHERE shard=? AND token=? AND done=0 "
-                "AND expires_at > ?",
-                (until, lease.shard, lease.token, now),
-            ).rowcount
-            return replace(lease, expires_at=until) if changed else None
+            row = db.execute(
+                "SELECT holder, token, expires_at FROM leases WHERE shard=? AND done=0",
+                (lease.key,),
+            ).fetchone()
+            stored = None if row is None else Lease(lease.key, *row)
+            kept = renewed(lease, stored, self.clock(), ttl_s)
+            if kept is not None:  # (the write lock is ours since BEGIN IMMEDIATE)
+                db.execute(
+                    "UPDATE leases SET expires_at=? WHERE shard=?", (kept.expires_at, lease.key)
+                )
+            return kept
 
         return self._write(extend)
 
     def finish(self, lease: Lease) -> None:
         def mark(db: sqlite3.Connection) -> None:
-            db.execute("UPDATE leases SET done=1 WHERE shard=?", (lease.shard,))
+            db.execute("UPDATE leases SET done=1 WHERE shard=?", (lease.key,))
 
         self._write(mark)
 
@@ -206,25 +195,27 @@ class ObjectLeases:
             etag: str | None = None
             if found is not None:
                 doc = _parse(found[0])
-                if doc is not None and (doc[0] or doc[1] > self.clock()):
+                if doc is not None and (doc[0] or not can_take(doc[1], self.clock())):
                     continue
                 etag = found[1]
-            lease = Lease(shard, holder, new_token(), self.clock() + ttl_s)
+            lease = granted(shard, holder, self.clock(), ttl_s)
             new_etag = self.store.put_if(self._key(shard), self._body(lease), etag=etag)
             if new_etag is not None:
                 return replace(lease, etag=new_etag)
         return None
 
     def renew(self, lease: Lease, ttl_s: float) -> Lease | None:
-        if lease.expires_at <= self.clock():
-            return None  # expired: someone may hold it already; the write below would steal it
-        renewed = replace(lease, expires_at=self.clock() + ttl_s)
-        etag = self.store.put_if(self._key(lease.shard), self._body(renewed), etag=lease.etag)
-        return None if etag is None else replace(renewed, etag=etag)
+        # the stored lease is ours as we last wrote it, or the write on its etag fails; a lapsed
+        # one is not renewed: someone may hold it already, and the write would steal it back
+        kept = renewed(lease, lease, self.clock(), ttl_s)
+        if kept is None:
+            return None
+        etag = self.store.put_if(self._key(lease.key), self._body(kept), etag=lease.etag)
+        return None if etag is None else replace(kept, etag=etag)
 
     def finish(self, lease: Lease) -> None:
         # if the lease was lost meanwhile the new holder finishes it; the ledger decides anyway
-        self.store.put_if(self._key(lease.shard), self._body(lease, done=True), etag=lease.etag)
+        self.store.put_if(self._key(lease.key), self._body(lease, done=True), etag=lease.etag)
 
     def reopen(self, shard: int) -> None:
         found = self.store.get_tagged(self._key(shard))

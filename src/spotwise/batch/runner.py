@@ -32,7 +32,7 @@ import torch
 from torch.utils.data import DataLoader, Subset
 
 from spotwise.batch.codec import concat_tensors, encode_table, encode_tensors
-from spotwise.batch.leases import Clock, Lease, LeaseBoard, open_leases
+from spotwise.batch.leases import LeaseBoard, open_leases
 from spotwise.batch.plan import (
     LEDGER_PREFIX,
     PLAN_KEY,
@@ -44,6 +44,7 @@ from spotwise.batch.plan import (
 )
 from spotwise.errors import ConfigError, StorageNotFoundError
 from spotwise.exitcode import EXIT_INTERRUPTED
+from spotwise.leases import Clock, Lease
 from spotwise.notices.base import NoticeSource
 from spotwise.notices.watcher import open_notices
 from spotwise.storage import Storage, is_remote, open_storage
@@ -275,9 +276,9 @@ class _Worker:
 
     def do(self, lease: Lease) -> None:
         self._emit(
-            "lease", shard=lease.shard, token=lease.token, until=lease.expires_at, pid=os.getpid()
+            "lease", shard=lease.key, token=lease.token, until=lease.expires_at, pid=os.getpid()
         )
-        start, stop = self.plan.bounds(lease.shard)
+        start, stop = self.plan.bounds(lease.key)
         loader = DataLoader(
             Subset(self.dataset, range(start, stop)),
             batch_size=self.batch_size,
@@ -303,9 +304,9 @@ class _Worker:
             return
         self.flush()
         crc = f"{crc32c.crc32c(data):08x}"
-        entry = ledger_entry(lease.shard, start, stop, len(data), crc)
+        entry = ledger_entry(lease.key, start, stop, len(data), crc)
         errors: list[BaseException] = []
-        writer = threading.Thread(target=self._write, args=(lease.shard, entry, data, errors),
+        writer = threading.Thread(target=self._write, args=(lease.key, entry, data, errors),
                                   name="spotwise-batch-commit")  # fmt: skip
         writer.start()  # the next shard is computed while this one is written
         self._pending = (writer, held, stop - start, crc, errors)
@@ -336,12 +337,12 @@ class _Worker:
         writer.join()
         if errors:
             raise errors[0]
-        self.ledger.pop(self.plan.ledger_key(lease.shard), None)  # re-read: it was rewritten
+        self.ledger.pop(self.plan.ledger_key(lease.key), None)  # re-read: it was rewritten
         self.board.finish(lease)
-        self.computed.append(lease.shard)
+        self.computed.append(lease.key)
         self.items += items
-        self._emit("shard-written", shard=lease.shard, token=lease.token, crc32c=crc)
-        log.info("shard %d/%d committed (%d by this worker)", lease.shard + 1, self.plan.shards,
+        self._emit("shard-written", shard=lease.key, token=lease.token, crc32c=crc)
+        log.info("shard %d/%d committed (%d by this worker)", lease.key + 1, self.plan.shards,
                  len(self.computed))  # fmt: skip
 
     def _keep(self, lease: Lease | None) -> Lease | None:
@@ -353,11 +354,11 @@ class _Worker:
         renewed = self.board.renew(lease, self.ttl_s)
         if renewed is None:
             log.warning(
-                "lost the lease on shard %d (it expired); leaving it to its new holder", lease.shard
+                "lost the lease on shard %d (it expired); leaving it to its new holder", lease.key
             )
-            self._emit("lease-lost", shard=lease.shard, token=lease.token)
+            self._emit("lease-lost", shard=lease.key, token=lease.token)
             return None
-        self._emit("renew", shard=lease.shard, token=lease.token, until=renewed.expires_at)
+        self._emit("renew", shard=lease.key, token=lease.token, until=renewed.expires_at)
         return renewed
 
     def check_notice(self, lease: Lease | None) -> None:
@@ -370,9 +371,7 @@ class _Worker:
         if lease is not None:  # hand the shard back now instead of at expiry
             released = self.board.renew(lease, 0.0)
             if released is not None:
-                self._emit(
-                    "release", shard=lease.shard, token=lease.token, until=released.expires_at
-                )
+                self._emit("release", shard=lease.key, token=lease.token, until=released.expires_at)
         self.notices.acknowledge(notice)
         self._emit("interrupted", source=notice.source)
         print(

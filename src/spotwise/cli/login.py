@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-
 import typer
 
 from spotwise.cli._terminal import literal
@@ -28,9 +26,10 @@ def register(app: typer.Typer) -> None:
         """
         from rich.console import Console
 
+        from spotwise import settings
         from spotwise.client import Client, Server, base_url, save_login
 
-        secret = token or os.environ.get("SPOTWISE_TOKEN", "").strip()
+        secret = token or settings.TOKEN.raw()
         if not secret:
             secret = typer.prompt("token", hide_input=True).strip()
         client = Client(Server(base_url(url), secret, "spotwise login"))

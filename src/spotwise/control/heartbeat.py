@@ -14,8 +14,9 @@ import json
 import os
 import socket
 
+from spotwise import settings
 from spotwise.errors import SpotwiseError
-from spotwise.notices.heartbeat import HEARTBEAT_KEY, LIMIT_ENV, LOCATION_ENV, renew_due
+from spotwise.notices.heartbeat import HEARTBEAT_KEY, renew_due
 from spotwise.storage import Storage, open_storage
 
 
@@ -29,7 +30,10 @@ def machine_env(limit_s: float | None, location: str | None) -> dict[str, str]:
     """The variables that start the watchdog on a machine (none: no watchdog)."""
     if limit_s is None or location is None:
         return {}
-    return {LOCATION_ENV: location, LIMIT_ENV: f"{limit_s:g}"}
+    return {
+        settings.HEARTBEAT_URI.name: location,
+        settings.UNSUPERVISED_LIMIT_S.name: f"{limit_s:g}",
+    }
 
 
 class Heartbeat:

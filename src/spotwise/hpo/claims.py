@@ -8,17 +8,20 @@ that its worker renews while it trains -- the heartbeat -- and once the lease ha
 another worker takes it over with one conditional UPDATE, so exactly one worker continues the
 trial (same number, same params, same intermediate values) from its checkpoint. The table sits
 beside Optuna's in any SQLAlchemy database (SQLite file, PostgreSQL...).
+
+The rule is the batch boards' (:mod:`spotwise.leases`): a trial is taken when its lease expired,
+renewed only under its own token while live, handed back by expiring it now. Here each decision
+is the ``WHERE`` of one conditional ``UPDATE``, which the database applies atomically (a read and
+then a write would let two workers both take a trial under PostgreSQL's READ COMMITTED).
 """
 
 from __future__ import annotations
 
-import secrets
 import time
-from collections.abc import Callable
 
+from spotwise.leases import Clock, granted
 from spotwise.registry import require
 
-Clock = Callable[[], float]
 TABLE = "spotwise_trial_leases"
 
 
@@ -43,31 +46,26 @@ class TrialLeases:
         live lease of another worker is never taken. Returns the lease token, or None."""
         sa, t = self._sa, self.table
         now = self.clock()
-        token = secrets.token_hex(8)
+        lease = granted(trial_id, holder, now, ttl_s)
+        row = {"holder": holder, "token": lease.token, "expires_at": lease.expires_at}
         with self.engine.begin() as db:
             if new:
                 try:
-                    db.execute(
-                        t.insert().values(
-                            trial_id=trial_id, holder=holder, token=token, expires_at=now + ttl_s
-                        )
-                    )
+                    db.execute(t.insert().values(trial_id=trial_id, **row))
                 except sa.exc.IntegrityError:
                     return None
-                return token
-            changed = db.execute(
-                t.update()
-                .where(t.c.trial_id == trial_id, t.c.expires_at <= now)
-                .values(holder=holder, token=token, expires_at=now + ttl_s)
+                return lease.token
+            changed = db.execute(  # can_take: the stored lease expired
+                t.update().where(t.c.trial_id == trial_id, t.c.expires_at <= now).values(**row)
             ).rowcount
-        return token if changed == 1 else None
+        return lease.token if changed == 1 else None
 
     def renew(self, trial_id: int, token: str, ttl_s: float) -> bool:
         """Extend our lease (the heartbeat); False if it expired and was taken over."""
         t = self.table
         now = self.clock()
         with self.engine.begin() as db:
-            changed = db.execute(
+            changed = db.execute(  # renewed: still this grant, still live
                 t.update()
                 .where(t.c.trial_id == trial_id, t.c.token == token, t.c.expires_at > now)
                 .values(expires_at=now + ttl_s)

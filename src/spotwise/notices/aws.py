@@ -15,6 +15,8 @@ import time
 from collections.abc import Callable, Mapping
 from datetime import datetime, timezone
 
+from spotwise import settings
+from spotwise.errors import NoticeError
 from spotwise.notices.base import (
     CloudPlatform,
     Detector,
@@ -22,7 +24,6 @@ from spotwise.notices.base import (
     Notice,
     NoticeKind,
     deadline_from_wall,
-    env_seconds,
 )
 from spotwise.notices.http import NetworkTrouble, Reply, normalize_base, request
 
@@ -269,7 +270,7 @@ def probe(base: str, timeout_s: float) -> bool:
 
 
 def detectors(base: str, env: Mapping[str, str]) -> list[Detector]:
-    interval = env_seconds(env, "SPOTWISE_AWS_POLL_S", DEFAULT_POLL_S)
+    interval = settings.AWS_POLL_S.seconds(env, DEFAULT_POLL_S, error=NoticeError)
     return [AwsDetector(base, poll_interval_s=max(interval, 0.05))]
 
 

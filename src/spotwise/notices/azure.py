@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from email.utils import parsedate_to_datetime
 
+from spotwise import settings
 from spotwise.notices.base import (
     CloudPlatform,
     Detector,
@@ -259,13 +260,13 @@ def probe(base: str, timeout_s: float) -> bool:
 
 
 def detectors(base: str, env: Mapping[str, str]) -> list[Detector]:
-    name = env.get("SPOTWISE_AZURE_VM_NAME", "").strip() or None
+    name = settings.AZURE_VM_NAME.text(env)
     return [AzureDetector(base, vm_name=name)]
 
 
 PLATFORM = CloudPlatform(
     name="azure",
-    override_var="SPOTWISE_AZURE_METADATA_ENDPOINT",
+    override_var=settings.AZURE_METADATA_ENDPOINT.name,
     default_base=DEFAULT_BASE,
     base_from_override=normalize_base,
     probe=probe,

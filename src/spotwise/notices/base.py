@@ -152,21 +152,3 @@ class CloudPlatform:
     base_from_override: Callable[[str], str]
     probe: Callable[[str, float], bool]
     detectors: Callable[[str, Mapping[str, str]], list[Detector]]
-
-
-def env_seconds(env: Mapping[str, str], name: str, default: float) -> float:
-    """A non-negative duration from an environment variable, or a clear error naming it."""
-    from spotwise.errors import NoticeError
-
-    raw = env.get(name, "").strip()
-    if not raw:
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        raise NoticeError(
-            f"{name}={raw!r} is not a number of seconds", hint=f"e.g. {name}={default:g}"
-        ) from None
-    if value < 0:
-        raise NoticeError(f"{name}={raw!r} is negative", hint="use 0 or more seconds")
-    return value

@@ -36,6 +36,7 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from spotwise import settings
 from spotwise.checkpoint.durable import write_atomic
 from spotwise.errors import ConfigError
 from spotwise.exitcode import EXIT_INTERRUPTED
@@ -43,7 +44,6 @@ from spotwise.notices.base import Notice, NoticeSource
 from spotwise.notices.signals import grace_from_env
 from spotwise.proctree import descendants, proc_state
 
-NOTICE_FILE_ENV = "SPOTWISE_NOTICE_FILE"
 # The wrapper's own notices: SIGUSR1 too (SLURM's ``--signal``), which would otherwise kill it
 WRAPPER_SIGNALS = "TERM,INT,USR1"
 POLL_S = 0.05  # how often the wrapper looks at notices and at the program
@@ -80,7 +80,7 @@ class NoticeFile:
     otherwise the file lives in a fresh private directory removed at the end."""
 
     def __init__(self, env: Mapping[str, str]) -> None:
-        given = env.get(NOTICE_FILE_ENV, "").strip()
+        given = settings.NOTICE_FILE.raw(env)
         self.private_dir: Path | None = None
         if given:
             self.path = Path(given)
@@ -92,7 +92,7 @@ class NoticeFile:
             self.path.unlink(missing_ok=True)
         except OSError as exc:
             raise ConfigError(
-                f"{NOTICE_FILE_ENV}={given!r} cannot be written: {exc.strerror or exc}",
+                f"{settings.NOTICE_FILE.name}={given!r} cannot be written: {exc.strerror or exc}",
                 hint="set it to a file in a writable directory, or unset it (then a private "
                 "temporary file is used)",
             ) from None
@@ -224,7 +224,7 @@ class Supervisor:
         self.pid = os.posix_spawnp(
             argv[0],
             list(argv),
-            {**env, NOTICE_FILE_ENV: str(notice_file.path)},
+            {**env, settings.NOTICE_FILE.name: str(notice_file.path)},
             setsid=True,
             # what subprocess restores too: Python ignores SIGPIPE, SIGXFSZ; and the signal
             # forwarded must not be ignored because the wrapper's own parent ignored it
@@ -350,7 +350,7 @@ class Supervisor:
             _say(f"cannot write {self._file()}: {exc.strerror or exc}")
 
     def _file(self) -> str:
-        return f"{NOTICE_FILE_ENV}={self.notice_file.path}"
+        return f"{settings.NOTICE_FILE.name}={self.notice_file.path}"
 
 
 def run_program(
@@ -364,7 +364,7 @@ def run_program(
     watchdog = Watchdog(notice_file.private_dir)  # before any thread exists: it is forked
     become_subreaper()
     notices = watch_from_environment(
-        {**env, "SPOTWISE_SIGNALS": env.get("SPOTWISE_SIGNALS", "").strip() or WRAPPER_SIGNALS}
+        {**env, settings.SIGNALS.name: settings.SIGNALS.raw(env) or WRAPPER_SIGNALS}
     )
     try:
         try:

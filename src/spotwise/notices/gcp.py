@@ -14,13 +14,14 @@ import time
 from collections.abc import Callable, Mapping
 from urllib.parse import quote
 
+from spotwise import settings
+from spotwise.errors import NoticeError
 from spotwise.notices.base import (
     CloudPlatform,
     Detector,
     LogOnce,
     Notice,
     NoticeKind,
-    env_seconds,
 )
 from spotwise.notices.http import NetworkTrouble, normalize_base, request
 
@@ -167,8 +168,8 @@ def probe(base: str, timeout_s: float) -> bool:
 
 
 def detectors(base: str, env: Mapping[str, str]) -> list[Detector]:
-    wait_s = max(1.0, env_seconds(env, "SPOTWISE_GCP_WAIT_S", DEFAULT_WAIT_S))
-    lead = env_seconds(env, "SPOTWISE_GCP_MAINTENANCE_NOTICE_S", MAINTENANCE_NOTICE_S)
+    wait_s = max(1.0, settings.GCP_WAIT_S.seconds(env, DEFAULT_WAIT_S, error=NoticeError))
+    lead = settings.GCP_MAINTENANCE_NOTICE_S.seconds(env, MAINTENANCE_NOTICE_S, error=NoticeError)
     return [
         GcpDetector(base, PREEMPTED, wait_s=wait_s),
         GcpDetector(base, MAINTENANCE, wait_s=wait_s, maintenance_notice_s=lead),

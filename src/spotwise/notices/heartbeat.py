@@ -24,8 +24,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from spotwise.errors import SpotwiseError
-from spotwise.notices.base import LogOnce, Notice, NoticeKind, env_seconds
+from spotwise import settings
+from spotwise.errors import NoticeError, SpotwiseError
+from spotwise.notices.base import LogOnce, Notice, NoticeKind
 from spotwise.notices.signals import grace_from_env
 
 if TYPE_CHECKING:
@@ -34,8 +35,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("spotwise.notices")
 
 HEARTBEAT_KEY = ".spotwise-heartbeat.json"  # in the job's checkpoint storage
-LOCATION_ENV = "SPOTWISE_HEARTBEAT_URI"  # that storage, as the machine reaches it
-LIMIT_ENV = "SPOTWISE_UNSUPERVISED_LIMIT_S"  # seconds; unset: no watchdog
 BEATS_PER_LIMIT = 6  # renewals (and checks) per limit: a late renewal or two is no alarm
 MAX_BEAT_S = 60.0  # renew and check at least this often (cheap: one small object)
 
@@ -135,8 +134,8 @@ class HeartbeatDetector:
 def heartbeat_detectors(env: Mapping[str, str]) -> list[HeartbeatDetector]:
     """The watchdog when the controller asked for one (``SPOTWISE_HEARTBEAT_URI`` and
     ``SPOTWISE_UNSUPERVISED_LIMIT_S`` set by it on the machine), else none."""
-    location = env.get(LOCATION_ENV, "").strip()
-    limit_s = env_seconds(env, LIMIT_ENV, 0.0)
+    location = settings.HEARTBEAT_URI.raw(env)
+    limit_s = settings.UNSUPERVISED_LIMIT_S.seconds(env, 0.0, error=NoticeError)
     if not location or limit_s <= 0:
         return []
     return [HeartbeatDetector(location, limit_s, grace_from_env(env))]

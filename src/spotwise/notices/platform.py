@@ -23,6 +23,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import cast
 
+from spotwise import settings
 from spotwise.errors import NoticeError
 from spotwise.notices.base import CloudPlatform, Detector
 from spotwise.notices.heartbeat import heartbeat_detectors
@@ -52,11 +53,11 @@ def platforms() -> tuple[str, ...]:
 
 
 def platform_from_env(env: Mapping[str, str]) -> str:
-    raw = env.get("SPOTWISE_PLATFORM", "").strip().lower() or "auto"
+    raw = settings.PLATFORM.raw(env).lower() or "auto"
     known = platforms()
     if raw not in known:
         raise NoticeError(
-            f"SPOTWISE_PLATFORM={raw!r} is not a platform spotwise knows",
+            f"{settings.PLATFORM.name}={raw!r} is not a platform spotwise knows",
             hint=f"use one of {', '.join(known)}",
         )
     return raw

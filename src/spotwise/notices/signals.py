@@ -21,8 +21,9 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import Any
 
+from spotwise import settings
 from spotwise.errors import NoticeError
-from spotwise.notices.base import LogOnce, Notice, NoticeKind, env_seconds, most_urgent
+from spotwise.notices.base import LogOnce, Notice, NoticeKind, most_urgent
 
 log = logging.getLogger("spotwise.notices")
 
@@ -50,7 +51,7 @@ def parse_signal_names(text: str) -> tuple[str, ...]:
         name = raw.upper().removeprefix("SIG")
         if name not in _KNOWN:
             raise NoticeError(
-                f"unknown signal {raw!r} in SPOTWISE_SIGNALS",
+                f"unknown signal {raw!r} in {settings.SIGNALS.name}",
                 hint=f"use a comma-separated list of {', '.join(_KNOWN)}, e.g. TERM,INT,USR1",
             )
         if name not in names:
@@ -60,7 +61,7 @@ def parse_signal_names(text: str) -> tuple[str, ...]:
 
 def grace_from_env(env: Mapping[str, str], default: float = DEFAULT_GRACE_S) -> float:
     """``SPOTWISE_GRACE_S``: seconds between a SIGTERM and the SIGKILL that follows it."""
-    return env_seconds(env, "SPOTWISE_GRACE_S", default)
+    return settings.GRACE_S.seconds(env, default, error=NoticeError)
 
 
 @dataclass(frozen=True)
@@ -103,7 +104,7 @@ class SignalDetector:
 
     @staticmethod
     def _signals_from_env(env: Mapping[str, str]) -> tuple[str, ...]:
-        raw = env.get("SPOTWISE_SIGNALS", "").strip()
+        raw = settings.SIGNALS.raw(env)
         return parse_signal_names(raw) if raw else DEFAULT_SIGNALS
 
     def _install(self) -> tuple[str, ...]:

@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable, Mapping
 from datetime import datetime
 
+from spotwise import settings
 from spotwise.notices.base import LogOnce, Notice, deadline_from_wall
 from spotwise.notices.signals import DEFAULT_GRACE_S, SignalDetector, SignalRecord
 
@@ -81,8 +82,8 @@ class SlurmDetector(SignalDetector):
         refresh_in_background: bool = True,
     ) -> None:
         env = os.environ if env is None else env
-        signals = None if env.get("SPOTWISE_SIGNALS", "").strip() else SLURM_SIGNALS
-        self._explicit_grace = bool(env.get("SPOTWISE_GRACE_S", "").strip())
+        signals = None if settings.SIGNALS.raw(env) else SLURM_SIGNALS
+        self._explicit_grace = bool(settings.GRACE_S.raw(env))
         super().__init__(signals=signals, env=env)
         self.job_id = env.get("SLURM_JOB_ID", "")
         self.partition = env.get("SLURM_JOB_PARTITION", "")

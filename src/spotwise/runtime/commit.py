@@ -25,6 +25,7 @@ from typing import Any
 import crc32c
 import torch
 
+from spotwise import settings
 from spotwise.checkpoint.durable import close_all, remove_tree
 from spotwise.checkpoint.format import (
     MANIFEST,
@@ -70,9 +71,6 @@ log = logging.getLogger(__name__)
 # smaller state stays in one file: with 3 files of ~85 MiB, 256 MiB saved no faster here.
 _WRITERS = 4
 _PART_BYTES = 128 << 20
-# Failpoint for crash tests: seconds to sleep after the tensor file is written and before the
-# manifest, so that a test can SIGKILL the process while a save is half done.
-_WRITE_DELAY_ENV = "SPOTWISE_TEST_WRITE_DELAY_S"
 
 
 def write_checkpoint(
@@ -114,7 +112,8 @@ def write_checkpoint(
         files: dict[str, dict[str, Any]] = {n: w.result() for n, w in writes.items()}
         for i, part in enumerate(parts):  # the record of each file's tensors
             files[tensor_file_name(i)]["header_crc32c"] = f"{crc32c.crc32c(part.layout.header):08x}"
-        delay = float(os.environ.get(_WRITE_DELAY_ENV, "0") or 0)
+        # failpoint: a crash test SIGKILLs the process here, its files written, no manifest yet
+        delay = settings.TEST_WRITE_DELAY_S.seconds(None, 0.0)
         if delay > 0:
             time.sleep(delay)
         raw = manifest_bytes(step, wall, metrics, files, kind=kind)

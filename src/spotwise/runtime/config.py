@@ -16,13 +16,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from spotwise import settings
 from spotwise.checkpoint.retention import RetentionPolicy
 from spotwise.errors import ConfigError
 from spotwise.runtime.interval import (
     DEFAULT_MTBI_S,
     DEFAULT_NOTICE_MARGIN_S,
-    MTBI_ENV,
-    NOTICE_MARGIN_ENV,
     Schedule,
     parse_every,
 )
@@ -77,16 +76,13 @@ class CheckpointConfig:
     def with_environment(self, environ: Mapping[str, str]) -> CheckpointConfig:
         """This config with unset timing values taken from ``environ`` (the process's edge)."""
         filled: dict[str, Any] = {}
-        for key, name in (("mtbi_s", MTBI_ENV), ("notice_margin_s", NOTICE_MARGIN_ENV)):
-            text = environ.get(name)
-            if getattr(self, key) is None and text:
-                try:
-                    filled[key] = float(text)
-                except ValueError:
-                    raise ConfigError(
-                        f"{name}={text!r} is not a number of seconds",
-                        hint=f"set {name} to e.g. 3600, or unset it",
-                    ) from None
+        for key, setting in (
+            ("mtbi_s", settings.MTBI_S),
+            ("notice_margin_s", settings.NOTICE_MARGIN_S),
+        ):
+            value = setting.seconds(environ) if getattr(self, key) is None else None
+            if value is not None:
+                filled[key] = value
         return dataclasses.replace(self, **filled) if filled else self
 
 

@@ -25,13 +25,11 @@ from spotwise.durations import has_unit, parse_duration_s
 from spotwise.errors import ConfigError
 
 DEFAULT_MTBI_S = 3600.0
-MTBI_ENV = "SPOTWISE_MTBI_S"
 MIN_AUTO_INTERVAL_S = 1.0  # never save more often than this in auto mode
 # By default a terminate notice is acted on at the next step boundary, whatever its deadline:
 # the surest choice when a notice's deadline may be wrong. A finite margin trains on until the
 # deadline is that close (plus the save estimate), which pays for long notices.
 DEFAULT_NOTICE_MARGIN_S = math.inf
-NOTICE_MARGIN_ENV = "SPOTWISE_NOTICE_MARGIN_S"
 
 
 @dataclass(frozen=True)

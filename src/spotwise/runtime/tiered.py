@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from spotwise import settings
 from spotwise.checkpoint.durable import remove_tree
 from spotwise.checkpoint.format import MANIFEST, step_dir_name
 from spotwise.checkpoint.read import CheckpointInfo, check_bytes
@@ -56,8 +57,6 @@ from spotwise.storage.base import Storage
 
 log = logging.getLogger(__name__)
 
-CACHE_ENV = "SPOTWISE_CACHE_DIR"
-
 
 def staging_dir(uri: str, local_dir: str | os.PathLike[str] | None = None) -> Path:
     """The local directory that stages checkpoints of remote ``uri``.
@@ -69,8 +68,8 @@ def staging_dir(uri: str, local_dir: str | os.PathLike[str] | None = None) -> Pa
         return Path(local_dir).expanduser()
     digest = hashlib.sha256(uri.encode()).hexdigest()[:12]
     name = re.sub(r"[^A-Za-z0-9._-]+", "_", uri.split("://", 1)[-1].rstrip("/"))[-40:]
-    base = os.environ.get(CACHE_ENV) or Path("~/.cache/spotwise").expanduser()
-    return Path(base) / f"{name}-{digest}"
+    base = settings.CACHE_DIR.path() or Path("~/.cache/spotwise").expanduser()
+    return base / f"{name}-{digest}"
 
 
 # --- moving checkpoints between tiers ----------------------------------------------------------

@@ -38,10 +38,9 @@ from spotwise.errors import EncryptionKeyError, IntegrityError
 from spotwise.registry import require
 from spotwise.storage.base import ObjectInfo, Storage, validate_key
 
+_KEY, _KEY_FILE = settings.ENCRYPTION_KEY, settings.ENCRYPTION_KEY_FILE
 SCHEME = "aes-256-gcm-chunked-v1"
 SCHEME_LINE = f"SPOTWISE-ENCRYPTED {SCHEME}\n".encode()
-KEY_ENV = settings.ENCRYPTION_KEY.name
-KEY_FILE_ENV = settings.ENCRYPTION_KEY_FILE.name
 CHUNK = 1024 * 1024
 TAG = 16
 _KEY_ID_LEN = 8
@@ -71,16 +70,16 @@ def parse_key(text_or_bytes: str | bytes, source: str) -> bytes:
 
 def load_key(env: Mapping[str, str] | None = None) -> bytes | None:
     """The KEK configured in the environment, or None when encryption is not configured."""
-    if settings.ENCRYPTION_KEY.raw(env):
-        return parse_key(settings.ENCRYPTION_KEY.raw(env), KEY_ENV)
-    path = settings.ENCRYPTION_KEY_FILE.text(env)
+    if _KEY.raw(env):
+        return parse_key(_KEY.raw(env), _KEY.name)
+    path = _KEY_FILE.text(env)
     if path:
         try:
-            return parse_key(Path(path).expanduser().read_bytes(), f"{KEY_FILE_ENV}={path}")
+            return parse_key(Path(path).expanduser().read_bytes(), f"{_KEY_FILE.name}={path}")
         except OSError as exc:
             raise EncryptionKeyError(
                 f"cannot read the encryption key file {path}: {exc.strerror}",
-                hint=f"fix {KEY_FILE_ENV} or set {KEY_ENV}",
+                hint=f"fix {_KEY_FILE.name} or set {_KEY.name}",
             ) from exc
     return None
 
@@ -175,7 +174,7 @@ class _Cipher:
             raise IntegrityError(
                 f"{name}: not an object in spotwise's {SCHEME} format (or its header is damaged)",
                 hint="it was written without encryption, or by something else; read it without "
-                f"{KEY_ENV}",
+                f"{_KEY.name}",
             )
         offset = len(SCHEME_LINE)
         stored_id = header[offset : offset + _KEY_ID_LEN]
@@ -183,7 +182,7 @@ class _Cipher:
             raise EncryptionKeyError(
                 f"{name} was encrypted with another key (key id {stored_id.hex()}; the "
                 f"configured key has id {self.key_id.hex()})",
-                hint=f"set {KEY_ENV} (or {KEY_FILE_ENV}) to the key used when it was written",
+                hint=f"set {_KEY.name} (or {_KEY_FILE.name}) to the key used when it was written",
             )
         offset += _KEY_ID_LEN
         wrap_nonce = header[offset : offset + _NONCE]

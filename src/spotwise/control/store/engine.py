@@ -17,7 +17,6 @@ from spotwise import settings
 from spotwise.errors import ConfigError
 from spotwise.registry import require
 
-DB_ENV = settings.DB.name
 DB_FILE = "spotwise.db"
 # Execution option of a SQLite transaction that writes: it takes the write lock at BEGIN, so that
 # a read-then-write transaction never fails half-way with "database is locked".
@@ -42,14 +41,16 @@ def database_url(home: Path) -> sa.URL:
         url = sa.make_url(raw)
     except sa.exc.ArgumentError:
         # the value itself is not echoed: it may hold a password
-        raise ConfigError(f"{DB_ENV} is not a database URL", hint=f"use {_URL_FORMS}") from None
+        raise ConfigError(
+            f"{settings.DB.name} is not a database URL", hint=f"use {_URL_FORMS}"
+        ) from None
     backend, driver = url.get_backend_name(), url.get_driver_name()
     if backend == "postgresql" and driver in ("psycopg2", "psycopg", ""):
         return url.set(drivername="postgresql+psycopg")
     if backend == "sqlite" and url.database not in (None, "", ":memory:"):
         return url
     raise ConfigError(
-        f"{DB_ENV} names a database spotwise cannot keep jobs in: {shown(url)}",
+        f"{settings.DB.name} names a database spotwise cannot keep jobs in: {shown(url)}",
         hint=f"use {_URL_FORMS}",
     )
 
@@ -63,7 +64,7 @@ def shown(url: sa.URL) -> str:
 def open_engine(url: sa.URL) -> sa.Engine:
     if url.get_backend_name() == "sqlite":
         return _sqlite_engine(Path(str(url.database)))
-    require("psycopg", "postgres", f"the PostgreSQL job store ({DB_ENV}={shown(url)})")
+    require("psycopg", "postgres", f"the PostgreSQL job store ({settings.DB.name}={shown(url)})")
     engine = sa.create_engine(
         url, pool_pre_ping=True, connect_args={"connect_timeout": CONNECT_TIMEOUT_S}
     )

@@ -22,7 +22,6 @@ from spotwise.errors import IngestError
 from spotwise.market.sources import PriceRecord, RowError, SourceQuery, parse_timestamp
 
 DEFAULT_URL = "https://prices.azure.com/api/retail/prices"
-URL_ENV = settings.AZURE_PRICES_URL.name  # point at a loopback server in tests
 API_VERSION = "2023-01-01-preview"
 
 
@@ -140,7 +139,7 @@ class AzureRetailSource:
         except (urllib.error.URLError, TimeoutError, OSError) as exc:
             raise IngestError(
                 f"cannot reach the Azure Retail Prices API: {exc}",
-                hint=f"check the network or {URL_ENV}",
+                hint=f"check the network or {settings.AZURE_PRICES_URL.name}",
             ) from exc
         except json.JSONDecodeError as exc:
             raise IngestError(f"page {self.pages + 1} is not JSON: {exc}") from exc
