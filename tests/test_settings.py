@@ -58,14 +58,6 @@ def test_home_defaults_to_a_folder_in_the_users_home(monkeypatch: pytest.MonkeyP
 
 
 # --- no module reads a SPOTWISE_* variable but through its Setting ------------------------------
-# Modules whose owners convert them in their own change; an entry that reads nothing any more
-# fails the test, so the list only shrinks.
-NOT_YET_CONVERTED = {
-    "spotwise/control/providers/azure.py",  # SPOTWISE_AZURE_ENDPOINT_URL
-    "spotwise/control/providers/gcp.py",  # SPOTWISE_GCP_COMPUTE_ENDPOINT
-}
-
-
 def _names_bound(tree: ast.Module) -> dict[str, str]:
     """Module-level ``X = "SPOTWISE_..."`` constants, so a read through one is still seen."""
     bound = {}
@@ -160,7 +152,4 @@ def test_only_settings_reads_spotwise_variables() -> None:
             continue  # (no way to name a variable: not worth parsing)
         if reads := env_reads(text):
             found[where] = reads
-    unexpected = {where: reads for where, reads in found.items() if where not in NOT_YET_CONVERTED}
-    assert not unexpected, f"read these through their Setting (spotwise.settings): {unexpected}"
-    converted = NOT_YET_CONVERTED - found.keys()
-    assert not converted, f"converted: remove them from NOT_YET_CONVERTED: {sorted(converted)}"
+    assert not found, f"read these through their Setting (spotwise.settings): {found}"
