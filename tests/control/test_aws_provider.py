@@ -4,11 +4,14 @@ the fault proxy on the wire. (Instances running, interruptions: tests/e2e/test_l
 from __future__ import annotations
 
 import base64
+import json
 import os
+import re
 import subprocess
 import sys
 import time
 import uuid
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -526,7 +529,8 @@ def test_two_nodes_are_one_attempt_found_again_by_tag_and_their_groups_swept(clu
     assert f"--rdzv-endpoint=localhost:{port}" in first and "is_host=true" in first
     assert f"--rdzv-endpoint={rank0['PrivateIpAddress']}:{port}" in second
     assert "is_host=false" in second and "--nnodes=2" in second
-    assert "/attempts/1/node-1" in second and "spotwise.runtime.launch" in second
+    assert f"/attempts/1/{handle['launch']}/node-1" in second  # this launch's records
+    assert "spotwise.runtime.launch" in second
     [group] = ec2.describe_security_groups(
         Filters=[{"Name": "group-name", "Values": [f"spotwise-{job}"]}]
     )["SecurityGroups"]
@@ -581,3 +585,82 @@ def test_two_nodes_start_together_or_not_at_all(cluster, tmp_path: Path, monkeyp
         ]
     )["Reservations"]
     assert live == []  # rank 0 was up and is terminated: no half attempt is paid for
+
+
+def _report_uri(ec2: Any, instance_id: str) -> str:
+    """The ``s3://`` prefix an instance's user-data reports its exit to."""
+    [uri] = re.findall(r"aws report '?(s3://[^' ]+)", _user_data(ec2, instance_id))
+    return uri
+
+
+def test_a_rolled_back_node_is_not_read_as_the_next_launch_of_its_attempt(
+    cluster, tmp_path: Path, monkeypatch
+):
+    """All or nothing rolls back rank 0 in the first zone (its SIGTERM makes it report 143,
+    'stopping'); the attempt's next launch elsewhere is a machine of its own: its status is
+    not that record, and a restarted controller adopts it, not the rolled-back node."""
+    from spotwise.control.providers.base import adoptable
+    from spotwise.storage.s3 import S3Storage
+
+    ec2, job = cluster["ec2"], f"j{uuid.uuid4().hex[:6]}"
+    proxy = _proxy(cluster, monkeypatch)
+    proxy.add(
+        Fault(
+            "status",
+            method="POST",
+            body_contains=f"{job}-1-node-1",
+            status=500,
+            code="InsufficientInstanceCapacity",
+        )
+    )
+    p = make_provider("aws", cluster["options"], epoch=0.0)
+    with pytest.raises(CapacityError):
+        p.launch(_nodes_req(tmp_path, job))
+    [rolled_back] = [
+        i
+        for r in ec2.describe_instances(Filters=[{"Name": "tag:spotwise:job", "Values": [job]}])[
+            "Reservations"
+        ]
+        for i in r["Instances"]
+    ]
+    # what the rolled-back rank 0 reports as its shutdown's SIGTERM kills the command
+    S3Storage.from_uri(_report_uri(ec2, rolled_back["InstanceId"])).put_bytes(
+        "exit.json",
+        json.dumps(
+            {"exit_code": 143, "started_at": 1.0, "ended_at": time.time(), "stopping": True}
+        ).encode(),
+    )
+    req = replace(_nodes_req(tmp_path, job), placement=Placement("spot", "us-east-1b"))
+    handle = p.launch(req)  # the same attempt, the next zone
+    assert _report_uri(ec2, handle["nodes"][0]) != _report_uri(ec2, rolled_back["InstanceId"])
+    assert p.status(handle).phase.value == "running"
+    found = make_provider("aws", cluster["options"], epoch=0.0).find(job, tmp_path)
+    assert adoptable(found, 1)["id"] == handle["id"]
+    p.terminate(handle)
+    proxy.close()
+
+
+def test_a_one_node_job_never_asks_for_placement_groups(aws, tmp_path: Path, monkeypatch):
+    """The single-instance path needs only the least-privilege policy: finding a finished
+    one-node job's machines asks nothing of placement or security groups."""
+    p = make_provider("aws", aws["options"], epoch=0.0)
+    req = _req(tmp_path)
+    handle = p.launch(req)
+    aws["ec2"].terminate_instances(InstanceIds=[handle["id"]])
+    proxy = _proxy(aws, monkeypatch)
+    denied = [
+        Fault(
+            "status",
+            method="POST",
+            body_contains=f"Action={action}",
+            status=403,
+            code="UnauthorizedOperation",
+            times=10,
+        )
+        for action in ("DescribePlacementGroups", "DescribeSecurityGroups")
+    ]
+    for fault in denied:
+        proxy.add(fault)
+    assert make_provider("aws", aws["options"], epoch=0.0).find(req.job_id, tmp_path) == []
+    assert [f.hits for f in denied] == [0, 0]
+    proxy.close()

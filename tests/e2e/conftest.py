@@ -113,7 +113,7 @@ class Ec2:
 
 
 @contextlib.contextmanager
-def ec2_double(workdir: Path, *faults: Fault) -> Iterator[Ec2]:
+def ec2_double(workdir: Path, *faults: Fault, notice_lead_s: float = 5) -> Iterator[Ec2]:
     """What `spotwise emulate ec2` runs, in this process so that a test can reclaim an
     instance when it has saved (an interruption on a fixed schedule races the instance's start
     on a loaded machine): moto's EC2 + S3 with the example jobs' bucket and instance profile,
@@ -147,7 +147,7 @@ def ec2_double(workdir: Path, *faults: Fault) -> Iterator[Ec2]:
         iam.create_instance_profile(InstanceProfileName="spotwise-digits")
     root = Path(__file__).resolve().parents[2]
     plane = Ec2DataPlane(
-        moto, workdir=workdir, notice_lead_s=5, stop_grace_s=10, image=[root]
+        moto, workdir=workdir, notice_lead_s=notice_lead_s, stop_grace_s=10, image=[root]
     ).start()
     try:
         yield Ec2(env, plane)

@@ -16,7 +16,9 @@ one it lost and terminate the rest.
 A multi-node attempt launches rank 0 first and passes its private address to the others in
 their user-data; all start or none stays (a capacity error on any node terminates the ones up).
 Each node runs ``spotwise.runtime.launch`` with its node rank and reports its own exit record
-(``attempts/<n>/node-<k>``); the loss of any node ends the attempt as on ``sim``
+(``attempts/<n>/<launch>/node-<k>``: ``<launch>`` is new for every launch, so the record of a
+node terminated by an all-or-nothing rollback is never read as the record of the same attempt's
+next launch in another zone); the loss of any node ends the attempt as on ``sim``
 (:func:`~spotwise.control.providers.process.group_status`: the others are stopped, their
 ranks save and exit 75). Its placement and security groups are in ``aws_cluster``.
 
@@ -35,6 +37,7 @@ import difflib
 import json
 import random
 import re
+import secrets
 import sys
 import time
 from collections.abc import Callable
@@ -81,7 +84,8 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 JOB_TAG, ATTEMPT_TAG = "spotwise:job", "spotwise:attempt"
-RANK_TAG, NODES_TAG = "spotwise:rank", "spotwise:nodes"  # a node of a multi-node attempt
+# a node of a multi-node attempt: its rank, the attempt's size, and which launch of the attempt
+RANK_TAG, NODES_TAG, LAUNCH_TAG = "spotwise:rank", "spotwise:nodes", "spotwise:launch"
 # RunInstances errors that mean "no machine of that kind here, now": try another placement.
 CAPACITY_CODES = frozenset({
     "InsufficientInstanceCapacity", "SpotMaxPriceTooLow", "MaxSpotInstanceCountExceeded",
@@ -500,6 +504,7 @@ class AwsProvider:
         # the rendezvous port: any works on a fresh instance (the group's rule allows all TCP
         # within it); one free here keeps attempts apart on a double's shared loopback
         port, rank0 = free_port(), "localhost"  # (rank 0 serves the store: itself)
+        launch = secrets.token_hex(4)  # this launch's records: a rolled-back one's are not ours
         ids: list[str] = []
         try:
             for k in range(req.nodes):
@@ -508,10 +513,12 @@ class AwsProvider:
                     ATTEMPT_TAG: str(req.n),
                     RANK_TAG: str(k),
                     NODES_TAG: str(req.nodes),
+                    LAUNCH_TAG: launch,
                     "Name": f"{req.key}-node-{k}",
                 }
-                user_data = self.user_data(req, node=k, endpoint=f"{rank0}:{port}")
-                instance = self._run(req, zone, user_data, tags, f"{req.key}-{k}", cluster)
+                user_data = self.user_data(req, node=k, endpoint=f"{rank0}:{port}", launch=launch)
+                name = f"{req.key}-{launch}-{k}"
+                instance = self._run(req, zone, user_data, tags, name, cluster)
                 ids.append(instance["InstanceId"])
                 if k == 0:
                     rank0 = instance["PrivateIpAddress"]
@@ -519,7 +526,7 @@ class AwsProvider:
             for instance_id in ids:
                 self.terminate({"id": instance_id, "region": region})
             raise
-        return {"id": req.key, "nodes": ids, "port": port}
+        return {"id": f"{req.key}-{launch}", "nodes": ids, "port": port, "launch": launch}
 
     def _client(self, handle: Handle) -> Any:
         """The EC2 client of the region a handle's instance or volume is in (handles stored
@@ -661,39 +668,50 @@ class AwsProvider:
         pages = self._call(
             "DescribeInstances",
             lambda: (
-                ec2.get_paginator("describe_instances")
-                .paginate(Filters=[*job, {"Name": "instance-state-name", "Values": LIVE_STATES}])
-                .build_full_result()
+                ec2.get_paginator("describe_instances").paginate(Filters=job).build_full_result()
             ),
         )
-        clusters: dict[int, Handle] = {}  # multi-node attempts: their nodes by rank
-        for reservation in pages["Reservations"]:
-            for inst in reservation["Instances"]:
-                tags = {t["Key"]: t["Value"] for t in inst.get("Tags", [])}
-                handle = {
-                    "n": int(tags.get(ATTEMPT_TAG, "0")),
-                    "id": inst["InstanceId"],
-                    "job": job_id,
-                    "zone": inst["Placement"]["AvailabilityZone"],
-                    "region": region,
-                    "log": str(attempts_dir.with_name("job.log")),  # as launch's handle
-                }
-                if NODES_TAG not in tags:
-                    found.append(handle)
-                    continue
-                n = handle["n"]
-                group = clusters.setdefault(
-                    n,
-                    {
-                        **handle,
-                        "id": attempt_key(job_id, n),
-                        "nodes": [None] * int(tags[NODES_TAG]),
-                    },
-                )
-                group["nodes"][int(tags[RANK_TAG])] = inst["InstanceId"]
-        found += clusters.values()
-        states = [i["State"]["Name"] for r in pages["Reservations"] for i in r["Instances"]]
-        if all(state == "shutting-down" for state in states):  # its groups are being let go
+        # (terminated ones too, which EC2 lists for about an hour: they tell a multi-node job)
+        every = [i for r in pages["Reservations"] for i in r["Instances"]]
+        clusters: dict[tuple[int, str], Handle] = {}  # multi-node launches: nodes by rank
+        up: set[tuple[int, str]] = set()  # ... those with a node not yet being shut down
+        for inst in every:
+            state = inst["State"]["Name"]
+            if state not in LIVE_STATES:
+                continue
+            tags = {t["Key"]: t["Value"] for t in inst.get("Tags", [])}
+            handle = {
+                "n": int(tags.get(ATTEMPT_TAG, "0")),
+                "id": inst["InstanceId"],
+                "job": job_id,
+                "zone": inst["Placement"]["AvailabilityZone"],
+                "region": region,
+                "log": str(attempts_dir.with_name("job.log")),  # as launch's handle
+            }
+            if NODES_TAG not in tags:
+                found.append(handle)
+                continue
+            key = (handle["n"], tags.get(LAUNCH_TAG, ""))
+            group = clusters.setdefault(
+                key,
+                {
+                    **handle,
+                    "id": f"{attempt_key(job_id, key[0])}-{key[1]}",
+                    "nodes": [None] * int(tags[NODES_TAG]),
+                    "launch": key[1],
+                },
+            )
+            group["nodes"][int(tags[RANK_TAG])] = inst["InstanceId"]
+            if state != "shutting-down":
+                up.add(key)
+        # a launch whose every node is shutting down needs no sweep, and is never the one to
+        # adopt: it is an all-or-nothing rollback (the attempt's next launch is elsewhere), or
+        # an attempt already over, which the controller then launches again
+        found += [group for key, group in clusters.items() if key in up]
+        multi_node = any(NODES_TAG in {t["Key"] for t in i.get("Tags", [])} for i in every)
+        if multi_node and all(  # its groups are being let go (a one-node job has none to ask)
+            i["State"]["Name"] in ("shutting-down", "terminated") for i in every
+        ):
             for kind, ident in aws_cluster.find(self._call, ec2, JOB_TAG, job_id):
                 found.append(
                     {"n": 0, "id": ident, "job": job_id, "region": region, "cluster": kind}
@@ -829,14 +847,16 @@ class AwsProvider:
     def job_uri(self, job_id: str) -> str:
         return f"s3://{self.bucket}/{self.prefix + '/' if self.prefix else ''}{job_id}"
 
-    def user_data(self, req: LaunchRequest, node: int = 0, endpoint: str = "") -> str:
-        """The cloud-init script of one attempt, or of its node ``node`` whose rendezvous is at
-        ``endpoint`` (bash; no credentials in it)."""
+    def user_data(
+        self, req: LaunchRequest, node: int = 0, endpoint: str = "", launch: str = ""
+    ) -> str:
+        """The cloud-init script of one attempt, or of its node ``node`` of the multi-node
+        launch ``launch`` whose rendezvous is at ``endpoint`` (bash; no credentials in it)."""
         from spotwise.control.secret_refs import aws_fetch_script
 
         # env_from's SSM parameters and Secrets Manager secrets, fetched on the instance
         region = region_of(req.placement.zone or self.features.zones[0])
-        report_uri = f"{self.job_uri(req.job_id)}/attempts/{req.n}"
+        report_uri = self._report_uri(req.job_id, req.n)
         if req.nodes * req.procs_per_node > 1:  # torch's launcher on each node, its rank
             first, *rest = req.argv
             command = (self.opts.python if first in ("python", "python3") else first, *rest)
@@ -850,7 +870,8 @@ class AwsProvider:
                 host=node == 0 if req.nodes > 1 else None,
             )
             req = replace(req, argv=argv)
-            report_uri += f"/node-{node}" if req.nodes > 1 else ""
+            if req.nodes > 1:
+                report_uri = self._report_uri(req.job_id, req.n, (launch, node))
         return boot_script(
             req,
             python=self.opts.python,
@@ -867,9 +888,15 @@ class AwsProvider:
     def _attempt_store(self, handle: Handle) -> Any:
         from spotwise.storage.s3 import S3Storage
 
-        uri = f"{self.job_uri(handle['job'])}/attempts/{handle['n']}"
-        uri += f"/node-{handle['node']}" if "node" in handle else ""
-        return S3Storage.from_uri(uri, client=self.s3)
+        node = (handle["launch"], handle["node"]) if "node" in handle else None
+        return S3Storage.from_uri(
+            self._report_uri(handle["job"], handle["n"], node), client=self.s3
+        )
+
+    def _report_uri(self, job_id: str, n: int, node: tuple[str, int] | None = None) -> str:
+        """Where an attempt's instance (or the node ``(launch, rank)``) reports its exit."""
+        uri = f"{self.job_uri(job_id)}/attempts/{n}"
+        return uri if node is None else f"{uri}/{node[0]}/node-{node[1]}"
 
     def _copy_log(self, handle: Handle) -> None:
         """Append the attempt's output (uploaded by the instance) to the job log, once."""
