@@ -4,11 +4,14 @@ the fault proxy on the wire. (Instances running, interruptions: tests/e2e/test_l
 from __future__ import annotations
 
 import base64
+import json
 import os
+import re
 import subprocess
 import sys
 import time
 import uuid
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +22,7 @@ from spotwise.cli.emulate import parse_ec2_fault
 from spotwise.control.controller import launch_request, submit
 from spotwise.control.providers import LaunchRequest, Placement, make_provider
 from spotwise.control.spec import parse_spec
-from spotwise.emulators.fault_proxy import FaultProxy
+from spotwise.emulators.fault_proxy import Fault, FaultProxy
 from spotwise.errors import (
     CapacityError,
     ConfigError,
@@ -456,3 +459,208 @@ def test_an_unpinned_job_runs_where_the_advisor_placed_it(aws, tmp_path: Path):
     assert inst["InstanceType"] == itype and inst["InstanceLifecycle"] == "spot"
     assert inst["Placement"]["AvailabilityZone"] == zones[0]
     p.terminate(handle)
+
+
+@pytest.fixture()
+def cluster(aws_env: str) -> dict[str, Any]:
+    """A bucket, the example jobs' AMI (one of moto's: listing them all takes a minute on a
+    busy machine) and the EC2 double's placement groups in this process's moto."""
+    from spotwise.emulators import ec2_cluster
+
+    ec2_cluster.install()
+    bucket = f"aws-{uuid.uuid4().hex[:12]}"
+    boto3.client("s3", endpoint_url=aws_env).create_bucket(Bucket=bucket)
+    options = {
+        "region": "us-east-1",
+        "s3": f"s3://{bucket}/jobs",
+        "image_id": "ami-03cf127a",
+        "zones": ["us-east-1a", "us-east-1b"],
+        "instance_type": "g4dn.xlarge",
+        "poll_s": 0.1,
+    }
+    return {
+        "endpoint": aws_env,
+        "ec2": boto3.client("ec2", endpoint_url=aws_env),
+        "options": options,
+    }
+
+
+def _nodes_req(tmp_path: Path, job_id: str) -> LaunchRequest:
+    return LaunchRequest(
+        job_id=job_id,
+        n=1,
+        argv=("python", "train.py"),
+        workdir=Path("/tmp"),
+        env={},
+        log_path=tmp_path / "log",
+        attempt_dir=tmp_path / "attempts" / "1",
+        placement=Placement("spot", "us-east-1a"),
+        nodes=2,
+    )
+
+
+def _user_data(ec2: Any, instance_id: str) -> str:
+    attr = ec2.describe_instance_attribute(InstanceId=instance_id, Attribute="userData")
+    return base64.b64decode(attr["UserData"]["Value"]).decode()
+
+
+def test_two_nodes_are_one_attempt_found_again_by_tag_and_their_groups_swept(cluster, tmp_path):
+    """Rank 0 first, its private address in rank 1's rendezvous; both in the job's placement
+    group and security group (one self-referencing rule); a restarted controller finds the
+    attempt as one handle; a lost node stops the other; the groups go at the sweep."""
+    from spotwise.control.providers.base import adoptable
+
+    ec2, job = cluster["ec2"], f"j{uuid.uuid4().hex[:6]}"
+    options = {**cluster["options"], "grace_s": 0}
+    handle = make_provider("aws", options, epoch=0.0).launch(_nodes_req(tmp_path, job))
+    by_id = {
+        i["InstanceId"]: i
+        for r in ec2.describe_instances(InstanceIds=handle["nodes"])["Reservations"]
+        for i in r["Instances"]
+    }
+    rank0, rank1 = (by_id[i] for i in handle["nodes"])
+    for k, inst in enumerate((rank0, rank1)):
+        tags = {t["Key"]: t["Value"] for t in inst["Tags"]}
+        assert (tags["spotwise:rank"], tags["spotwise:nodes"]) == (str(k), "2")
+        assert inst["Placement"]["GroupName"] == f"spotwise-{job}-us-east-1a"
+        assert {g["GroupName"] for g in inst["SecurityGroups"]} == {"default", f"spotwise-{job}"}
+    port = handle["port"]
+    first, second = (_user_data(ec2, i["InstanceId"]) for i in (rank0, rank1))
+    assert f"--rdzv-endpoint=localhost:{port}" in first and "is_host=true" in first
+    assert f"--rdzv-endpoint={rank0['PrivateIpAddress']}:{port}" in second
+    assert "is_host=false" in second and "--nnodes=2" in second
+    assert f"/attempts/1/{handle['launch']}/node-1" in second  # this launch's records
+    assert "spotwise.runtime.launch" in second
+    [group] = ec2.describe_security_groups(
+        Filters=[{"Name": "group-name", "Values": [f"spotwise-{job}"]}]
+    )["SecurityGroups"]
+    [rule] = group["IpPermissions"]
+    assert (rule["IpProtocol"], rule["FromPort"], rule["ToPort"]) == ("tcp", 0, 65535)
+    assert [p["GroupId"] for p in rule["UserIdGroupPairs"]] == [group["GroupId"]]
+
+    again = make_provider("aws", options, epoch=0.0)  # a controller restarted after a crash
+    found = again.find(job, tmp_path / "attempts")
+    assert adoptable(found, 1) == {**found[0], "nodes": handle["nodes"], "id": handle["id"]}
+    assert len(found) == 1  # one attempt, not two instances to sweep as orphans
+    ec2.terminate_instances(InstanceIds=[rank1["InstanceId"]])  # rank 1's machine is gone
+    deadline = time.time() + 10
+    while (status := again.status(found[0])).phase.value != "lost":
+        assert time.time() < deadline, status
+        time.sleep(0.1)
+    [state] = {
+        i["State"]["Name"]
+        for r in ec2.describe_instances(InstanceIds=[rank0["InstanceId"]])["Reservations"]
+        for i in r["Instances"]
+    }
+    assert state in ("shutting-down", "terminated")  # the other node was stopped with it
+    swept = again.find(job, tmp_path / "attempts")  # nothing runs: the job's groups are orphans
+    assert sorted(h["cluster"] for h in swept) == ["placement_group", "security_group"]
+    for h in swept:
+        assert again.status(h).phase.value == "starting"
+        again.terminate(h)
+        assert again.status(h).phase.value == "lost"
+    assert again.find(job, tmp_path / "attempts") == []
+
+
+def test_two_nodes_start_together_or_not_at_all(cluster, tmp_path: Path, monkeypatch):
+    job = f"j{uuid.uuid4().hex[:6]}"
+    proxy = _proxy(cluster, monkeypatch)
+    proxy.add(
+        Fault(
+            "status",
+            method="POST",
+            body_contains=f"{job}-1-node-1",  # rank 1's RunInstances (its Name tag)
+            status=500,
+            code="InsufficientInstanceCapacity",
+        )
+    )
+    p = make_provider("aws", cluster["options"], epoch=0.0)
+    with pytest.raises(CapacityError, match="InsufficientInstanceCapacity"):
+        p.launch(_nodes_req(tmp_path, job))
+    proxy.close()
+    live = cluster["ec2"].describe_instances(
+        Filters=[
+            {"Name": "tag:spotwise:job", "Values": [job]},
+            {"Name": "instance-state-name", "Values": ["pending", "running"]},
+        ]
+    )["Reservations"]
+    assert live == []  # rank 0 was up and is terminated: no half attempt is paid for
+
+
+def _report_uri(ec2: Any, instance_id: str) -> str:
+    """The ``s3://`` prefix an instance's user-data reports its exit to."""
+    [uri] = re.findall(r"aws report '?(s3://[^' ]+)", _user_data(ec2, instance_id))
+    return uri
+
+
+def test_a_rolled_back_node_is_not_read_as_the_next_launch_of_its_attempt(
+    cluster, tmp_path: Path, monkeypatch
+):
+    """All or nothing rolls back rank 0 in the first zone (its SIGTERM makes it report 143,
+    'stopping'); the attempt's next launch elsewhere is a machine of its own: its status is
+    not that record, and a restarted controller adopts it, not the rolled-back node."""
+    from spotwise.control.providers.base import adoptable
+    from spotwise.storage.s3 import S3Storage
+
+    ec2, job = cluster["ec2"], f"j{uuid.uuid4().hex[:6]}"
+    proxy = _proxy(cluster, monkeypatch)
+    proxy.add(
+        Fault(
+            "status",
+            method="POST",
+            body_contains=f"{job}-1-node-1",
+            status=500,
+            code="InsufficientInstanceCapacity",
+        )
+    )
+    p = make_provider("aws", cluster["options"], epoch=0.0)
+    with pytest.raises(CapacityError):
+        p.launch(_nodes_req(tmp_path, job))
+    [rolled_back] = [
+        i
+        for r in ec2.describe_instances(Filters=[{"Name": "tag:spotwise:job", "Values": [job]}])[
+            "Reservations"
+        ]
+        for i in r["Instances"]
+    ]
+    # what the rolled-back rank 0 reports as its shutdown's SIGTERM kills the command
+    S3Storage.from_uri(_report_uri(ec2, rolled_back["InstanceId"])).put_bytes(
+        "exit.json",
+        json.dumps(
+            {"exit_code": 143, "started_at": 1.0, "ended_at": time.time(), "stopping": True}
+        ).encode(),
+    )
+    req = replace(_nodes_req(tmp_path, job), placement=Placement("spot", "us-east-1b"))
+    handle = p.launch(req)  # the same attempt, the next zone
+    assert _report_uri(ec2, handle["nodes"][0]) != _report_uri(ec2, rolled_back["InstanceId"])
+    assert p.status(handle).phase.value == "running"
+    found = make_provider("aws", cluster["options"], epoch=0.0).find(job, tmp_path)
+    assert adoptable(found, 1)["id"] == handle["id"]
+    p.terminate(handle)
+    proxy.close()
+
+
+def test_a_one_node_job_never_asks_for_placement_groups(aws, tmp_path: Path, monkeypatch):
+    """The single-instance path needs only the least-privilege policy: finding a finished
+    one-node job's machines asks nothing of placement or security groups."""
+    p = make_provider("aws", aws["options"], epoch=0.0)
+    req = _req(tmp_path)
+    handle = p.launch(req)
+    aws["ec2"].terminate_instances(InstanceIds=[handle["id"]])
+    proxy = _proxy(aws, monkeypatch)
+    denied = [
+        Fault(
+            "status",
+            method="POST",
+            body_contains=f"Action={action}",
+            status=403,
+            code="UnauthorizedOperation",
+            times=10,
+        )
+        for action in ("DescribePlacementGroups", "DescribeSecurityGroups")
+    ]
+    for fault in denied:
+        proxy.add(fault)
+    assert make_provider("aws", aws["options"], epoch=0.0).find(req.job_id, tmp_path) == []
+    assert [f.hits for f in denied] == [0, 0]
+    proxy.close()

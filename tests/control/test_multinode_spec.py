@@ -47,6 +47,14 @@ def test_bad_node_counts_name_the_key_and_the_fix(tmp_path: Path, fields, needle
 
 
 def test_a_provider_without_multi_node_refuses_more_than_one_process(tmp_path: Path):
+    one = make_provider("fake", {}, epoch=0.0)
+    assert not one.features.multi_node
+    check_world(_spec(tmp_path, provider="local"), one)  # one process: fine anywhere
+    for fields in ({"nodes": 2}, {"procs_per_node": 2}):
+        with pytest.raises(ConfigError) as err:
+            check_world(_spec(tmp_path, **fields), one)
+        assert "runs one process per attempt" in err.value.message
+        assert "set nodes: 1 and procs_per_node: 1" in (err.value.hint or "")
     aws = make_provider(
         "aws",
         {
@@ -57,15 +65,8 @@ def test_a_provider_without_multi_node_refuses_more_than_one_process(tmp_path: P
         },
         epoch=0.0,
     )
-    assert not aws.features.multi_node
-    check_world(_spec(tmp_path, provider="local"), aws)  # one process: fine anywhere
-    for fields in ({"nodes": 2}, {"procs_per_node": 2}):
-        with pytest.raises(ConfigError) as err:
-            check_world(_spec(tmp_path, **fields), aws)
-        assert "runs one process per attempt" in err.value.message
-        assert "set nodes: 1 and procs_per_node: 1" in (err.value.hint or "")
-    for name in ("local", "sim"):
-        check_world(_spec(tmp_path, nodes=2), make_provider(name, {}, epoch=0.0))
+    for many in (aws, *(make_provider(name, {}, epoch=0.0) for name in ("local", "sim"))):
+        check_world(_spec(tmp_path, nodes=2), many)
 
 
 def _ends(*codes_at: tuple[int, float]) -> dict[int, RankEnd]:

@@ -3,17 +3,23 @@ interrupted, to compare against, and the loopback S3 the cloud doubles' machines
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import subprocess
 import sys
 from collections.abc import Callable, Collection, Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from spotwise.control.spec import JobSpec
+
+if TYPE_CHECKING:
+    from spotwise.emulators.ec2 import Ec2DataPlane
+    from spotwise.emulators.fault_proxy import Fault
 
 HASH = re.compile(r"final-weights-sha256: ([0-9a-f]{64})")
 SPOTWISE = [sys.executable, "-c", "from spotwise.cli.main import main; main()"]
@@ -90,3 +96,68 @@ def checkpoint_steps(keys: Iterable[str], besides: Collection[str] = ()) -> dict
         if m and m.group(1) not in besides:
             found.setdefault(m.group(1), set()).add(int(m.group(2)))
     return found
+
+
+def ec2_instances(env: dict[str, str], job_id: str, live_only: bool) -> list[dict[str, Any]]:
+    """The job's instances (found by tag), or those not yet terminated."""
+    filters = [{"Name": "tag:spotwise:job", "Values": [job_id]}]
+    if live_only:
+        filters.append(
+            {
+                "Name": "instance-state-name",
+                "Values": ["pending", "running", "shutting-down", "stopping"],
+            }
+        )
+    out = aws_client("ec2", env).describe_instances(Filters=filters)
+    return [i for r in out["Reservations"] for i in r["Instances"]]
+
+
+@dataclass
+class Ec2:
+    env: dict[str, str]  # what `spotwise emulate ec2` says to export
+    plane: Ec2DataPlane
+
+
+@contextlib.contextmanager
+def ec2_double(workdir: Path, *faults: Fault, notice_lead_s: float = 5) -> Iterator[Ec2]:
+    """What `spotwise emulate ec2` runs, in this process so that a test can reclaim an
+    instance when it has saved (an interruption on a fixed schedule races the instance's start
+    on a loaded machine): moto's EC2 + S3 with the example jobs' bucket and instance profile,
+    the data plane whose instances see only this checkout, this Python and S3, and a fault
+    proxy in front with ``faults``."""
+    from moto.server import ThreadedMotoServer
+
+    from spotwise.emulators.ec2 import Ec2DataPlane
+    from spotwise.emulators.fault_proxy import FaultProxy
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    moto = f"http://{host}:{port}"
+    proxy = FaultProxy(moto)
+    for fault in faults:
+        proxy.add(fault)
+    env = {
+        **os.environ,
+        "AWS_ENDPOINT_URL": proxy.url,
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_EC2_METADATA_DISABLED": "true",
+    }
+    for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN"):
+        env.pop(name, None)
+    aws_client("s3", env).create_bucket(Bucket="spotwise-digits")
+    iam = aws_client("iam", env)
+    with contextlib.suppress(iam.exceptions.EntityAlreadyExistsException):  # (moto: per process)
+        iam.create_instance_profile(InstanceProfileName="spotwise-digits")
+    root = Path(__file__).resolve().parents[2]
+    plane = Ec2DataPlane(
+        moto, workdir=workdir, notice_lead_s=notice_lead_s, stop_grace_s=10, image=[root]
+    ).start()
+    try:
+        yield Ec2(env, plane)
+    finally:
+        plane.stop()
+        proxy.close()
+        server.stop()

@@ -13,16 +13,22 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from spotwise.cli.emulate import parse_ec2_fault
-from spotwise.emulators.ec2 import Ec2DataPlane
-from spotwise.emulators.fault_proxy import FaultProxy
 
-from .conftest import HASH, SPOTWISE, aws_client, cli, s3_checkpoints
+from .conftest import (
+    HASH,
+    SPOTWISE,
+    Ec2,
+    aws_client,
+    cli,
+    ec2_double,
+    ec2_instances,
+    s3_checkpoints,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 JOB = ROOT / "examples" / "digits" / "job-aws.yaml"
@@ -30,69 +36,17 @@ JOB = ROOT / "examples" / "digits" / "job-aws.yaml"
 pytestmark = pytest.mark.e2e
 
 
-@dataclass
-class Ec2:
-    env: dict[str, str]  # what `spotwise emulate ec2` says to export
-    plane: Ec2DataPlane
-
-
 @pytest.fixture(scope="module")
 def ec2(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ec2]:
-    """What `spotwise emulate ec2` runs, in this process so that a test can reclaim an
-    instance when it has saved (an interruption on a fixed schedule races the instance's
-    start on a loaded machine): moto's EC2 + S3, the data plane whose instances see only this
-    checkout, this Python and S3, and a fault proxy whose RunInstances answers
-    InsufficientInstanceCapacity twice (the dry run and one launch)."""
-    from moto.server import ThreadedMotoServer
-
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    moto = f"http://{host}:{port}"
-    proxy = FaultProxy(moto)
-    proxy.add(parse_ec2_fault("RunInstances=InsufficientInstanceCapacity:2"))
-    env = {
-        **os.environ,
-        "AWS_ENDPOINT_URL": proxy.url,
-        "AWS_ACCESS_KEY_ID": "testing",
-        "AWS_SECRET_ACCESS_KEY": "testing",
-        "AWS_DEFAULT_REGION": "us-east-1",
-        "AWS_EC2_METADATA_DISABLED": "true",
-    }
-    for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN"):
-        env.pop(name, None)
-    aws_client("s3", env).create_bucket(Bucket="spotwise-digits")
-    aws_client("iam", env).create_instance_profile(InstanceProfileName="spotwise-digits")
-    plane = Ec2DataPlane(
-        moto,
-        workdir=tmp_path_factory.mktemp("ec2"),
-        notice_lead_s=5,
-        stop_grace_s=10,
-        image=[ROOT],
-    ).start()
-    try:
-        yield Ec2(env, plane)
-    finally:
-        plane.stop()
-        proxy.close()
-        server.stop()
+    """The EC2 double, whose RunInstances answers InsufficientInstanceCapacity twice (the dry
+    run and one launch)."""
+    fault = parse_ec2_fault("RunInstances=InsufficientInstanceCapacity:2")
+    with ec2_double(tmp_path_factory.mktemp("ec2"), fault) as double:
+        yield double
 
 
 def _ec2_client(env: dict[str, str]):
     return aws_client("ec2", env)
-
-
-def _instances(env: dict[str, str], job_id: str, live_only: bool) -> list[dict]:
-    filters = [{"Name": "tag:spotwise:job", "Values": [job_id]}]
-    if live_only:
-        filters.append(
-            {
-                "Name": "instance-state-name",
-                "Values": ["pending", "running", "shutting-down", "stopping"],
-            }
-        )
-    out = _ec2_client(env).describe_instances(Filters=filters)
-    return [i for r in out["Reservations"] for i in r["Instances"]]
 
 
 def _tag(resource: dict, key: str) -> str:
@@ -139,7 +93,7 @@ def test_digits_on_ec2_spot_survives_an_interruption_with_identical_weights(
         assert launch.poll() is None and time.monotonic() < deadline, "no checkpoint in S3"
         time.sleep(0.5)
     [(job_id, steps)] = saved.items()
-    [first] = _instances(env, job_id, live_only=True)
+    [first] = ec2_instances(env, job_id, live_only=True)
     ec2.plane.interrupt(first["InstanceId"])  # spot notice now, killed 5 s later
     out, _ = launch.communicate(timeout=600)
     assert launch.returncode == 0, out
@@ -169,12 +123,12 @@ def test_digits_on_ec2_spot_survives_an_interruption_with_identical_weights(
     assert baseline.returncode == 0 and len(got) == 1
     assert got[0] == HASH.findall(out)[-1]
 
-    every = _instances(env, job["id"], live_only=False)
+    every = ec2_instances(env, job["id"], live_only=False)
     assert len(every) == len(status["attempts"])  # one instance per attempt, no duplicates
     # (the interrupted one ends as EC2 would have it: shut down from inside after saving and
     # reporting exit 75, or killed at the deadline with the spot StateReason)
     assert all(i.get("InstanceLifecycle") == "spot" for i in every)
-    assert _instances(env, job["id"], live_only=True) == []
+    assert ec2_instances(env, job["id"], live_only=True) == []
     assert _volumes(env, job["id"]) == []  # encrypted roots went with their instances
 
 
@@ -198,14 +152,14 @@ def test_controller_killed_mid_launch_then_resumed_leaves_no_orphan_or_duplicate
     )
     deadline = time.time() + 120
     job_id = ""
-    while not job_id or not _instances(env, job_id, live_only=True):
+    while not job_id or not ec2_instances(env, job_id, live_only=True):
         assert time.time() < deadline and first.poll() is None, "no instance was launched"
         jobs = json.loads(cli("jobs", "--json", env=env).stdout or "[]")
         job_id = jobs[0]["id"] if jobs else ""
         time.sleep(0.1)
     first.send_signal(signal.SIGKILL)  # right after RunInstances: the instance is running
     first.wait()
-    [machine] = _instances(env, job_id, live_only=True)
+    [machine] = ec2_instances(env, job_id, live_only=True)
 
     resumed = cli("resume", job_id, "--quiet", timeout=600, env=env)
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
@@ -213,8 +167,8 @@ def test_controller_killed_mid_launch_then_resumed_leaves_no_orphan_or_duplicate
     assert status["state"] == "SUCCEEDED"
     # the killed controller's instance was adopted as attempt 1, not launched again; each
     # attempt (a spot interruption may add one) has exactly one instance
-    every = _instances(env, job_id, live_only=False)
+    every = ec2_instances(env, job_id, live_only=False)
     attempt_of = {i["InstanceId"]: _tag(i, "spotwise:attempt") for i in every}
     assert attempt_of[machine["InstanceId"]] == "1"
     assert sorted(attempt_of.values()) == [str(a["n"]) for a in status["attempts"]]
-    assert _instances(env, job_id, live_only=True) == [] and _volumes(env, job_id) == []
+    assert ec2_instances(env, job_id, live_only=True) == [] and _volumes(env, job_id) == []

@@ -16,9 +16,11 @@ It then behaves as EC2 does:
   spot ``StateReason`` (``Server.SpotInstanceTermination``), through moto's own backend API.
 
 The last step needs moto in this process (``ThreadedMotoServer``, as the tests and
-``spotwise emulate ec2`` run it). The processes get what an instance with an instance profile
-would have: credentials and the S3 endpoint in their environment, never in the user-data. It
-shares no code with the aws provider it exercises.
+``spotwise emulate ec2`` run it), as do the placement groups and the loopback network
+(every private address 127.0.0.1) that ``ec2_cluster`` adds to moto for multi-node attempts.
+The processes get what an instance with an instance profile would have: credentials and the
+S3 endpoint in their environment, never in the user-data. It shares no code with the aws
+provider it exercises.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from spotwise.emulators import machine_root
+from spotwise.emulators import ec2_cluster, machine_root
 from spotwise.emulators.aws import AwsImdsEmulator
 
 JOB_TAG = "spotwise:job"
@@ -110,6 +112,7 @@ class Ec2DataPlane:
     # --- lifecycle -------------------------------------------------------------------------
     def start(self) -> Ec2DataPlane:
         self.workdir.mkdir(parents=True, exist_ok=True)
+        ec2_cluster.install()  # placement groups and the loopback network, in this moto
         # instances from before this plane started were never its machines: leave them be
         self._foreign = set(self._states())
         self._thread = threading.Thread(target=self._loop, name="ec2-data-plane", daemon=True)

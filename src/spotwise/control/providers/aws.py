@@ -1,4 +1,5 @@
-"""``aws``: each attempt is one EC2 instance (spot one-time + terminate, or on-demand).
+"""``aws``: each attempt is one EC2 instance (spot one-time + terminate, or on-demand), or, with
+``nodes: N``, N instances in a cluster placement group that meet through torch's rendezvous.
 
 The instance boots with a cloud-init user-data script (``user_data``) that runs the job's command
 with ``SPOTWISE_CHECKPOINT_DIR=s3://...`` and, when the command ends, writes the attempt's exit
@@ -10,7 +11,18 @@ command exited 75 after saving" from "the machine was taken away".
 
 Everything is tagged ``spotwise:job`` / ``spotwise:attempt`` (instances and their volumes), which
 is how ``find`` lists a job's machines after a controller crash, so the controller can adopt the
-one it lost and terminate the rest. Capacity errors become :class:`CapacityError` (the controller
+one it lost and terminate the rest.
+
+A multi-node attempt launches rank 0 first and passes its private address to the others in
+their user-data; all start or none stays (a capacity error on any node terminates the ones up).
+Each node runs ``spotwise.runtime.launch`` with its node rank and reports its own exit record
+(``attempts/<n>/<launch>/node-<k>``: ``<launch>`` is new for every launch, so the record of a
+node terminated by an all-or-nothing rollback is never read as the record of the same attempt's
+next launch in another zone); the loss of any node ends the attempt as on ``sim``
+(:func:`~spotwise.control.providers.process.group_status`: the others are stopped, their
+ranks save and exit 75). Its placement and security groups are in ``aws_cluster``.
+
+Capacity errors become :class:`CapacityError` (the controller
 tries the next placement); throttling and 5xx are retried with the S3 backend's backoff policy.
 
 boto3 is imported only when a provider is built (``pip install 'spotwise[aws]'``). Endpoints and
@@ -20,12 +32,10 @@ point it at a loopback moto server.
 
 from __future__ import annotations
 
-import argparse
 import difflib
-import json
 import random
 import re
-import sys
+import secrets
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -36,6 +46,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from pydantic import Field, model_validator
 
 from spotwise.control.pricing import catalog_usd_per_hour, region_of
+from spotwise.control.providers import aws_cluster
 from spotwise.control.providers.aws_placement import AwsPlacement, choose_placement, settle_zones
 from spotwise.control.providers.base import (
     MARKETS,
@@ -49,9 +60,12 @@ from spotwise.control.providers.base import (
     Phase,
     Prices,
     Pricing,
+    attempt_key,
     parse_options,
 )
+from spotwise.control.providers.process import group_status
 from spotwise.control.providers.remote_boot import boot_script, copy_log, exit_record
+from spotwise.control.providers.torchrun import free_port, launcher_argv
 from spotwise.errors import (
     CapacityError,
     ConfigError,
@@ -67,6 +81,8 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 JOB_TAG, ATTEMPT_TAG = "spotwise:job", "spotwise:attempt"
+# a node of a multi-node attempt: its rank, the attempt's size, and which launch of the attempt
+RANK_TAG, NODES_TAG, LAUNCH_TAG = "spotwise:rank", "spotwise:nodes", "spotwise:launch"
 # RunInstances errors that mean "no machine of that kind here, now": try another placement.
 CAPACITY_CODES = frozenset({
     "InsufficientInstanceCapacity", "SpotMaxPriceTooLow", "MaxSpotInstanceCountExceeded",
@@ -213,6 +229,7 @@ class AwsProvider:
             poll_s=self.opts.poll_s,
             grace_s=self.opts.grace_s,
             same_host=False,
+            multi_node=True,
             checkpoints=CheckpointHome(
                 default=f"{self.job_uri('{job_id}')}/checkpoint",
                 durable=("s3://",),
@@ -439,21 +456,74 @@ class AwsProvider:
                 "(provider.aws.instance_profile) gives the instance credentials",
             )
         zone = req.placement.zone or self.features.zones[0]
-        tags = {JOB_TAG: req.job_id, ATTEMPT_TAG: str(req.n), "Name": req.key}
-        token = f"{req.key}-{req.placement.market}-{zone}"[-64:]  # RunInstances idempotency
-        args = self._run_args(token, req.placement.market, zone, self.user_data(req), tags)
-        ec2 = self._ec2[region_of(zone)]
-        out = self._call("RunInstances", lambda: ec2.run_instances(**args))
-        instance = out["Instances"][0]
-        return {
+        handle = {
             "n": req.n,
-            "id": instance["InstanceId"],
             "job": req.job_id,
             "zone": zone,
             "region": region_of(zone),
             "market": req.placement.market,
             "log": str(req.log_path),
         }
+        if req.nodes > 1:
+            return {**handle, **self._launch_nodes(req, zone)}
+        tags = {JOB_TAG: req.job_id, ATTEMPT_TAG: str(req.n), "Name": req.key}
+        instance = self._run(req, zone, self.user_data(req), tags, req.key)
+        return {**handle, "id": instance["InstanceId"]}
+
+    def _run(
+        self,
+        req: LaunchRequest,
+        zone: str,
+        user_data: str,
+        tags: dict[str, str],
+        name: str,
+        cluster: tuple[str, list[str]] | None = None,
+    ) -> dict[str, Any]:
+        """RunInstances of one instance; ``cluster``: its placement group and security groups."""
+        token = f"{name}-{req.placement.market}-{zone}"[-64:]  # RunInstances idempotency
+        args = self._run_args(token, req.placement.market, zone, user_data, tags, cluster)
+        ec2 = self._ec2[region_of(zone)]
+        out = self._call("RunInstances", lambda: ec2.run_instances(**args))
+        return dict(out["Instances"][0])
+
+    def _launch_nodes(self, req: LaunchRequest, zone: str) -> Handle:
+        """The attempt's ``req.nodes`` instances, rank 0 first (its private address goes into
+        the others' user-data), all in the job's placement group; all or none: a node that
+        cannot be launched (no capacity) terminates the ones already up."""
+        region = region_of(zone)
+        ec2, job = self._ec2[region], {JOB_TAG: req.job_id}
+        vpc = aws_cluster.vpc_of(self._call, ec2, self.opts.subnets.get(zone), region)
+        groups = self._groups.get(region) or [aws_cluster.default_group(self._call, ec2, vpc)]
+        cluster = (
+            aws_cluster.placement_group(self._call, ec2, req.job_id, zone, job),
+            [*groups, aws_cluster.security_group(self._call, ec2, req.job_id, vpc, job)],
+        )
+        # the rendezvous port: any works on a fresh instance (the group's rule allows all TCP
+        # within it); one free here keeps attempts apart on a double's shared loopback
+        port, rank0 = free_port(), "localhost"  # (rank 0 serves the store: itself)
+        launch = secrets.token_hex(4)  # this launch's records: a rolled-back one's are not ours
+        ids: list[str] = []
+        try:
+            for k in range(req.nodes):
+                tags = {
+                    JOB_TAG: req.job_id,
+                    ATTEMPT_TAG: str(req.n),
+                    RANK_TAG: str(k),
+                    NODES_TAG: str(req.nodes),
+                    LAUNCH_TAG: launch,
+                    "Name": f"{req.key}-node-{k}",
+                }
+                user_data = self.user_data(req, node=k, endpoint=f"{rank0}:{port}", launch=launch)
+                name = f"{req.key}-{launch}-{k}"
+                instance = self._run(req, zone, user_data, tags, name, cluster)
+                ids.append(instance["InstanceId"])
+                if k == 0:
+                    rank0 = instance["PrivateIpAddress"]
+        except BaseException:
+            for instance_id in ids:
+                self.terminate({"id": instance_id, "region": region})
+            raise
+        return {"id": f"{req.key}-{launch}", "nodes": ids, "port": port, "launch": launch}
 
     def _client(self, handle: Handle) -> Any:
         """The EC2 client of the region a handle's instance or volume is in (handles stored
@@ -462,7 +532,12 @@ class AwsProvider:
         return self._ec2[handle.get("region") or (region_of(zone) if zone else self.region)]
 
     def status(self, handle: Handle) -> AttemptStatus:
+        if "nodes" in handle:
+            return self._nodes_status(handle)
         ec2 = self._client(handle)
+        if "cluster" in handle:  # the job's placement or security group: "up" while it exists
+            there = aws_cluster.exists(self._call, ec2, handle["cluster"], handle["id"])
+            return AttemptStatus(Phase.STARTING if there else Phase.LOST, detail=handle["cluster"])
         if "volume_id" in handle:  # a stray volume found by the sweep: "running" while it exists
             vols = self._call(
                 "DescribeVolumes",
@@ -514,10 +589,47 @@ class AwsProvider:
             Phase.LOST, running_at=launched, detail=f"{handle['id']} {state}: {what}"
         )
 
+    def _node_handles(self, handle: Handle) -> list[Handle | None]:
+        """One single-instance handle per node of a multi-node attempt (None: never launched)."""
+        rest = {k: v for k, v in handle.items() if k not in ("nodes", "id")}
+        return [
+            None if iid is None else {**rest, "id": iid, "node": k}
+            for k, iid in enumerate(handle["nodes"])
+        ]
+
+    def _nodes_status(self, handle: Handle) -> AttemptStatus:
+        """The nodes' statuses folded as on ``sim``: one lost or failed ends the attempt and
+        the others are stopped (TerminateInstances: their ranks save on SIGTERM, exit 75)."""
+        nodes = self._node_handles(handle)
+        statuses = [
+            AttemptStatus(Phase.LOST, detail=f"node {k} was never launched")
+            if h is None
+            else self.status(h)
+            for k, h in enumerate(nodes)
+        ]
+        status, stop_rest = group_status(statuses, now=time.time(), settle_s=self.features.grace_s)
+        if stop_rest:
+            for h, st in zip(nodes, statuses, strict=True):
+                if h is not None and st.phase in (Phase.STARTING, Phase.RUNNING):
+                    self.terminate(h)
+        return status
+
     def terminate(self, handle: Handle) -> None:
         """TerminateInstances (EC2 shuts it down: SIGTERM, then the grace, then off);
-        idempotent. A stray volume handle is deleted."""
+        idempotent. A stray volume handle is deleted, as are the job's placement and security
+        groups once the sweep finds them unused."""
+        if "nodes" in handle:
+            for node in self._node_handles(handle):
+                if node is not None:
+                    self.terminate(node)
+            return
         ec2 = self._client(handle)
+        if "cluster" in handle:
+            patience = self.features.grace_s + 60.0  # (an instance's shutdown, then its ENI)
+            aws_cluster.delete(
+                self._call, ec2, handle["cluster"], handle["id"], self._sleep, patience
+            )
+            return
         try:
             if "volume_id" in handle:
                 self._call("DeleteVolume", lambda: ec2.delete_volume(VolumeId=handle["volume_id"]))
@@ -553,23 +665,53 @@ class AwsProvider:
         pages = self._call(
             "DescribeInstances",
             lambda: (
-                ec2.get_paginator("describe_instances")
-                .paginate(Filters=[*job, {"Name": "instance-state-name", "Values": LIVE_STATES}])
-                .build_full_result()
+                ec2.get_paginator("describe_instances").paginate(Filters=job).build_full_result()
             ),
         )
-        for reservation in pages["Reservations"]:
-            for inst in reservation["Instances"]:
-                tags = {t["Key"]: t["Value"] for t in inst.get("Tags", [])}
+        # (terminated ones too, which EC2 lists for about an hour: they tell a multi-node job)
+        every = [i for r in pages["Reservations"] for i in r["Instances"]]
+        clusters: dict[tuple[int, str], Handle] = {}  # multi-node launches: nodes by rank
+        up: set[tuple[int, str]] = set()  # ... those with a node not yet being shut down
+        for inst in every:
+            state = inst["State"]["Name"]
+            if state not in LIVE_STATES:
+                continue
+            tags = {t["Key"]: t["Value"] for t in inst.get("Tags", [])}
+            handle = {
+                "n": int(tags.get(ATTEMPT_TAG, "0")),
+                "id": inst["InstanceId"],
+                "job": job_id,
+                "zone": inst["Placement"]["AvailabilityZone"],
+                "region": region,
+                "log": str(attempts_dir.with_name("job.log")),  # as launch's handle
+            }
+            if NODES_TAG not in tags:
+                found.append(handle)
+                continue
+            key = (handle["n"], tags.get(LAUNCH_TAG, ""))
+            group = clusters.setdefault(
+                key,
+                {
+                    **handle,
+                    "id": f"{attempt_key(job_id, key[0])}-{key[1]}",
+                    "nodes": [None] * int(tags[NODES_TAG]),
+                    "launch": key[1],
+                },
+            )
+            group["nodes"][int(tags[RANK_TAG])] = inst["InstanceId"]
+            if state != "shutting-down":
+                up.add(key)
+        # a launch whose every node is shutting down needs no sweep, and is never the one to
+        # adopt: it is an all-or-nothing rollback (the attempt's next launch is elsewhere), or
+        # an attempt already over, which the controller then launches again
+        found += [group for key, group in clusters.items() if key in up]
+        multi_node = any(NODES_TAG in {t["Key"] for t in i.get("Tags", [])} for i in every)
+        if multi_node and all(  # its groups are being let go (a one-node job has none to ask)
+            i["State"]["Name"] in ("shutting-down", "terminated") for i in every
+        ):
+            for kind, ident in aws_cluster.find(self._call, ec2, JOB_TAG, job_id):
                 found.append(
-                    {
-                        "n": int(tags.get(ATTEMPT_TAG, "0")),
-                        "id": inst["InstanceId"],
-                        "job": job_id,
-                        "zone": inst["Placement"]["AvailabilityZone"],
-                        "region": region,
-                        "log": str(attempts_dir.with_name("job.log")),  # as launch's handle
-                    }
+                    {"n": 0, "id": ident, "job": job_id, "region": region, "cluster": kind}
                 )
         volumes = self._call(
             "DescribeVolumes",
@@ -592,7 +734,13 @@ class AwsProvider:
 
     # --- pieces ----------------------------------------------------------------------------
     def _run_args(
-        self, token: str, market: str, zone: str, user_data: str, tags: dict[str, str]
+        self,
+        token: str,
+        market: str,
+        zone: str,
+        user_data: str,
+        tags: dict[str, str],
+        cluster: tuple[str, list[str]] | None = None,
     ) -> dict[str, Any]:
         o, region = self.opts, region_of(zone)
         args: dict[str, Any] = {
@@ -647,6 +795,9 @@ class AwsProvider:
             args["Placement"] = {"AvailabilityZone": zone}
         if self._groups.get(region):
             args["SecurityGroupIds"] = self._groups[region]
+        if cluster is not None:
+            args["Placement"] = {**args.get("Placement", {}), "GroupName": cluster[0]}
+            args["SecurityGroupIds"] = cluster[1]
         if o.instance_profile:
             key = "Arn" if o.instance_profile.startswith("arn:") else "Name"
             args["IamInstanceProfile"] = {key: o.instance_profile}
@@ -693,18 +844,37 @@ class AwsProvider:
     def job_uri(self, job_id: str) -> str:
         return f"s3://{self.bucket}/{self.prefix + '/' if self.prefix else ''}{job_id}"
 
-    def user_data(self, req: LaunchRequest) -> str:
-        """The cloud-init script of one attempt (bash; no credentials in it)."""
+    def user_data(
+        self, req: LaunchRequest, node: int = 0, endpoint: str = "", launch: str = ""
+    ) -> str:
+        """The cloud-init script of one attempt, or of its node ``node`` of the multi-node
+        launch ``launch`` whose rendezvous is at ``endpoint`` (bash; no credentials in it)."""
         from spotwise.control.secret_refs import aws_fetch_script
 
         # env_from's SSM parameters and Secrets Manager secrets, fetched on the instance
         region = region_of(req.placement.zone or self.features.zones[0])
+        report_uri = self._report_uri(req.job_id, req.n)
+        if req.nodes * req.procs_per_node > 1:  # torch's launcher on each node, its rank
+            first, *rest = req.argv
+            command = (self.opts.python if first in ("python", "python3") else first, *rest)
+            argv = launcher_argv(
+                command,
+                python=self.opts.python,
+                nodes=req.nodes,
+                procs_per_node=req.procs_per_node,
+                endpoint=endpoint,
+                rdzv_id=req.key,
+                host=node == 0 if req.nodes > 1 else None,
+            )
+            req = replace(req, argv=argv)
+            if req.nodes > 1:
+                report_uri = self._report_uri(req.job_id, req.n, (launch, node))
         return boot_script(
             req,
             python=self.opts.python,
             workdir=self.opts.workdir,
             setup=self.opts.setup,
-            report_uri=f"{self.job_uri(req.job_id)}/attempts/{req.n}",
+            report_uri=report_uri,
             shutdown_if='[ -d /var/lib/cloud/instance ] && [ "${SPOTWISE_EC2_EMULATED:-0}" != 1 ]',
             secrets=aws_fetch_script(req.env_from, self.opts.python, region),
         )
@@ -715,47 +885,19 @@ class AwsProvider:
     def _attempt_store(self, handle: Handle) -> Any:
         from spotwise.storage.s3 import S3Storage
 
-        uri = f"{self.job_uri(handle['job'])}/attempts/{handle['n']}"
-        return S3Storage.from_uri(uri, client=self.s3)
+        node = (handle["launch"], handle["node"]) if "node" in handle else None
+        return S3Storage.from_uri(
+            self._report_uri(handle["job"], handle["n"], node), client=self.s3
+        )
+
+    def _report_uri(self, job_id: str, n: int, node: tuple[str, int] | None = None) -> str:
+        """Where an attempt's instance (or the node ``(launch, rank)``) reports its exit."""
+        uri = f"{self.job_uri(job_id)}/attempts/{n}"
+        return uri if node is None else f"{uri}/{node[0]}/node-{node[1]}"
 
     def _copy_log(self, handle: Handle) -> None:
         """Append the attempt's output (uploaded by the instance) to the job log, once."""
         if handle.get("log"):
-            where = f"aws {handle['id']}"
-            copy_log(self._attempt_store(handle), Path(handle["log"]), handle["n"], where)
-
-
-def report(argv: list[str] | None = None) -> int:
-    """On the instance: write the attempt's exit record and output to S3 (instance-profile
-    credentials), so the controller learns the exit code of a process it cannot see."""
-    from spotwise.storage.s3 import S3Storage
-
-    parser = argparse.ArgumentParser(prog="python -m spotwise.control.providers.aws report")
-    parser.add_argument("uri")
-    parser.add_argument("--exit-code", type=int, required=True)
-    parser.add_argument("--started", type=float, required=True)
-    parser.add_argument("--stopping", type=int, default=0, help="1: the machine was shutting down")
-    parser.add_argument("--log", type=Path)
-    args = parser.parse_args(argv)
-    store = S3Storage.from_uri(args.uri)
-    if args.log is not None and args.log.exists():
-        store.put_bytes("output.log", args.log.read_bytes())
-        sys.stdout.write(args.log.read_text(errors="replace")[-4000:])  # the console log
-    store.put_bytes(
-        "exit.json",
-        json.dumps(
-            {
-                "exit_code": args.exit_code,
-                "started_at": args.started,
-                "ended_at": time.time(),
-                "stopping": bool(args.stopping),
-            }
-        ).encode(),
-    )
-    return 0
-
-
-if __name__ == "__main__":
-    if sys.argv[1:2] != ["report"]:
-        sys.exit("usage: python -m spotwise.control.providers.aws report S3_URI --exit-code N ...")
-    sys.exit(report(sys.argv[2:]))
+            node = handle.get("node")
+            where = f"aws {handle['id']}" + ("" if node is None else f" (node {node})")
+            copy_log(self._attempt_store(handle), Path(handle["log"]), handle["n"], where, node)

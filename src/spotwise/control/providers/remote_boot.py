@@ -101,10 +101,10 @@ def exit_record(store: Any) -> dict[str, Any] | None:
     return record
 
 
-def copy_log(store: Any, log: Path, n: int, where: str) -> None:
+def copy_log(store: Any, log: Path, n: int, where: str, node: int | None = None) -> None:
     """Append the attempt's uploaded output to the job log, once (``where``: the machine, as
-    the log's header names it)."""
-    marker = log.with_name(f".remote-log-{n}")
+    the log's header names it; ``node``: which machine of a multi-node attempt)."""
+    marker = log.with_name(f".remote-log-{n}" + ("" if node is None else f"-node-{node}"))
     if marker.exists():
         return
     try:

@@ -1,0 +1,140 @@
+"""``spotwise launch examples/digits/job-aws-ddp.yaml`` on the EC2 double: DDP over 2 instances
+(gloo, CPU), rank 1's instance reclaimed with a real IMDS notice once the job has saved to S3,
+75 on every rank, both nodes relaunched, the resume from S3, and the weights of a world-size-2
+run never interrupted. The first launch finds no capacity for rank 1 after rank 0 is up: rank 0
+is terminated (all or nothing) and the next zone is tried."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from spotwise.control.spec import load_spec
+from spotwise.control.store import Store
+from spotwise.emulators.fault_proxy import Fault
+
+from .conftest import HASH, SPOTWISE, aws_client, cli, ec2_double, ec2_instances, s3_checkpoints
+
+ROOT = Path(__file__).resolve().parents[2]
+JOB = ROOT / "examples" / "digits" / "job-aws-ddp.yaml"
+
+pytestmark = pytest.mark.e2e
+
+# RunInstances of attempt 1's rank 1 (its Name tag): no capacity, once
+NO_RANK_1 = Fault(
+    "status",
+    method="POST",
+    body_contains="-1-node-1",
+    status=500,
+    code="InsufficientInstanceCapacity",
+    message="InsufficientInstanceCapacity (injected)",
+)
+
+
+def _tags(instance: dict) -> dict[str, str]:
+    return {t["Key"]: t["Value"] for t in instance.get("Tags", [])}
+
+
+def _sections(log: str, n: int) -> list[str]:
+    """Each node's output of attempt ``n`` in the job log (headed ``attempt n on aws ...``)."""
+    parts = re.split(r"(?m)^\[spotwise\] attempt (\d+) on aws \S+ \(node \d\)\n", log)
+    return [text for num, text in zip(parts[1::2], parts[2::2], strict=True) if int(num) == n]
+
+
+def test_two_node_ddp_on_ec2_loses_a_node_and_ends_with_identical_weights(tmp_path: Path):
+    spec = load_spec(JOB)
+    assert (spec.nodes, spec.procs_per_node) == (2, 1)
+    argv = [
+        a.replace("$SPOTWISE_CHECKPOINT_DIR", str(tmp_path / "baseline")) for a in spec.command[1:]
+    ]
+    # a notice that outlasts a DDP save and both reports on a loaded runner (30 s measured; EC2
+    # gives 120 s): a rank killed mid-save leaves its peer unable to save, the attempt 'lost'
+    with ec2_double(tmp_path / "ec2", NO_RANK_1, notice_lead_s=60) as ec2:
+        env = {**ec2.env, "SPOTWISE_HOME": str(tmp_path / "home")}
+        earlier = set(s3_checkpoints(env))  # (jobs of the other clouds' tests)
+        launch = subprocess.Popen(
+            [*SPOTWISE, "launch", str(JOB)],
+            env=env,
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
+        deadline = time.monotonic() + 600
+        while not (saved := s3_checkpoints(env, earlier)):  # both ranks train and have saved
+            assert launch.poll() is None and time.monotonic() < deadline, "no checkpoint in S3"
+            time.sleep(0.5)
+        [job_id] = saved
+        nodes = {_tags(i)["spotwise:rank"]: i for i in ec2_instances(env, job_id, live_only=True)}
+        assert sorted(nodes) == ["0", "1"]
+        ec2.plane.interrupt(nodes["1"]["InstanceId"])  # rank 1's spot notice now
+        # the same world size, never interrupted (after the job's start-up: 2 cores)
+        baseline = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "spotwise.runtime.launch",
+                "--standalone",
+                "--nproc-per-node=2",
+                "--no-python",
+                sys.executable,
+                *argv,
+            ],
+            cwd=spec.workdir,
+            env={**os.environ, "SPOTWISE_PLATFORM": "none"},
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert baseline.returncode == 0, baseline.stderr[-2000:]
+        out, _ = launch.communicate(timeout=900)
+        assert launch.returncode == 0, out
+
+        status = json.loads(cli("status", job_id, "--json", env=env).stdout)
+        log = cli("logs", job_id, env=env).stdout
+        assert status["state"] == "SUCCEEDED", log[-3000:]
+        attempts = status["attempts"]
+        assert [(a["reason"], a["exit_code"]) for a in attempts] == [
+            ("preempted", 75),
+            ("succeeded", 0),
+        ], log[-3000:]
+        # 75 on every rank of the preempted attempt, each node's launcher kept it
+        first = _sections(log, 1)
+        assert len(first) == 2 and all("attempt exit 75" in s for s in first), log[-4000:]
+        # the relaunch resumed on both nodes from what they saved to S3 (their disks are gone)
+        resumed = [
+            int(s) for s in re.findall(r"resumed from step (\d+)", "".join(_sections(log, 2)))
+        ]
+        assert resumed and resumed[0] > 0, log[-3000:]
+        assert HASH.findall(log)[-1] == HASH.findall(baseline.stdout)[-1]
+
+        # all or nothing: attempt 1's rank 0 in the first zone went when rank 1 found no
+        # capacity there; each attempt then held both nodes in the job's placement group
+        refused = [
+            e["message"]
+            for e in Store(tmp_path / "home").events(job_id)
+            if e["kind"] == "launch-refused"
+        ]
+        assert len(refused) == 1 and "InsufficientInstanceCapacity" in refused[0], refused
+        every = ec2_instances(env, job_id, live_only=False)
+        by_attempt: dict[str, list[dict]] = {}
+        for i in every:
+            by_attempt.setdefault(_tags(i)["spotwise:attempt"], []).append(i)
+        assert sorted(len(v) for v in by_attempt.values()) == [2, 3]  # (1 + 2 in attempt 1)
+        for i in every:
+            zone = i["Placement"]["AvailabilityZone"]
+            assert i["Placement"]["GroupName"] == f"spotwise-{job_id}-{zone}"
+            assert _tags(i)["spotwise:nodes"] == "2"
+            assert f"spotwise-{job_id}" in {g["GroupName"] for g in i["SecurityGroups"]}
+        assert ec2_instances(env, job_id, live_only=True) == []
+        # the job's placement and security groups went with it
+        ec2_api = aws_client("ec2", env)
+        by_job = [{"Name": "tag:spotwise:job", "Values": [job_id]}]
+        assert ec2_api.describe_placement_groups(Filters=by_job)["PlacementGroups"] == []
+        assert ec2_api.describe_security_groups(Filters=by_job)["SecurityGroups"] == []
