@@ -17,8 +17,11 @@ setup: $(BIN)/spotwise
 demo: setup
 	$(BIN)/spotwise launch examples/digits/job.yaml
 
+# most tests wait on real processes (training runs, emulated machines, servers), so more
+# workers than cores pays; the slowest tests are listed at the end
+PYTEST_WORKERS ?= 4
 test: setup
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --durations=25
 
 lint: setup
 	$(BIN)/ruff check src tests benchmarks examples

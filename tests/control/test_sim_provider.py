@@ -105,12 +105,14 @@ def test_aws_style_notice_through_the_imds_emulator(workdir: Path, kit):
     exits 75 before the machine is taken away; the job resumes and finishes."""
     traces = workdir / "traces"
     traces.mkdir()
-    _trace(traces, "zb", [1] * 18 + [0] * (N - 18))  # 18 s of spot, then gone
+    _trace(traces, "zb", [1] * 30 + [0] * (N - 30))  # 30 s of spot, then gone
     _trace(traces, "zc", [1])
     train = ROOT / "examples" / "digits" / "train.py"
     # The first attempt cannot finish before the notice, however fast the machine: its 300 steps
-    # sleep 0.1 s each (30 s > the 18 s of spot); the resumed attempt runs at 0.02 s a step.
-    step_sleep = '"$(if [ "$SPOTWISE_ATTEMPT" = 1 ]; then echo 0.1; else echo 0.02; fi)"'
+    # sleep 0.2 s each (60 s > the 30 s of spot); the resumed attempt runs at 0.02 s a step. The
+    # notice is AWS's two minutes (12 s here): on a loaded machine, one second (as before) was
+    # less than the save and the interpreter's exit took, and the machine was taken first.
+    step_sleep = '"$(if [ "$SPOTWISE_ATTEMPT" = 1 ]; then echo 0.2; else echo 0.02; fi)"'
     spec = kit.spec(
         workdir,
         market="spot",
@@ -125,7 +127,7 @@ def test_aws_style_notice_through_the_imds_emulator(workdir: Path, kit):
             "trace": str(traces),
             "zones": ["zb", "zc"],
             "time_compression": 10,
-            "notice_s": 10,
+            "notice_s": 120,
             "boot_s": 0,
             "notice": "aws",
             "spot_usd_per_hour": 1.0,
