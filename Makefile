@@ -18,10 +18,11 @@ demo: setup
 	$(BIN)/spotwise launch examples/digits/job.yaml
 
 # most tests wait on real processes (training runs, emulated machines, servers), so more
-# workers than cores pays; the slowest tests are listed at the end
+# workers than cores pays; idle workers take queued tests from busy ones (no long tail of one
+# worker's e2e tests); the slowest tests are listed at the end
 PYTEST_WORKERS ?= 4
 test: setup
-	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --durations=25
+	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist worksteal --durations=25
 
 lint: setup
 	$(BIN)/ruff check src tests benchmarks examples
