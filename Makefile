@@ -17,10 +17,10 @@ setup: $(BIN)/spotwise
 demo: setup
 	$(BIN)/spotwise launch examples/digits/job.yaml
 
-# most tests wait on real processes (training runs, emulated machines, servers), so more
-# workers than cores pays; idle workers take queued tests from busy ones (no long tail of one
-# worker's e2e tests); the slowest tests are listed at the end
-PYTEST_WORKERS ?= 4
+# two workers on a 2-core machine: most tests wait on real processes, so this pays; four were
+# faster still (33 min) but starved the e2e tests whose notice windows are a few seconds long.
+# Idle workers take queued tests from busy ones (no long tail); the slowest tests are listed.
+PYTEST_WORKERS ?= 2
 test: setup
 	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist worksteal --durations=25
 

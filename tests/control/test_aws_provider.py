@@ -589,7 +589,7 @@ def test_two_nodes_start_together_or_not_at_all(cluster, tmp_path: Path, monkeyp
 
 def _report_uri(ec2: Any, instance_id: str) -> str:
     """The ``s3://`` prefix an instance's user-data reports its exit to."""
-    [uri] = re.findall(r"aws report '?(s3://[^' ]+)", _user_data(ec2, instance_id))
+    [uri] = re.findall(r"remote_boot report '?(s3://[^' ]+)", _user_data(ec2, instance_id))
     return uri
 
 
