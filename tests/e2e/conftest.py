@@ -137,16 +137,7 @@ def ec2_double(workdir: Path, *faults: Fault, notice_lead_s: float = 5) -> Itera
     proxy = FaultProxy(moto)
     for fault in faults:
         proxy.add(fault)
-    env = {
-        **os.environ,
-        "AWS_ENDPOINT_URL": proxy.url,
-        "AWS_ACCESS_KEY_ID": "testing",
-        "AWS_SECRET_ACCESS_KEY": "testing",
-        "AWS_DEFAULT_REGION": "us-east-1",
-        "AWS_EC2_METADATA_DISABLED": "true",
-    }
-    for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN"):
-        env.pop(name, None)
+    env = loopback_aws_env(proxy.url)
     aws_client("s3", env).create_bucket(Bucket="spotwise-digits")
     iam = aws_client("iam", env)
     with contextlib.suppress(iam.exceptions.EntityAlreadyExistsException):  # (moto: per process)
@@ -161,3 +152,32 @@ def ec2_double(workdir: Path, *faults: Fault, notice_lead_s: float = 5) -> Itera
         plane.stop()
         proxy.close()
         server.stop()
+
+
+def loopback_aws_env(endpoint: str, **extra: str) -> dict[str, str]:
+    """This environment pointed at a loopback AWS with fake credentials (the user's own
+    profile and session token removed, so nothing can reach a real account)."""
+    env = {
+        **os.environ,
+        "AWS_ENDPOINT_URL": endpoint,
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_EC2_METADATA_DISABLED": "true",
+        **extra,
+    }
+    for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN"):
+        env.pop(name, None)
+    return env
+
+
+def launch_detached(job_file: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
+    """``spotwise launch JOB`` in its own session, output discarded: a controller the test
+    can SIGKILL as a closed laptop would end it."""
+    return subprocess.Popen(
+        [*SPOTWISE, "launch", str(job_file)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )

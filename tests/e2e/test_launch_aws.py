@@ -27,6 +27,7 @@ from .conftest import (
     cli,
     ec2_double,
     ec2_instances,
+    launch_detached,
     s3_checkpoints,
 )
 
@@ -143,13 +144,7 @@ def test_controller_killed_mid_launch_then_resumed_leaves_no_orphan_or_duplicate
     job_file = tmp_path / "job.yaml"
     job_file.write_text(yaml.safe_dump(doc))
     env = {**ec2.env, "SPOTWISE_HOME": str(tmp_path / "home")}
-    first = subprocess.Popen(
-        [*SPOTWISE, "launch", str(job_file)],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
+    first = launch_detached(job_file, env)
     deadline = time.time() + 120
     job_id = ""
     while not job_id or not ec2_instances(env, job_id, live_only=True):

@@ -23,7 +23,7 @@ from spotwise.emulators.azure_blob import AzureBlobEmulator
 from spotwise.emulators.azure_compute import AzureComputeEmulator
 from spotwise.settings import AZURE_ENDPOINT_URL
 
-from .conftest import HASH, SPOTWISE, checkpoint_steps, cli
+from .conftest import HASH, SPOTWISE, checkpoint_steps, cli, launch_detached
 
 ROOT = Path(__file__).resolve().parents[2]
 JOB = ROOT / "examples" / "digits" / "job-azure.yaml"
@@ -136,13 +136,7 @@ def test_controller_killed_mid_launch_then_resumed_leaves_no_orphan_or_duplicate
     job_file = tmp_path / "job.yaml"
     job_file.write_text(yaml.safe_dump(doc))
     env = {**azure.env, "SPOTWISE_HOME": str(tmp_path / "home")}
-    first = subprocess.Popen(
-        [*SPOTWISE, "launch", str(job_file)],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
+    first = launch_detached(job_file, env)
     deadline = time.monotonic() + 180
     while not azure.arm.created:
         assert time.monotonic() < deadline and first.poll() is None, "no VM was created"

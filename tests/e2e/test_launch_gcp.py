@@ -22,7 +22,7 @@ from spotwise.emulators.gcp_compute import GcpComputeEmulator
 from spotwise.emulators.gcs import GcsEmulator
 from spotwise.settings import GCP_COMPUTE_ENDPOINT
 
-from .conftest import HASH, SPOTWISE, checkpoint_steps, cli
+from .conftest import HASH, SPOTWISE, checkpoint_steps, cli, launch_detached
 
 ROOT = Path(__file__).resolve().parents[2]
 JOB = ROOT / "examples" / "digits" / "job-gcp.yaml"
@@ -186,13 +186,7 @@ def test_controller_killed_mid_launch_then_resumed_leaves_no_orphan_or_duplicate
     job_file.write_text(yaml.safe_dump(doc))
     env = {**gce.env, "SPOTWISE_HOME": str(tmp_path / "home")}
     before = set(gce.double.operations)
-    first = subprocess.Popen(
-        [*SPOTWISE, "launch", str(job_file)],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
+    first = launch_detached(job_file, env)
     deadline = time.time() + 180
     while not gce.double.live():
         assert time.time() < deadline and first.poll() is None, "no VM was inserted"

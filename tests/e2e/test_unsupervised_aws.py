@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import signal
 import subprocess
 import time
@@ -22,7 +21,7 @@ import yaml
 from spotwise.control.store import Store
 from spotwise.emulators.ec2 import SHUTDOWN_REASON, Ec2DataPlane
 
-from .conftest import SPOTWISE
+from .conftest import launch_detached, loopback_aws_env
 
 pytestmark = pytest.mark.e2e
 
@@ -50,17 +49,7 @@ def _instances(env: dict[str, str], job_id: str) -> list[dict]:
 
 
 def test_an_instance_without_its_controller_stops_itself(tmp_path: Path, moto_server: str):
-    env = {
-        **os.environ,
-        "SPOTWISE_HOME": str(tmp_path / "home"),
-        "AWS_ENDPOINT_URL": moto_server,
-        "AWS_ACCESS_KEY_ID": "testing",
-        "AWS_SECRET_ACCESS_KEY": "testing",
-        "AWS_DEFAULT_REGION": "us-east-1",
-        "AWS_EC2_METADATA_DISABLED": "true",
-    }
-    for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN"):
-        env.pop(name, None)
+    env = loopback_aws_env(moto_server, SPOTWISE_HOME=str(tmp_path / "home"))
     bucket = f"watch-{uuid.uuid4().hex[:12]}"
     _client("s3", env).create_bucket(Bucket=bucket)
     _client("iam", env).create_instance_profile(InstanceProfileName=bucket)
@@ -85,13 +74,7 @@ def test_an_instance_without_its_controller_stops_itself(tmp_path: Path, moto_se
     job_file = tmp_path / "job.yaml"
     job_file.write_text(yaml.safe_dump(job))
     plane = Ec2DataPlane(moto_server, workdir=tmp_path / "ec2", image=[]).start()
-    controller = subprocess.Popen(
-        [*SPOTWISE, "launch", str(job_file)],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
+    controller = launch_detached(job_file, env)
     try:
         _kill_the_controller(env, bucket, plane, controller)
     finally:

@@ -20,7 +20,7 @@ import yaml
 from spotwise.control.store import JobState, Store
 from spotwise.emulators import machine_root
 
-from .conftest import SPOTWISE
+from .conftest import SPOTWISE, loopback_aws_env
 
 pytestmark = pytest.mark.e2e
 
@@ -103,17 +103,7 @@ class Aws:
 @pytest.fixture()
 def aws(tmp_path: Path, moto_server: str) -> Aws:
     """The loopback S3/EC2 (moto) with a bucket of this test's own."""
-    env = {
-        **os.environ,
-        "SPOTWISE_HOME": str(tmp_path / "home"),
-        "AWS_ENDPOINT_URL": moto_server,
-        "AWS_ACCESS_KEY_ID": "testing",
-        "AWS_SECRET_ACCESS_KEY": "testing",
-        "AWS_DEFAULT_REGION": "us-east-1",
-        "AWS_EC2_METADATA_DISABLED": "true",
-    }
-    for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN"):
-        env.pop(name, None)
+    env = loopback_aws_env(moto_server, SPOTWISE_HOME=str(tmp_path / "home"))
     bucket = f"code-{uuid.uuid4().hex[:12]}"
     _client("s3", env).create_bucket(Bucket=bucket)
     return Aws(env, bucket)
