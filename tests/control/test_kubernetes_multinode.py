@@ -190,6 +190,10 @@ def test_kueue_queues_admits_evicts_and_the_job_finishes_unbilled_while_queued(t
             batch.delete_namespaced_job("blocker", "default", propagation_policy="Background")
             claim = tmp_path / "cluster" / "volumes" / "default" / "spotwise-checkpoints"
             wait_until(lambda: (claim / run.job.id / "step.json").exists())
+            # the controller copies a running pod's output every few seconds; a pod deleted
+            # between two copies takes its output with it (as on a real cluster), so the
+            # eviction waits until the first attempt's start is in the job log
+            wait_until(lambda: "starts at step 0" in run.text())
             [ours] = [j for j in batch.list_namespaced_job("default").items]
             emu.kueue.evict("default", ours.metadata.name)  # a higher-priority workload came
             wait_until(lambda: run.store.job(run.job.id).state.terminal, 240)
