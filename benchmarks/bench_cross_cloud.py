@@ -89,7 +89,7 @@ def main() -> None:
         rows = [i for i, t in enumerate(traces) if t.zone[:-1] == region]
         out = 1 - up[rows].any(axis=0).mean()
         print(f"  {region} ({len(rows)} zones): no spot {out:6.1%} of the time")
-    cloudwide = outages(up.any(axis=0))
+    cloudwide = outages(np.asarray(up.any(axis=0)))
     hours = np.array(cloudwide) * gap_h
     total_h = n * gap_h
     print(
