@@ -22,24 +22,28 @@ import yaml
 pytestmark = pytest.mark.e2e
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "digits" / "sweep.py"
-ARGS = ["--steps", "30", "--step-sleep", "0.03", "--lease-ttl", "2"]
+# trials of about 3 s: long enough for the killer to find one training on a loaded machine
+ARGS = ["--steps", "30", "--step-sleep", "0.1", "--lease-ttl", "2"]
 SPOTWISE = [sys.executable, "-c", "from spotwise.cli.main import main; main()"]
 
 
 def _reference(tmp: Path) -> str:
     done = subprocess.run(
         [sys.executable, str(EXAMPLE), "--trials", "8", "--storage", f"sqlite:///{tmp}/ref.db",
-         "--run-root", str(tmp / "ref"), *ARGS],
+         "--run-root", str(tmp / "ref"), *ARGS, "--step-sleep", "0"],
         capture_output=True, text=True, timeout=300,
         env={**os.environ, "SPOTWISE_PLATFORM": "none"})  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
     return done.stdout.strip().splitlines()[-1]
 
 
-def _kill_one_mid_trial(db: Path, run_root: Path, rng: random.Random) -> int:
+def _kill_one_mid_trial(
+    db: Path, run_root: Path, rng: random.Random, sweep: subprocess.Popen[str]
+) -> int:
     """SIGKILL a worker while it trains a trial that already has a checkpoint."""
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline:
+        assert sweep.poll() is None, "the sweep ended before a trial was caught training"
         try:
             trials = optuna.load_study(study_name="digits", storage=f"sqlite:///{db}").get_trials()
         except Exception:  # the study does not exist yet
@@ -84,7 +88,7 @@ def test_sweep_survives_notices_and_sigkill_with_the_uninterrupted_result(tmp_pa
     proc = subprocess.Popen([*SPOTWISE, "sweep", str(sweep)], stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True,
                             env={**os.environ, "COLUMNS": "200"})  # fmt: skip
-    killed = _kill_one_mid_trial(tmp_path / "sweep.db", tmp_path / "runs", random.Random(16))
+    killed = _kill_one_mid_trial(tmp_path / "sweep.db", tmp_path / "runs", random.Random(16), proc)
     out, _ = proc.communicate(timeout=400)
     assert proc.returncode == 0, out
 
