@@ -59,9 +59,10 @@ def test_multipart_part_failures_and_reset_are_retried(via_proxy, proxy, tmp_pat
 
 
 def test_stalled_part_times_out_and_is_retried(via_proxy, proxy, tmp_path):
-    store = via_proxy(read_timeout_s=1.0)
+    # a 4 s read timeout that a loaded moto still answers within, and a part that stalls 12 s
+    store = via_proxy(read_timeout_s=4.0)
     src = _big(tmp_path)
-    proxy.add(Fault("stall", method="PUT", query_contains="partNumber=1", stall_s=3.0))
+    proxy.add(Fault("stall", method="PUT", query_contains="partNumber=1", stall_s=12.0))
     store.put_file("big.bin", src)
     assert proxy.count("PUT", query_contains="partNumber=1") == 2
     store.get_file("big.bin", tmp_path / "back")
