@@ -140,17 +140,20 @@ def test_controller_killed_mid_launch_then_resumed_leaves_no_orphan_or_duplicate
 
     doc = yaml.safe_load(JOB.read_text())  # the same provider settings, a short command
     # (the workdir is on the instances' image: this checkout)
-    doc.update(command="python -c 'import time; time.sleep(3)'", workdir=str(JOB.parent))
+    # (long enough that the poll below, slow on a loaded machine, finds the instance running)
+    doc.update(command="python -c 'import time; time.sleep(15)'", workdir=str(JOB.parent))
     job_file = tmp_path / "job.yaml"
     job_file.write_text(yaml.safe_dump(doc))
     env = {**ec2.env, "SPOTWISE_HOME": str(tmp_path / "home")}
     first = launch_detached(job_file, env)
-    deadline = time.time() + 120
+    deadline = time.time() + 180
     job_id = ""
-    while not job_id or not ec2_instances(env, job_id, live_only=True):
-        assert time.time() < deadline and first.poll() is None, "no instance was launched"
+    while not job_id:  # the job is recorded before its first launch
+        assert time.time() < deadline and first.poll() is None, "the job was never recorded"
         jobs = json.loads(cli("jobs", "--json", env=env).stdout or "[]")
         job_id = jobs[0]["id"] if jobs else ""
+    while not ec2_instances(env, job_id, live_only=True):
+        assert time.time() < deadline and first.poll() is None, "no instance was launched"
         time.sleep(0.1)
     first.send_signal(signal.SIGKILL)  # right after RunInstances: the instance is running
     first.wait()

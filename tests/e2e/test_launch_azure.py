@@ -132,7 +132,7 @@ def test_controller_killed_mid_launch_then_resumed_leaves_no_orphan_or_duplicate
     import yaml
 
     doc = yaml.safe_load(JOB.read_text())  # the same provider settings, a short command
-    doc.update(command="python -c 'import time; time.sleep(3)'", workdir=str(JOB.parent))
+    doc.update(command="python -c 'import time; time.sleep(10)'", workdir=str(JOB.parent))
     job_file = tmp_path / "job.yaml"
     job_file.write_text(yaml.safe_dump(doc))
     env = {**azure.env, "SPOTWISE_HOME": str(tmp_path / "home")}
