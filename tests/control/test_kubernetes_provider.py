@@ -333,3 +333,28 @@ def test_a_checkpoint_dir_off_the_claim_is_refused_at_submit(emu, tmp_path, give
     assert f"checkpoint_dir: {given!r} is on the machine's own disk" in info.value.message
     assert "under /checkpoints/ (the volume claim 'spotwise-checkpoints'" in str(info.value)
     assert store.jobs() == []
+
+
+def test_a_watch_nobody_reads_ends_and_a_read_keeps_it(emu):
+    """A job's list+watch ends once its status is no longer asked for (a server that drove many
+    jobs must not keep a watch per finished job open), while one that is read stays up."""
+    import kubernetes
+    from kubernetes import client, config
+
+    from spotwise.control.providers.kubernetes import _Informer
+
+    api = client.CoreV1Api(config.new_client_from_config(str(emu.kubeconfig)))
+    kube = kubernetes
+    read = _Informer(kube, api.list_namespaced_pod, "default", "spotwise.dev/job=a", idle_s=2)
+    unread = _Informer(kube, api.list_namespaced_pod, "default", "spotwise.dev/job=b", idle_s=2)
+    assert read.synced.wait(30) and unread.synced.wait(30)
+    deadline = time.monotonic() + 60
+    while unread.alive:
+        assert time.monotonic() < deadline, "an unread watch is still open after 60 s"
+        read.items()
+        time.sleep(0.2)
+    assert read.alive  # read every 0.2 s all along
+    deadline = time.monotonic() + 60
+    while read.alive:  # now unread too
+        assert time.monotonic() < deadline, "the watch stayed open after its reads stopped"
+        time.sleep(0.2)

@@ -71,6 +71,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("spotwise.providers.kubernetes")
 LOG_EVERY_S = 2.0  # how often a running pod's new output is copied into the job log
+WATCH_IDLE_S = 120.0  # a job's watches end when its status has not been asked for this long
 INDEX_LABEL = "batch.kubernetes.io/job-completion-index"  # on each pod of an Indexed Job
 KUEUE_GROUP, KUEUE_VERSION = "kueue.x-k8s.io", "v1beta1"
 _FATAL_WAITING = {
@@ -95,16 +96,25 @@ class _Informer:
 
     Deleted objects are kept as tombstones (their last state), because a Job deleted with its
     pod still has to tell how the pod ended. After ``give_up_s`` of failing to list, the thread
-    ends (the API is gone, or so is the provider object); the next ``status`` starts another."""
+    ends (the API is gone, or so is the provider object), and so it does once nobody has read
+    it for ``idle_s`` (the job ended: a server that drove a thousand jobs would otherwise keep
+    a thousand watches open); the next ``status`` starts another."""
 
     def __init__(
-        self, kube: Any, list_fn: Any, namespace: str, selector: str, give_up_s: float = 60.0
+        self,
+        kube: Any,
+        list_fn: Any,
+        namespace: str,
+        selector: str,
+        give_up_s: float = 60.0,
+        idle_s: float = WATCH_IDLE_S,
     ) -> None:
         self._kube, self._list, self._ns, self._selector = kube, list_fn, namespace, selector
         self._objects: dict[str, Any] = {}
         self._tombstones: dict[str, Any] = {}
         self._lock = threading.Lock()
-        self._give_up_s = give_up_s
+        self._give_up_s, self._idle_s = give_up_s, idle_s
+        self._read_at = time.monotonic()
         self.synced = threading.Event()
         self.error = ""
         self._thread = threading.Thread(target=self._run, name="spotwise-k8s-watch", daemon=True)
@@ -116,7 +126,9 @@ class _Informer:
 
     def _run(self) -> None:
         failing_since: float | None = None
-        while failing_since is None or time.monotonic() - failing_since < self._give_up_s:
+        while (
+            failing_since is None or time.monotonic() - failing_since < self._give_up_s
+        ) and time.monotonic() - self._read_at < self._idle_s:
             try:
                 listed = self._list(self._ns, label_selector=self._selector)
                 with self._lock:
@@ -128,9 +140,11 @@ class _Informer:
                     self._ns,
                     label_selector=self._selector,
                     resource_version=listed.metadata.resource_version,
-                    timeout_seconds=300,
+                    timeout_seconds=max(1, round(self._idle_s / 2)),
                 )
                 for event in stream:
+                    if time.monotonic() - self._read_at >= self._idle_s:
+                        break
                     obj = event["object"]
                     with self._lock:
                         if event["type"] == "DELETED":
@@ -145,10 +159,12 @@ class _Informer:
                 time.sleep(0.5)
 
     def items(self) -> list[Any]:
+        self._read_at = time.monotonic()
         with self._lock:
             return list(self._objects.values())
 
     def gone(self) -> list[Any]:
+        self._read_at = time.monotonic()
         with self._lock:
             return list(self._tombstones.values())
 
