@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 from urllib.parse import parse_qs, urlsplit
 
+from spotwise.emulators._faults import Fault, take
+
 FAULTS = ("hang", "malformed", "close")  # plus any HTTP status code, e.g. "503"
 
 
@@ -94,13 +96,6 @@ class LoopbackServer:
         return f"http://{self.host}:{self.port}"
 
 
-@dataclass
-class _Fault:
-    kind: str
-    remaining: int | None  # None: forever
-    on: str  # path substring it applies to ("" = every request)
-
-
 class LoopbackEmulator(LoopbackServer):
     """Base of the platform emulators: schedule, faults, request log on the loopback server.
 
@@ -125,7 +120,7 @@ class LoopbackEmulator(LoopbackServer):
         self.requests: list[tuple[str, str, int]] = []  # (method, path, status) served
         self.notice_visible_wall: float | None = None  # true wall time the notice appeared
         self._notice_at: float | None = None  # monotonic time the notice becomes visible
-        self._faults: list[_Fault] = []
+        self._faults: list[Fault] = []
         self._lock = threading.RLock()
         self._changed = threading.Condition(self._lock)
         self._timers: list[threading.Timer] = []
@@ -190,7 +185,7 @@ class LoopbackEmulator(LoopbackServer):
         if kind not in FAULTS and not (kind.isdigit() and 100 <= int(kind) <= 599):
             raise ValueError(f"unknown fault {fault!r}; use an HTTP status or one of {FAULTS}")
         with self._lock:
-            self._faults.append(_Fault(kind, count, on))
+            self._faults.append(Fault(kind, count, {"path": on}))
 
     def clear_faults(self) -> None:
         with self._lock:
@@ -198,12 +193,8 @@ class LoopbackEmulator(LoopbackServer):
 
     def _take_fault(self, path: str) -> str | None:
         with self._lock:
-            for fault in self._faults:
-                if fault.on in path and (fault.remaining is None or fault.remaining > 0):
-                    if fault.remaining is not None:
-                        fault.remaining -= 1
-                    return fault.kind
-        return None
+            fault = take(self._faults, {"path": path})
+        return None if fault is None else fault.what
 
     # --- protocol -----------------------------------------------------------------------------
     def handle(self, request: Request) -> Response:

@@ -14,38 +14,36 @@ import threading
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
+from spotwise.emulators import _faults
 from spotwise.emulators._server import Hangup, LoopbackServer, Request, Response
 
 
 @dataclass
-class Fault:
-    """Apply ``action`` to the next ``times`` requests matching method/path/query substrings.
+class Fault(_faults.Fault):
+    """Apply ``what`` to the next ``times`` requests matching method/path/query/body substrings.
 
-    action: "status" (reply ``status`` with S3 error ``code``), "reset" (drop the connection
+    what: "status" (reply ``status`` with S3 error ``code``), "reset" (drop the connection
     without a reply), "stall" (hold the request ``stall_s`` seconds, then drop it), "cut_body"
     (forward, then send only half of the response body and reset).
     """
 
-    action: str
     method: str | None = None
     path_contains: str = ""
     query_contains: str = ""
-    times: int = 1
     status: int = 503
     code: str = "SlowDown"
     stall_s: float = 5.0
-    hits: int = 0
     body_contains: str = ""
     message: str = "injected by the fault proxy"
 
-    def matches(self, method: str, path: str, query: str, body: str = "") -> bool:
-        return (
-            self.hits < self.times
-            and (self.method is None or self.method == method)
-            and self.path_contains in path
-            and self.query_contains in query
-            and self.body_contains in body
-        )
+    def __post_init__(self) -> None:
+        self.where = {
+            "path": self.path_contains,
+            "query": self.query_contains,
+            "body": self.body_contains,
+        }
+        if self.method is not None:
+            self.where["method"] = f"<{self.method}>"  # the whole method, not a part of it
 
 
 @dataclass
@@ -90,14 +88,11 @@ class FaultProxy(LoopbackServer):
             )
 
     def pick(self, method: str, path: str, query: str, body: str = "") -> Fault | None:
+        fields = {"method": f"<{method}>", "path": path, "query": query, "body": body}
         with self._lock:
-            for fault in self.faults:
-                if fault.matches(method, path, query, body):
-                    fault.hits += 1
-                    self.seen.append(Seen(method, path, query, fault.action))
-                    return fault
-            self.seen.append(Seen(method, path, query, None))
-            return None
+            fault = _faults.take(self.faults, fields)
+            self.seen.append(Seen(method, path, query, None if fault is None else fault.what))
+            return fault
 
     def close(self) -> None:
         self.stop()
@@ -113,11 +108,11 @@ class FaultProxy(LoopbackServer):
                               "The AWS Access Key Id you provided does not exist in our "
                               "records.", ec2=ec2)  # fmt: skip
         fault = self.pick(request.method, request.path, urlsplit(request.target).query, text)
-        if fault is not None and fault.action == "status":
+        if fault is not None and fault.what == "status":
             return _error(fault.status, fault.code, fault.message, ec2=ec2)
-        if fault is not None and fault.action == "reset":
+        if fault is not None and fault.what == "reset":
             return "reset"
-        if fault is not None and fault.action == "stall":
+        if fault is not None and fault.what == "stall":
             self._stopping.wait(fault.stall_s)
             return "reset"
         status, upstream_headers, payload = self._forward(request)
@@ -127,7 +122,7 @@ class FaultProxy(LoopbackServer):
                 headers[name] = value
             elif name.lower() == "content-length" and request.method == "HEAD":
                 headers["Content-Length"] = value  # HEAD announces the object's size, no body
-        cut = fault is not None and fault.action == "cut_body"
+        cut = fault is not None and fault.what == "cut_body"
         return Response(status, payload, headers, reset_after=len(payload) // 2 if cut else None)
 
     def _forward(self, request: Request) -> tuple[int, list[tuple[str, str]], bytes]:
