@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from spotwise.control.progress import Committed, compute_s, progress_s, read_committed, step_rate
-from spotwise.runtime import Run
+from spotwise.runtime import CheckpointConfig, Run
 
 
 def _train(
@@ -18,9 +18,8 @@ def _train(
 ) -> None:
     model = nn.Linear(4, 2)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    run = Run(
-        run_dir, model=model, optimizer=opt, steps=steps, every=5, notices=None, local_dir=local
-    )
+    run = Run(run_dir, state={"model": model, "optimizer": opt}, steps=steps,
+              checkpoint=CheckpointConfig(every=5), notices=None, local_dir=local)  # fmt: skip
     for _ in run:
         loss = model(torch.randn(8, 4)).pow(2).mean()
         opt.zero_grad()

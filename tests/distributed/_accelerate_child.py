@@ -15,6 +15,7 @@ from accelerate import Accelerator
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
+from spotwise import CheckpointConfig
 from spotwise.integrations.accelerate import accelerated_run
 
 
@@ -29,7 +30,12 @@ def main() -> None:
     model, opt = accelerator.prepare(model, opt)
     loader = DataLoader(data, batch_size=4, shuffle=True)  # not prepared: Run shards it
     run = accelerated_run(
-        accelerator, run_dir, model=model, optimizer=opt, loader=loader, steps=steps, every=4
+        accelerator,
+        run_dir,
+        state={"model": model, "optimizer": opt},
+        loader=loader,
+        steps=steps,
+        checkpoint=CheckpointConfig(every=4),
     )
     if run.resumed_from is not None:
         print(f"resumed from step {run.step}", flush=True)

@@ -23,7 +23,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from spotwise import Run
+from spotwise import CheckpointConfig, Run
 from spotwise.checkpoint.format import step_dir_name
 
 TABLES = 8  # DCP's planner deals replicated tensors out to the ranks: 4 each
@@ -66,11 +66,10 @@ def main() -> None:
     loader = DataLoader(TensorDataset(index, labels), batch_size=16, shuffle=True)
     run = Run(
         args.run_dir,
-        model=model,
-        optimizer=optimizer,
+        state={"model": model, "optimizer": optimizer},
         loader=loader,
         steps=args.steps,
-        every=args.save_every,
+        checkpoint=CheckpointConfig(every=args.save_every),
         notices=None,
     )
     if run.resumed_from is not None:

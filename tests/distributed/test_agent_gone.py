@@ -137,7 +137,7 @@ def test_a_restart_waits_for_the_process_still_holding_the_run(
     logger = logging.getLogger("spotwise.runtime.dirlock")
     logger.addHandler(waiting)
     try:
-        run = Run(tmp_path, model=torch.nn.Linear(2, 1), notices=None)
+        run = Run(tmp_path, state={"model": torch.nn.Linear(2, 1)}, notices=None)
     finally:
         logger.removeHandler(waiting)
     run.close()
@@ -152,5 +152,5 @@ def test_the_wait_is_bounded_by_the_grace(
     monkeypatch.setenv("SPOTWISE_GRACE_S", "0.5")
     started = time.monotonic()
     with pytest.raises(CheckpointError, match=rf"another process \(PID {holder.pid}\) is using"):
-        Run(tmp_path, model=torch.nn.Linear(2, 1), notices=None)
+        Run(tmp_path, state={"model": torch.nn.Linear(2, 1)}, notices=None)
     assert time.monotonic() - started >= 0.5

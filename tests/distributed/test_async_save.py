@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from spotwise import Run
+from spotwise import CheckpointConfig, Run
 from spotwise.checkpoint.format import MANIFEST, step_dir_name
 from spotwise.checkpoint.write import TMP_PREFIX
 from spotwise.errors import SaveError
@@ -139,7 +139,8 @@ def test_a_background_save_commits_at_a_later_boundary_and_a_failed_write_raises
 ) -> None:
     model = torch.nn.Linear(512, 512)  # 1 MiB of weights
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    run = Run(tmp_path, model=model, optimizer=optimizer, steps=40, every=4, notices=None)
+    run = Run(tmp_path, state={"model": model, "optimizer": optimizer}, steps=40,
+              checkpoint=CheckpointConfig(every=4), notices=None)  # fmt: skip
     seen: dict[int, int] = {}  # checkpoint step -> the run.step of the body that first saw it
     limited = False
     with contextlib.ExitStack() as limits, pytest.raises(SaveError) as failed:

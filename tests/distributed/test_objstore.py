@@ -19,7 +19,7 @@ import boto3
 import pytest
 import torch
 
-from spotwise import Run
+from spotwise import CheckpointConfig, Run
 from spotwise.checkpoint.remote import scan_remote
 from spotwise.errors import ConfigError
 from spotwise.runtime.tiered import TieredMirror
@@ -133,8 +133,8 @@ def train(uri: str, local: Path, steps: int) -> Run:
     torch.manual_seed(0)
     model = torch.nn.Linear(8, 4)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    run = Run(uri, model=model, optimizer=optimizer, steps=steps, every=4, notices=None,
-              local_dir=local)  # fmt: skip
+    run = Run(uri, state={"model": model, "optimizer": optimizer}, steps=steps,
+              checkpoint=CheckpointConfig(every=4), notices=None, local_dir=local)  # fmt: skip
     for _ in run:
         optimizer.zero_grad()
         model(torch.randn(16, 8)).pow(2).mean().backward()
@@ -175,5 +175,9 @@ def test_one_rank_commits_remotely_and_resumes_from_the_store(
 
 def test_mirror_is_refused_under_torch_distributed(tmp_path: Path, one_rank: None) -> None:
     with pytest.raises(ConfigError, match=r"mirror= is not supported under torch\.distributed"):
-        Run(tmp_path, model=torch.nn.Linear(1, 1), mirror=TieredMirror(MemoryStorage()),
-            notices=None)  # fmt: skip
+        Run(
+            tmp_path,
+            state={"model": torch.nn.Linear(1, 1)},
+            mirror=TieredMirror(MemoryStorage()),
+            notices=None,
+        )

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from spotwise import Run
+from spotwise import CheckpointConfig, Run
 from spotwise.runtime.commit import list_checkpoints
 
 
@@ -22,7 +22,12 @@ def test_a_changed_layout_is_planned_again(tmp_path: Path, one_rank: None) -> No
     torch.manual_seed(0)
     model = torch.nn.Linear(16, 8)
     optimizer = torch.optim.Adam([model.weight], lr=0.1)
-    run = Run(tmp_path, model=model, optimizer=optimizer, notices=None, keep_last=5)
+    run = Run(
+        tmp_path,
+        state={"model": model, "optimizer": optimizer},
+        notices=None,
+        checkpoint=CheckpointConfig(keep_last=5),
+    )
     _train(model, optimizer)
     run.step = 1
     run.save()  # the bias frozen: no state of it
@@ -43,7 +48,7 @@ def test_a_changed_layout_is_planned_again(tmp_path: Path, one_rank: None) -> No
     fresh_optimizer = torch.optim.Adam([fresh.weight], lr=0.1)
     fresh_optimizer.add_param_group({"params": [fresh.bias]})
     _train(fresh, fresh_optimizer)  # other values in every tensor, the same layout
-    resumed = Run(tmp_path, model=fresh, optimizer=fresh_optimizer, notices=None)
+    resumed = Run(tmp_path, state={"model": fresh, "optimizer": fresh_optimizer}, notices=None)
     assert resumed.step == 3
     for key, value in fresh.state_dict().items():
         assert torch.equal(value, expected[key]), key

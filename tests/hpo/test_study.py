@@ -9,7 +9,7 @@ import optuna
 import pytest
 import torch
 
-from spotwise import Run
+from spotwise import CheckpointConfig, Run
 from spotwise.errors import ConfigError, PlanMismatchError
 from spotwise.hpo import TrialLeases, open_study, run_worker, study_sha256
 
@@ -26,7 +26,8 @@ def _objective(stop_at: dict[int, int], seen: list[tuple[int, int, float]]):
         torch.manual_seed(0)
         w = torch.nn.Linear(1, 1, bias=False)
         opt = torch.optim.SGD(w.parameters(), lr=lr)
-        run = Run(run_dir, model=w, optimizer=opt, steps=STEPS, every=1, notices=None)
+        run = Run(run_dir, state={"model": w, "optimizer": opt}, steps=STEPS,
+                  checkpoint=CheckpointConfig(every=1), notices=None)  # fmt: skip
         seen.append((trial.number, run.step, lr))
         x = torch.linspace(-1, 1, 16).unsqueeze(1)
         for step in run:

@@ -24,7 +24,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, IterableDataset, TensorDataset, get_worker_info
 
-from spotwise import Run
+from spotwise import CheckpointConfig, Run
 
 STEPS = {"accumulate": 12, "stateful": 24, "hf": 24, "eval": 20, "accelerate": 16}
 SIZE = 40  # samples: several epochs in every mode
@@ -96,7 +96,7 @@ def main() -> None:
     settings: dict[str, Any] = {
         "loader": loader_for(mode, workers),
         "steps": STEPS[mode],
-        "every": 2,
+        "checkpoint": CheckpointConfig(every=2),
         "seed": 11,
     }
     if mode == "accelerate":
@@ -106,7 +106,9 @@ def main() -> None:
 
         accelerator = Accelerator(cpu=True, gradient_accumulation_steps=2)
         model, opt = accelerator.prepare(model, opt)
-        run = accelerated_run(accelerator, run_dir, model=model, optimizer=opt, **settings)
+        run = accelerated_run(
+            accelerator, run_dir, state={"model": model, "optimizer": opt}, **settings
+        )
     else:
         accumulate = 4 if mode == "accumulate" else 1
         run = Run(run_dir, state={"model": model, "opt": opt}, accumulate=accumulate, **settings)

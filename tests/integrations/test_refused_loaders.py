@@ -9,7 +9,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, TensorDataset
 
 from spotwise.errors import ConfigError
-from spotwise.runtime import Run
+from spotwise.runtime import CheckpointConfig, Run
 
 
 class Plain(IterableDataset):
@@ -28,12 +28,18 @@ class Positioned(Plain):
 def test_loaders_without_a_position_are_refused(tmp_path: Path) -> None:
     model = torch.nn.Linear(1, 1)
     with pytest.raises(ConfigError, match="IterableDataset Plain mid-stream") as err:
-        Run(tmp_path / "a", model=model, loader=DataLoader(Plain()), steps=3, notices=None)
+        Run(
+            tmp_path / "a",
+            state={"model": model},
+            loader=DataLoader(Plain()),
+            steps=3,
+            notices=None,
+        )
     assert "state_dict()/load_state_dict()" in err.value.hint
     with pytest.raises(ConfigError, match="num_workers=2 over an IterableDataset") as err:
         Run(
             tmp_path / "b",
-            model=model,
+            state={"model": model},
             loader=DataLoader(Positioned(), num_workers=2),
             steps=3,
             notices=None,
@@ -43,7 +49,7 @@ def test_loaders_without_a_position_are_refused(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="custom samplers") as err:
         Run(
             tmp_path / "c",
-            model=model,
+            state={"model": model},
             loader=DataLoader(data, sampler=[3, 1, 2]),
             steps=3,
             notices=None,
@@ -54,7 +60,15 @@ def test_loaders_without_a_position_are_refused(tmp_path: Path) -> None:
 def test_no_save_inside_an_accumulation_window(tmp_path: Path) -> None:
     model = torch.nn.Linear(1, 1)
     loader = DataLoader(TensorDataset(torch.arange(8).float()), batch_size=2)
-    run = Run(tmp_path, model=model, loader=loader, steps=2, accumulate=2, every=None, notices=None)
+    run = Run(
+        tmp_path,
+        state={"model": model},
+        loader=loader,
+        steps=2,
+        accumulate=2,
+        checkpoint=CheckpointConfig(every=None),
+        notices=None,
+    )
     flags = []
     for _ in run:
         flags.append(run.sync_gradients)
@@ -75,13 +89,13 @@ def test_accelerate_settings_spotwise_cannot_make_exact_are_refused(tmp_path: Pa
     loader = DataLoader(TensorDataset(torch.arange(8).float()), batch_size=2)
     with pytest.raises(ConfigError, match=r"passed through accelerator\.prepare") as err:
         accelerated_run(
-            accelerator, tmp_path / "a", model=model, loader=accelerator.prepare(loader)
+            accelerator, tmp_path / "a", state={"model": model}, loader=accelerator.prepare(loader)
         )
     assert "before prepare()" in err.value.hint
     with pytest.raises(ConfigError, match="accumulate= comes from the Accelerator"):
-        accelerated_run(accelerator, tmp_path / "b", model=model, accumulate=4)
+        accelerated_run(accelerator, tmp_path / "b", state={"model": model}, accumulate=4)
     run = accelerated_run(
-        accelerator, tmp_path / "c", model=model, loader=loader, steps=1, notices=None
+        accelerator, tmp_path / "c", state={"model": model}, loader=loader, steps=1, notices=None
     )
     assert run.accumulate == 2
     run.close()

@@ -15,11 +15,17 @@ import sys
 import torch
 
 from spotwise.errors import SaveError
-from spotwise.runtime import Run
+from spotwise.runtime import CheckpointConfig, Run
 
 run_dir, mode, fault = sys.argv[1:4]
 model = torch.nn.Linear(256, 300)  # ~300 KiB per checkpoint
-run = Run(run_dir, model=model, steps=12, every=2, notices=None, async_save=mode == "async")
+run = Run(
+    run_dir,
+    state={"model": model},
+    steps=12,
+    checkpoint=CheckpointConfig(every=2, async_save=mode == "async"),
+    notices=None,
+)
 report: dict[str, object] = {"error": None, "failed_at": None}
 try:
     for step in run:

@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from spotwise.checkpoint.retention import RetentionPolicy
-from spotwise.runtime import Run
+from spotwise.runtime import CheckpointConfig, Run
 from spotwise.runtime.tiered import TieredMirror
 from spotwise.storage.local import LocalStorage
 
@@ -25,9 +25,13 @@ def train(run_dir: Path, store: Path, steps: int, keep_last: int) -> dict[str, i
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     mirror = TieredMirror(LocalStorage(store), retention=RetentionPolicy(keep_last=keep_last))
     run = Run(
-        run_dir, model=model, optimizer=optimizer, steps=steps, every=2, keep_last=keep_last,
-        notices=None, mirror=mirror,
-    )  # fmt: skip
+        run_dir,
+        state={"model": model, "optimizer": optimizer},
+        steps=steps,
+        checkpoint=CheckpointConfig(every=2, keep_last=keep_last),
+        notices=None,
+        mirror=mirror,
+    )
     resumed = run.resumed_from.step if run.resumed_from is not None else None
     for _ in run:
         model(torch.ones(1, 4)).sum().backward()

@@ -16,7 +16,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from spotwise.notices.base import Notice, NoticeKind
-from spotwise.runtime import Run
+from spotwise.runtime import CheckpointConfig, Run
 
 
 class NoisyDataset(Dataset):
@@ -56,7 +56,7 @@ def train(
     *,
     stop_after: int | None = None,
     workers: int = 0,
-    every: int | str | None = 5,
+    checkpoint: CheckpointConfig = CheckpointConfig(every=5),
     hidden: int = 16,
     sleep_s: float = 0.0,
     **run_kwargs: Any,
@@ -73,12 +73,10 @@ def train(
     run_kwargs.setdefault("notices", None)
     run = Run(
         run_dir,
-        model=model,
-        optimizer=optimizer,
-        scheduler=scheduler,
+        state={"model": model, "optimizer": optimizer, "scheduler": scheduler},
         loader=loader,
         steps=steps,
-        every=every,
+        checkpoint=checkpoint,
         **run_kwargs,
     )
     records = []

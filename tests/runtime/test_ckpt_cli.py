@@ -65,7 +65,7 @@ def test_export_of_a_single_process_run(tmp_path: Path) -> None:
     model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Tanh(), torch.nn.Linear(3, 2))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     run_dir = tmp_path / "run"
-    for _ in Run(run_dir, model=model, optimizer=optimizer, steps=3, notices=None):
+    for _ in Run(run_dir, state={"model": model, "optimizer": optimizer}, steps=3, notices=None):
         model(torch.ones(1, 4)).sum().backward()
         optimizer.step()
     out = tmp_path / "weights.safetensors"

@@ -60,7 +60,9 @@ def test_a_version_1_checkpoint_still_resumes(tmp_path: Path) -> None:
     torch.manual_seed(0)
     model = torch.nn.Linear(3, 2)
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    with Run(tmp_path / "new", model=model, optimizer=opt, steps=2, notices=None) as run:
+    with Run(
+        tmp_path / "new", state={"model": model, "optimizer": opt}, steps=2, notices=None
+    ) as run:
         for _ in run:
             model(torch.randn(4, 3)).sum().backward()
             opt.step()
@@ -79,7 +81,9 @@ def test_a_version_1_checkpoint_still_resumes(tmp_path: Path) -> None:
     write_checkpoint(tmp_path / "old", 2, dict(loaded.tensors), state)
     other = torch.nn.Linear(3, 2)
     other_opt = torch.optim.SGD(other.parameters(), lr=0.1, momentum=0.9)
-    resumed = Run(tmp_path / "old", model=other, optimizer=other_opt, steps=2, notices=None)
+    resumed = Run(
+        tmp_path / "old", state={"model": other, "optimizer": other_opt}, steps=2, notices=None
+    )
     assert resumed.step == 2 and resumed.resumed_from is not None
     assert all(
         torch.equal(a, b) for a, b in zip(model.parameters(), other.parameters(), strict=True)
@@ -91,5 +95,5 @@ def test_a_version_1_checkpoint_still_resumes(tmp_path: Path) -> None:
 def test_a_notices_argument_that_is_no_source_is_refused_by_name(tmp_path: Path) -> None:
     model = torch.nn.Linear(2, 1)
     with pytest.raises(ConfigError, match="notices='sigterm' is not a notice source") as err:
-        Run(tmp_path / "run", model=model, steps=1, notices="sigterm")
+        Run(tmp_path / "run", state={"model": model}, steps=1, notices="sigterm")
     assert "'auto', None" in str(err.value.hint)

@@ -38,7 +38,7 @@ from spotwise.checkpoint.retention import RetentionPolicy, retain
 from spotwise.checkpoint.write import clean_temporaries
 from spotwise.cli.main import app
 from spotwise.errors import CorruptCheckpointError, StateMismatchError
-from spotwise.runtime import Run
+from spotwise.runtime import CheckpointConfig, Run
 from spotwise.runtime.commit import (
     list_checkpoints,
     load_checkpoint,
@@ -66,7 +66,7 @@ def template(trainer: Any, tmp_path_factory: pytest.TempPathFactory) -> tuple[Pa
     """A real run directory (checkpoints 5, 10, 15) and the weights of an uninterrupted run."""
     if not _TEMPLATE:
         root = tmp_path_factory.mktemp("hostile")
-        reference = trainer(root / "reference", 15, every=None)
+        reference = trainer(root / "reference", 15, checkpoint=CheckpointConfig(every=None))
         trainer(root / "run", 15)
         _TEMPLATE["run"] = (root / "run", reference.weights)
     return _TEMPLATE["run"]
@@ -432,7 +432,8 @@ def _linear(groups: int) -> tuple[torch.nn.Linear, torch.optim.SGD]:
 
 def test_when_no_checkpoint_fits_run_raises_and_leaves_objects_untouched(tmp_path: Path) -> None:
     model, optimizer = _linear(groups=2)
-    run = Run(tmp_path, model=model, optimizer=optimizer, steps=6, every=2, notices=None)
+    run = Run(tmp_path, state={"model": model, "optimizer": optimizer}, steps=6,
+              checkpoint=CheckpointConfig(every=2), notices=None)  # fmt: skip
     for _ in run:
         model(torch.ones(1, 4)).sum().backward()
         optimizer.step()
@@ -442,12 +443,12 @@ def test_when_no_checkpoint_fits_run_raises_and_leaves_objects_untouched(tmp_pat
     before = {k: v.clone() for k, v in model.state_dict().items()}
     with warnings.catch_warnings(record=True) as caught, pytest.raises(StateMismatchError) as err:
         warnings.simplefilter("always")
-        Run(tmp_path, model=model, optimizer=optimizer, steps=6, notices=None)
+        Run(tmp_path, state={"model": model, "optimizer": optimizer}, steps=6, notices=None)
     assert "none of the 3 valid checkpoints" in str(err.value)
     assert "optimizer 'optimizer'" in str(err.value) and "hint:" in str(err.value)
     assert sum("does not fit this Run" in str(w.message) for w in caught) == 3
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
     model, optimizer = _linear(groups=2)  # the lock was released, and the original fits
-    run = Run(tmp_path, model=model, optimizer=optimizer, steps=6, notices=None)
+    run = Run(tmp_path, state={"model": model, "optimizer": optimizer}, steps=6, notices=None)
     assert run.resumed_from is not None and run.resumed_from.step == 6
     run.close()

@@ -13,7 +13,7 @@ from spotwise.checkpoint.format import MANIFEST, TENSORS_FILE
 from spotwise.checkpoint.read import CheckpointInfo
 from spotwise.errors import CheckpointError, ConfigError, SaveError, StateMismatchError
 from spotwise.notices.base import NoticeKind
-from spotwise.runtime import Run, list_checkpoints, load_checkpoint
+from spotwise.runtime import CheckpointConfig, Run, list_checkpoints, load_checkpoint
 from spotwise.telemetry.events import read_events
 
 STEPS = 40  # 9 batches per epoch: resumes land mid-epoch
@@ -45,14 +45,19 @@ def test_resume_mid_epoch_is_bit_exact(tmp_path: Path, trainer: Any, workers: in
 
 
 def test_sync_saves_and_auto_interval_resume_exactly(tmp_path: Path, trainer: Any) -> None:
-    reference = trainer(tmp_path / "ref", 20, every=None)
-    trainer(tmp_path / "sync", 20, stop_after=12, async_save=False)
-    resumed = trainer(tmp_path / "sync", 20, async_save=False)
+    reference = trainer(tmp_path / "ref", 20, checkpoint=CheckpointConfig(every=None))
+    trainer(
+        tmp_path / "sync", 20, stop_after=12, checkpoint=CheckpointConfig(every=5, async_save=False)
+    )
+    resumed = trainer(tmp_path / "sync", 20, checkpoint=CheckpointConfig(every=5, async_save=False))
     assert resumed.weights == reference.weights
-    auto = trainer(tmp_path / "auto", 20, every="auto", stop_after=9)
+    auto = trainer(tmp_path / "auto", 20, checkpoint=CheckpointConfig(every="auto"), stop_after=9)
     assert auto.run.save_cost_s is not None and auto.run.save_cost_s > 0
     assert [c.step for c in list_checkpoints(tmp_path / "auto")] == [1]  # first boundary
-    assert trainer(tmp_path / "auto", 20, every="auto").weights == reference.weights
+    assert (
+        trainer(tmp_path / "auto", 20, checkpoint=CheckpointConfig(every="auto")).weights
+        == reference.weights
+    )
 
 
 def corrupt_flip(path: Path) -> None:
@@ -73,7 +78,7 @@ def corrupt_manifest(path: Path) -> None:
 def test_corrupt_newest_falls_back_and_finishes_identically(
     tmp_path: Path, trainer: Any, corrupt: Any
 ) -> None:
-    reference = trainer(tmp_path / "ref", 30, every=None)
+    reference = trainer(tmp_path / "ref", 30, checkpoint=CheckpointConfig(every=None))
     trainer(tmp_path / "run", 20)  # checkpoints 10, 15 and the final 20
     corrupt(tmp_path / "run" / "step-00000020")
     with pytest.warns(RuntimeWarning, match="skipping checkpoint step-00000020"):
@@ -115,7 +120,7 @@ def test_advisory_notice_saves_once_and_continues(
     # the same advisory seen at steps 3 and 4, a new one at step 8
     second = make_notice(NoticeKind.ADVISORY, 2.0)
     source = source_cls(at_call={3: advisory, 4: advisory, 8: second})
-    trainer(tmp_path, 12, notices=source, every=None, keep_last=10)
+    trainer(tmp_path, 12, notices=source, checkpoint=CheckpointConfig(every=None, keep_last=10))
     saved = [e["step"] for e in read_events(tmp_path / "events.jsonl", "checkpoint")]
     assert saved == [3, 8, 12]
     assert source.acknowledged == []
@@ -168,26 +173,38 @@ def test_checkpoint_of_a_different_model_is_refused_untouched(tmp_path: Path, tr
 
 
 def test_retention_during_a_run(tmp_path: Path, trainer: Any) -> None:
-    trainer(tmp_path, 30, keep_last=2, keep_every=10)
+    trainer(tmp_path, 30, checkpoint=CheckpointConfig(every=5, keep_last=2, keep_every=10))
     assert [c.step for c in list_checkpoints(tmp_path)] == [10, 20, 25, 30]
 
 
 def test_extras_and_metrics_survive(tmp_path: Path) -> None:
     model = torch.nn.Linear(2, 1)
-    with Run(tmp_path, model=model, steps=3, every=1, notices=None) as run:
+    with Run(
+        tmp_path,
+        state={"model": model},
+        steps=3,
+        checkpoint=CheckpointConfig(every=1),
+        notices=None,
+    ) as run:
         for step in run:
             run.extras["best"] = {"value": 0.5 - step, "at": (step, "x")}
             run.extras["ema"] = torch.full((2,), float(step))
             run.log(loss=1.0 / (step + 1))
     assert load_checkpoint(tmp_path / "step-00000003").info.metrics == {"loss": 1 / 3}
-    with Run(tmp_path, model=torch.nn.Linear(2, 1), steps=3, notices=None) as again:
+    with Run(tmp_path, state={"model": torch.nn.Linear(2, 1)}, steps=3, notices=None) as again:
         assert again.extras["best"] == {"value": -1.5, "at": (2, "x")}
         assert torch.equal(again.extras["ema"], torch.full((2,), 2.0))
         assert list(again) == []
 
 
 def test_plain_step_loop_without_loader(tmp_path: Path) -> None:
-    with Run(tmp_path, model=torch.nn.Linear(2, 1), steps=4, every=2, notices=None) as run:
+    with Run(
+        tmp_path,
+        state={"model": torch.nn.Linear(2, 1)},
+        steps=4,
+        checkpoint=CheckpointConfig(every=2),
+        notices=None,
+    ) as run:
         assert list(run) == [0, 1, 2, 3]
     assert [c.step for c in list_checkpoints(tmp_path)] == [2, 4]
 
@@ -195,30 +212,35 @@ def test_plain_step_loop_without_loader(tmp_path: Path) -> None:
 def test_bad_run_directories(tmp_path: Path) -> None:
     model = torch.nn.Linear(2, 1)
     with pytest.raises(ConfigError, match="ftp://"):
-        Run("ftp://host/run", model=model, notices=None)
+        Run("ftp://host/run", state={"model": model}, notices=None)
     (tmp_path / "file").write_text("x")
     with pytest.raises(ConfigError, match="not a directory"):
-        Run(tmp_path / "file", model=model, notices=None)
+        Run(tmp_path / "file", state={"model": model}, notices=None)
     (tmp_path / "home").mkdir()
     (tmp_path / "home" / "thesis.tex").write_text("x")
     with pytest.raises(ConfigError, match=r"not a spotwise run directory.*thesis\.tex"):
-        Run(tmp_path / "home", model=model, notices=None)
+        Run(tmp_path / "home", state={"model": model}, notices=None)
     with pytest.raises(ConfigError, match="state_dict"):
-        Run(tmp_path / "new", model=object(), notices=None)
+        Run(tmp_path / "new", state={"model": object()}, notices=None)
     with pytest.raises(ConfigError, match="steps=N"):
-        iter(Run(tmp_path / "nosteps", model=model, notices=None)).__next__()
+        iter(Run(tmp_path / "nosteps", state={"model": model}, notices=None)).__next__()
 
 
 def test_one_run_per_directory(tmp_path: Path) -> None:
-    first = Run(tmp_path, model=torch.nn.Linear(2, 1), notices=None)
+    first = Run(tmp_path, state={"model": torch.nn.Linear(2, 1)}, notices=None)
     with pytest.raises(CheckpointError, match="another process"):
-        Run(tmp_path, model=torch.nn.Linear(2, 1), notices=None)
+        Run(tmp_path, state={"model": torch.nn.Linear(2, 1)}, notices=None)
     first.close()
-    Run(tmp_path, model=torch.nn.Linear(2, 1), notices=None).close()
+    Run(tmp_path, state={"model": torch.nn.Linear(2, 1)}, notices=None).close()
 
 
 def test_auto_notices_use_the_environment_watcher(tmp_path: Path) -> None:
-    run = Run(tmp_path, model=torch.nn.Linear(2, 1), steps=2, every=None)  # notices="auto"
+    run = Run(
+        tmp_path,
+        state={"model": torch.nn.Linear(2, 1)},
+        steps=2,
+        checkpoint=CheckpointConfig(every=None),
+    )  # notices="auto"
     assert run._notices is not None and callable(run._notices.current)
     assert list(run) == [0, 1]  # closes the watcher and finishes normally
 
@@ -232,11 +254,9 @@ def test_grad_scaler_and_two_models_resume_exactly(tmp_path: Path) -> None:
         losses = []
         with Run(
             tmp_path / name,
-            model={"student": student, "teacher": teacher},
-            optimizer=opt,
-            scaler=scaler,
+            state={"student": student, "teacher": teacher, "optimizer": opt, "scaler": scaler},
             steps=12,
-            every=4,
+            checkpoint=CheckpointConfig(every=4),
             notices=None,
         ) as run:
             for step in run:
@@ -271,7 +291,12 @@ def test_terminate_notice_with_time_to_spare_trains_on_then_exits_near_the_deadl
     near = dataclasses.replace(base, received_monotonic=2.0, deadline_monotonic=_time.monotonic())
     source = source_cls(at_call={**{n: far for n in range(3, 9)}, 9: near})
     with pytest.raises(SystemExit) as exit_info:
-        trainer(tmp_path, STEPS, notices=source, every=2, keep_last=10, notice_margin_s=30.0)
+        trainer(
+            tmp_path,
+            STEPS,
+            notices=source,
+            checkpoint=CheckpointConfig(every=2, keep_last=10, notice_margin_s=30.0),
+        )
     assert exit_info.value.code == 75
     saved = [e["step"] for e in read_events(tmp_path / "events.jsonl", "checkpoint")]
     # the schedule's first save measures the cost; an early save when the far notice first

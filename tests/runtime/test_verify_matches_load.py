@@ -31,7 +31,7 @@ from typer.testing import CliRunner
 from spotwise.checkpoint.format import MANIFEST, STATE_FILE, TENSORS_FILE, step_dir_name
 from spotwise.cli.main import app
 from spotwise.errors import CorruptCheckpointError
-from spotwise.runtime import Run
+from spotwise.runtime import CheckpointConfig, Run
 from spotwise.runtime.commit import load_checkpoint, verify_checkpoint
 
 pytestmark = pytest.mark.timeout(600)
@@ -47,7 +47,13 @@ def objects() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
 
 def open_run(run_dir: Path) -> Run:
     model, optimizer = objects()
-    return Run(run_dir, model=model, optimizer=optimizer, steps=STEP, every=2, notices=None)
+    return Run(
+        run_dir,
+        state={"model": model, "optimizer": optimizer},
+        steps=STEP,
+        checkpoint=CheckpointConfig(every=2),
+        notices=None,
+    )
 
 
 @pytest.fixture(scope="module")

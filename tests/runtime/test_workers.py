@@ -21,7 +21,7 @@ from torch.utils.data import DataLoader
 from spotwise.errors import DataLoaderError
 from spotwise.notices.signals import SignalDetector, watched_signals
 from spotwise.notices.watcher import Watcher
-from spotwise.runtime import Run, list_checkpoints
+from spotwise.runtime import CheckpointConfig, Run, list_checkpoints
 
 from .conftest import NoisyDataset
 
@@ -59,9 +59,14 @@ def batches(run: Run, on_step=None) -> list[str]:
 def make_run(run_dir: Path, notices=None, workers: int = 2) -> Run:
     loader = DataLoader(NoisyDataset(), batch_size=8, shuffle=True, num_workers=workers)
     return Run(
-        run_dir, model=torch.nn.Linear(8, 3), loader=loader, steps=STEPS, every=None, seed=7,
+        run_dir,
+        state={"model": torch.nn.Linear(8, 3)},
+        loader=loader,
+        steps=STEPS,
+        checkpoint=CheckpointConfig(every=None),
+        seed=7,
         notices=notices,
-    )  # fmt: skip
+    )
 
 
 @pytest.fixture(scope="module")
@@ -119,7 +124,9 @@ def test_a_worker_that_keeps_dying_is_an_error(tmp_path: Path) -> None:
     loader = DataLoader(
         NoisyDataset(), batch_size=8, shuffle=True, num_workers=1, worker_init_fn=die
     )
-    run = Run(tmp_path, model=torch.nn.Linear(8, 3), loader=loader, steps=4, notices=None)
+    run = Run(
+        tmp_path, state={"model": torch.nn.Linear(8, 3)}, loader=loader, steps=4, notices=None
+    )
     with pytest.raises(DataLoaderError, match=r"killed by SIGKILL") as raised:
         batches(run)
     assert "num_workers=0" in str(raised.value)
@@ -127,7 +134,7 @@ def test_a_worker_that_keeps_dying_is_an_error(tmp_path: Path) -> None:
 
 
 def test_a_forked_child_neither_keeps_nor_weakens_the_lock(tmp_path: Path) -> None:
-    run = Run(tmp_path, model=torch.nn.Linear(2, 1), notices=None)
+    run = Run(tmp_path, state={"model": torch.nn.Linear(2, 1)}, notices=None)
     verdict_r, verdict_w = os.pipe()
     go_on_r, go_on_w = os.pipe()
     child = os.fork()
@@ -146,7 +153,7 @@ def test_a_forked_child_neither_keeps_nor_weakens_the_lock(tmp_path: Path) -> No
     try:
         assert os.read(verdict_r, 16) == b"refused", "the child could take the parent's lock"
         run.close()  # while the forked child is alive: it must not keep the directory locked
-        Run(tmp_path, model=torch.nn.Linear(2, 1), notices=None).close()
+        Run(tmp_path, state={"model": torch.nn.Linear(2, 1)}, notices=None).close()
     finally:
         os.write(go_on_w, b"x")
         os.waitpid(child, 0)
@@ -155,10 +162,11 @@ def test_a_forked_child_neither_keeps_nor_weakens_the_lock(tmp_path: Path) -> No
 PERSISTENT = """
 import sys, time, torch
 from torch.utils.data import DataLoader, TensorDataset
-from spotwise import Run
+from spotwise import CheckpointConfig, Run
 data = TensorDataset(torch.randn(64, 4))
 loader = DataLoader(data, batch_size=4, shuffle=True, num_workers=2, persistent_workers=True)
-run = Run(sys.argv[1], model=torch.nn.Linear(4, 1), loader=loader, steps=10**6, every=None)
+run = Run(sys.argv[1], state={"model": torch.nn.Linear(4, 1)}, loader=loader, steps=10**6,
+          checkpoint=CheckpointConfig(every=None))
 for step, _batch in enumerate(run):
     if step == 3:
         print("ready", flush=True)

@@ -12,7 +12,7 @@ from torch import nn
 
 from spotwise.checkpoint.remote import scan_remote
 from spotwise.errors import ConfigError
-from spotwise.runtime import Run
+from spotwise.runtime import CheckpointConfig, Run
 from spotwise.runtime.tiered import TieredMirror
 from spotwise.storage.memory import MemoryStorage
 from spotwise.storage.s3 import S3Storage
@@ -22,8 +22,14 @@ def _train(run_dir: str, local: Path, steps: int, stop_after: int | None = None)
     torch.manual_seed(0)
     model = nn.Linear(4, 2)
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    run = Run(run_dir, model=model, optimizer=opt, steps=steps, every=5, keep_last=2,
-              notices=None, local_dir=local)  # fmt: skip
+    run = Run(
+        run_dir,
+        state={"model": model, "optimizer": opt},
+        steps=steps,
+        checkpoint=CheckpointConfig(every=5, keep_last=2),
+        notices=None,
+        local_dir=local,
+    )
     for step in run:
         x = torch.randn(8, 4)
         loss = (model(x) - torch.ones(8, 2)).pow(2).mean() + 0 * step
@@ -75,18 +81,30 @@ def test_resume_on_a_new_machine_from_a_gcs_or_azure_run_dir(
 def test_remote_run_dir_and_mirror_are_exclusive(tmp_path: Path) -> None:
     mirror = TieredMirror(MemoryStorage())
     with pytest.raises(ConfigError, match="either a remote run_dir or mirror="):
-        Run("memory://x", model=nn.Linear(1, 1), mirror=mirror, local_dir=tmp_path, notices=None)
+        Run(
+            "memory://x",
+            state={"model": nn.Linear(1, 1)},
+            mirror=mirror,
+            local_dir=tmp_path,
+            notices=None,
+        )
 
 
 def test_missing_bucket_fails_at_start_with_a_hint(aws_env: str, tmp_path: Path) -> None:
     from spotwise.errors import StorageNotFoundError
 
     with pytest.raises(StorageNotFoundError, match="does not exist") as err:
-        Run("s3://no-such-bucket-e2e/run", model=nn.Linear(1, 1), local_dir=tmp_path / "a",
-            notices=None)  # fmt: skip
+        Run(
+            "s3://no-such-bucket-e2e/run",
+            state={"model": nn.Linear(1, 1)},
+            local_dir=tmp_path / "a",
+            notices=None,
+        )
     assert "aws s3 mb" in str(err.value)
     # the staging directory was released: a corrected run can use it right away
-    run = Run("memory://fixed", model=nn.Linear(1, 1), local_dir=tmp_path / "a", notices=None)
+    run = Run(
+        "memory://fixed", state={"model": nn.Linear(1, 1)}, local_dir=tmp_path / "a", notices=None
+    )
     run.close()
 
 
@@ -125,8 +143,14 @@ def test_notice_with_the_store_down_still_exits_75_with_a_local_checkpoint(
     notices = _TerminateAt(3)
     torch.manual_seed(0)
     model = nn.Linear(2, 1)
-    run = Run(f"s3://{bucket}/run", model=model, steps=10, every=None, notices=notices,
-              local_dir=tmp_path / "vm")  # fmt: skip
+    run = Run(
+        f"s3://{bucket}/run",
+        state={"model": model},
+        steps=10,
+        checkpoint=CheckpointConfig(every=None),
+        notices=notices,
+        local_dir=tmp_path / "vm",
+    )
     with pytest.raises(SystemExit) as exited:
         for _ in run:
             pass

@@ -95,19 +95,24 @@ def test_bad_metrics_port_names_the_setting(
     model = torch.nn.Linear(2, 1)
     monkeypatch.setenv("SPOTWISE_METRICS_PORT", "http")
     with pytest.raises(ConfigError, match="SPOTWISE_METRICS_PORT='http'"):
-        Run(tmp_path / "r", model=model, notices=None)
+        Run(tmp_path / "r", state={"model": model}, notices=None)
     monkeypatch.delenv("SPOTWISE_METRICS_PORT")
     with pytest.raises(ConfigError, match="metrics_port=70000"):
-        Run(tmp_path / "r", model=model, notices=None, metrics_port=70000)
+        Run(tmp_path / "r", state={"model": model}, notices=None, metrics_port=70000)
     taken = socket.socket()
     taken.bind(("127.0.0.1", 0))
     taken.listen()
     threads = threading.active_count()
     with pytest.raises(ConfigError, match=r"cannot serve training metrics on 127\.0\.0\.1:"):
-        Run(tmp_path / "r", model=model, notices=None, metrics_port=taken.getsockname()[1])
+        Run(
+            tmp_path / "r",
+            state={"model": model},
+            notices=None,
+            metrics_port=taken.getsockname()[1],
+        )
     taken.close()
     assert threading.active_count() == threads  # nothing left running
-    Run(tmp_path / "r", model=model, notices=None).close()  # the directory was released
+    Run(tmp_path / "r", state={"model": model}, notices=None).close()  # the directory was released
 
 
 def _job(store: Store, *, created: float, deadline_s: float | None = 600.0) -> str:
@@ -185,7 +190,7 @@ def test_logged_names_never_clash_with_the_event_fields(tmp_path: Path) -> None:
     from spotwise import Run
 
     model = torch.nn.Linear(2, 1)
-    run = Run(tmp_path / "r", model=model, steps=2, notices=None, gpu_sample_s=0)
+    run = Run(tmp_path / "r", state={"model": model}, steps=2, notices=None, gpu_sample_s=0)
     for _ in run:
         run.log(kind=1.0, step=2.0, time=3.0)
     [logged] = read_events(tmp_path / "r" / "events.jsonl", "metrics")

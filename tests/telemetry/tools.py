@@ -87,10 +87,11 @@ def build_fake_nvml(out: Path) -> Path:
 # python -c TRAIN RUN_DIR STEPS SLEEP_S: a small real Run that logs its loss every step
 TRAIN = """
 import sys, time, torch
-from spotwise import Run
+from spotwise import CheckpointConfig, Run
 model = torch.nn.Linear(4, 1)
 opt = torch.optim.SGD(model.parameters(), lr=0.1)
-run = Run(sys.argv[1], model=model, optimizer=opt, steps=int(sys.argv[2]), every=20, notices=None)
+run = Run(sys.argv[1], state={"model": model, "optimizer": opt}, steps=int(sys.argv[2]),
+          checkpoint=CheckpointConfig(every=20), notices=None)
 for step in run:
     loss = (model(torch.ones(2, 4)) ** 2).mean()
     opt.zero_grad(); loss.backward(); opt.step()

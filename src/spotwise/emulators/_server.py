@@ -1,25 +1,39 @@
-"""What the three emulators share: a loopback threading HTTP server, a notice schedule, fault
-injection and a request log. Nothing here is shared with the detectors they exercise."""
+"""The one loopback HTTP server every emulator stands on, and what the platform emulators share
+on top of it: a notice schedule, fault injection and a request log. Nothing here is shared with
+the detectors, providers or stores they exercise."""
 
 from __future__ import annotations
 
 import http.server
 import json
+import socket
+import struct
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import parse_qs, urlsplit
+
+from spotwise.emulators._faults import Fault, take
 
 FAULTS = ("hang", "malformed", "close")  # plus any HTTP status code, e.g. "503"
 
 
 @dataclass
 class Response:
+    """An answer. ``stream``: a chunked body written as it comes (a watch); ``reset_after``: send
+    this many bytes of ``body`` and then reset the connection (a body cut off halfway)."""
+
     status: int
     body: bytes = b""
     headers: dict[str, str] = field(default_factory=dict)
+    stream: Callable[[Callable[[bytes], None]], None] | None = None
+    reset_after: int | None = None
+
+
+# Hang up without answering: "close" (FIN) or "reset" (RST, as a dying load balancer does).
+Hangup = Literal["close", "reset"]
 
 
 @dataclass
@@ -27,8 +41,9 @@ class Request:
     method: str
     path: str  # without the query
     query: dict[str, str]
-    headers: dict[str, str]  # as sent (case-insensitive lookups via .get_header)
+    headers: dict[str, str]  # as sent (case-insensitive lookups via .header)
     body: bytes
+    target: str = ""  # the request target as sent, query included
 
     def header(self, name: str) -> str | None:
         for key, value in self.headers.items():
@@ -37,15 +52,52 @@ class Request:
         return None
 
 
-@dataclass
-class _Fault:
-    kind: str
-    remaining: int | None  # None: forever
-    on: str  # path substring it applies to ("" = every request)
+class LoopbackServer:
+    """A threading HTTP server on a daemon thread that hands each parsed :class:`Request` to
+    :meth:`serve`; subclasses answer with a :class:`Response` or hang up.
+
+    ``stamp_headers``: add ``Server`` and ``Date`` to every answer (a proxy that forwards the
+    upstream's own sets it False)."""
+
+    server_name = "spotwise-loopback"
+    stamp_headers = True
+
+    def __init__(self, port: int = 0, host: str = "127.0.0.1") -> None:
+        self.host = host
+        self.port = port
+        self._stopping = threading.Event()
+        self._server: http.server.ThreadingHTTPServer | None = None
+
+    def serve(self, request: Request) -> Response | Hangup:
+        raise NotImplementedError
+
+    def start(self) -> str:
+        """Bind and serve on a daemon thread; returns the base URL (``http://127.0.0.1:PORT``)."""
+        self._server = http.server.ThreadingHTTPServer((self.host, self.port), _make_handler(self))
+        self._server.daemon_threads = True
+        self.port = self._server.server_address[1]
+        threading.Thread(
+            target=self._server.serve_forever,
+            kwargs={"poll_interval": 0.1},
+            name=f"spotwise-serve-{self.server_name}",
+            daemon=True,
+        ).start()
+        return self.url
+
+    def stop(self) -> None:
+        self._stopping.set()
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
 
 
-class LoopbackEmulator:
-    """Base of the platform emulators: start/stop, URL, schedule, faults, request log.
+class LoopbackEmulator(LoopbackServer):
+    """Base of the platform emulators: schedule, faults, request log on the loopback server.
 
     Subclasses implement :meth:`handle` (and :meth:`malformed_body`) for their protocol.
     """
@@ -61,49 +113,28 @@ class LoopbackEmulator:
         clock_skew_s: float = 0.0,
         hang_s: float = 60.0,
     ) -> None:
-        self.host = host
-        self.port = port
+        super().__init__(port, host)
+        self.server_name = self.platform
         self.clock_skew_s = clock_skew_s  # this emulator's wall clock runs ahead by this much
         self.hang_s = hang_s
         self.requests: list[tuple[str, str, int]] = []  # (method, path, status) served
         self.notice_visible_wall: float | None = None  # true wall time the notice appeared
         self._notice_at: float | None = None  # monotonic time the notice becomes visible
-        self._faults: list[_Fault] = []
+        self._faults: list[Fault] = []
         self._lock = threading.RLock()
         self._changed = threading.Condition(self._lock)
-        self._stopping = threading.Event()
-        self._server: http.server.ThreadingHTTPServer | None = None
-        self._thread: threading.Thread | None = None
         self._timers: list[threading.Timer] = []
         if notice_after is not None:
             self.schedule_notice(notice_after)
 
     # --- lifecycle ----------------------------------------------------------------------------
-    def start(self) -> str:
-        """Bind and serve on a daemon thread; returns the base URL (``http://127.0.0.1:PORT``)."""
-        handler = _make_handler(self)
-        self._server = http.server.ThreadingHTTPServer((self.host, self.port), handler)
-        self._server.daemon_threads = True
-        self.port = self._server.server_address[1]
-        self._thread = threading.Thread(
-            target=self._server.serve_forever,
-            kwargs={"poll_interval": 0.1},
-            name=f"spotwise-emulate-{self.platform}",
-            daemon=True,
-        )
-        self._thread.start()
-        return self.url
-
     def stop(self) -> None:
         self._stopping.set()
         with self._changed:
             self._changed.notify_all()
         for timer in self._timers:
             timer.cancel()
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-            self._server = None
+        super().stop()
 
     def __enter__(self) -> LoopbackEmulator:
         if self._server is None:
@@ -112,10 +143,6 @@ class LoopbackEmulator:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
-
-    @property
-    def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
 
     # --- the notice ---------------------------------------------------------------------------
     def schedule_notice(self, after_s: float) -> None:
@@ -158,7 +185,7 @@ class LoopbackEmulator:
         if kind not in FAULTS and not (kind.isdigit() and 100 <= int(kind) <= 599):
             raise ValueError(f"unknown fault {fault!r}; use an HTTP status or one of {FAULTS}")
         with self._lock:
-            self._faults.append(_Fault(kind, count, on))
+            self._faults.append(Fault(kind, count, {"path": on}))
 
     def clear_faults(self) -> None:
         with self._lock:
@@ -166,12 +193,8 @@ class LoopbackEmulator:
 
     def _take_fault(self, path: str) -> str | None:
         with self._lock:
-            for fault in self._faults:
-                if fault.on in path and (fault.remaining is None or fault.remaining > 0):
-                    if fault.remaining is not None:
-                        fault.remaining -= 1
-                    return fault.kind
-        return None
+            fault = take(self._faults, {"path": path})
+        return None if fault is None else fault.what
 
     # --- protocol -----------------------------------------------------------------------------
     def handle(self, request: Request) -> Response:
@@ -189,7 +212,7 @@ class LoopbackEmulator:
                 if path_part in path and (status is None or code == status)
             )
 
-    def _serve(self, request: Request, send: Callable[[Response], None]) -> str | None:
+    def serve(self, request: Request) -> Response | Hangup:
         fault = self._take_fault(request.path)
         if fault == "hang":
             self._stopping.wait(self.hang_s)
@@ -205,8 +228,7 @@ class LoopbackEmulator:
             )
         with self._lock:
             self.requests.append((request.method, request.path, response.status))
-        send(response)
-        return None
+        return response
 
 
 def _status_body(status: int) -> bytes:
@@ -217,33 +239,87 @@ def json_body(doc: Any) -> bytes:
     return json.dumps(doc, separators=(",", ":")).encode()
 
 
-def _make_handler(emulator: LoopbackEmulator) -> type[http.server.BaseHTTPRequestHandler]:
+def _make_handler(server: LoopbackServer) -> type[http.server.BaseHTTPRequestHandler]:
     class Handler(http.server.BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
-        server_version = emulator.platform
+        server_version = server.server_name
         sys_version = ""
 
         def log_message(self, format: str, *args: Any) -> None:  # quiet by default
             return
 
         def _dispatch(self) -> None:
-            length = int(self.headers.get("Content-Length") or 0)
-            body = self.rfile.read(length) if length else b""
             parts = urlsplit(self.path)
             query = {k: v[-1] for k, v in parse_qs(parts.query, keep_blank_values=True).items()}
-            request = Request(self.command, parts.path, query, dict(self.headers.items()), body)
-            if emulator._serve(request, self._send) == "close":
+            headers = dict(self.headers.items())
+            request = Request(self.command, parts.path, query, headers, self._body(), self.path)
+            answer = server.serve(request)
+            if answer == "reset":
+                self._reset()
+            elif answer == "close":
                 self.close_connection = True
+            elif answer.stream is not None:
+                self._stream(answer)
+            else:
+                self._send(answer)
 
-        def _send(self, response: Response) -> None:
-            self.send_response(response.status)
+        def _body(self) -> bytes:
+            if self.headers.get("Transfer-Encoding", "").lower() != "chunked":
+                length = int(self.headers.get("Content-Length") or 0)
+                return self.rfile.read(length) if length else b""
+            out = bytearray()
+            while size := int(self.rfile.readline().split(b";")[0].strip() or b"0", 16):
+                out += self.rfile.read(size)
+                self.rfile.readline()
+            while self.rfile.readline() not in (b"\r\n", b"\n", b""):  # trailers
+                pass
+            return bytes(out)
+
+        def _head(self, response: Response) -> None:
+            if server.stamp_headers:
+                self.send_response(response.status)
+            else:
+                self.send_response_only(response.status)
             for key, value in response.headers.items():
                 self.send_header(key, value)
+
+        def _send(self, response: Response) -> None:
+            self._head(response)
             if "Content-Length" not in response.headers:  # a HEAD states the GET's length
                 self.send_header("Content-Length", str(len(response.body)))
             self.end_headers()
-            if self.command != "HEAD":
+            if self.command == "HEAD":
+                return
+            if response.reset_after is None:
                 self.wfile.write(response.body)
+                return
+            self.wfile.write(response.body[: response.reset_after])
+            self.wfile.flush()
+            self._reset()
+
+        def _stream(self, response: Response) -> None:
+            assert response.stream is not None
+            self._head(response)
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+
+            def chunk(data: bytes) -> None:
+                self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+                self.wfile.flush()
+
+            try:
+                response.stream(chunk)
+                self.wfile.write(b"0\r\n\r\n")
+            except (BrokenPipeError, ConnectionResetError):
+                pass
+            self.close_connection = True
+
+        def _reset(self) -> None:
+            """Close with RST (SO_LINGER 0), as a dying load balancer or a network cut does."""
+            linger = struct.pack("ii", 1, 0)
+            self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, linger)
+            self.close_connection = True
+            self.connection.close()
 
         do_GET = do_PUT = do_POST = do_HEAD = do_DELETE = _dispatch
 

@@ -13,9 +13,9 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections import deque
 from email.utils import formatdate
 
+from spotwise.emulators._faults import RateLimit
 from spotwise.emulators._server import LoopbackEmulator, Request, Response, json_body
 
 INSTANCE = "/metadata/instance"
@@ -59,11 +59,10 @@ class AzureScheduledEventsEmulator(LoopbackEmulator):
         self.vm_name = vm_name
         self.resources = resources if resources is not None else [vm_name]
         self.instance = _instance_document(vm_name, location, vm_size, zone, vm_id)
-        self.rate_limit_per_s = rate_limit_per_s
+        self.rate_limit = RateLimit(rate_limit_per_s)
         self.incarnation = 1
         self.events: list[dict[str, object]] = []
         self.acknowledged: list[str] = []
-        self._recent: deque[float] = deque()
         super().__init__(
             port, host, notice_after=notice_after, clock_skew_s=clock_skew_s, hang_s=hang_s
         )
@@ -141,16 +140,8 @@ class AzureScheduledEventsEmulator(LoopbackEmulator):
         return Response(200, str(node).encode(), {"Content-Type": "text/plain; charset=utf-8"})
 
     def _throttled(self) -> bool:
-        if self.rate_limit_per_s <= 0:
-            return False
-        now = time.monotonic()
         with self._lock:
-            while self._recent and now - self._recent[0] > 1.0:
-                self._recent.popleft()
-            if len(self._recent) >= self.rate_limit_per_s:
-                return True
-            self._recent.append(now)
-        return False
+            return not self.rate_limit.admit(time.monotonic())
 
     def _start_requests(self, body: bytes, plain: dict[str, str]) -> Response:
         try:

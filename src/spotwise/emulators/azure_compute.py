@@ -49,6 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from spotwise.emulators import machine_root
+from spotwise.emulators._faults import Fault, take
 from spotwise.emulators._server import LoopbackEmulator, Request, Response, json_body
 from spotwise.emulators.azure import AzureScheduledEventsEmulator
 
@@ -228,7 +229,7 @@ class AzureComputeEmulator(LoopbackEmulator):
         self.preempted: list[str] = []  # names of the VMs that got a Preempt event
         self.evicted: list[str] = []  # ... and were taken back before anyone deleted them
         self.created: list[str] = []  # names of every VM that provisioned, in order
-        self._fail: list[str] = []
+        self._create_faults: list[Fault] = []
         self._count = itertools.count()
         self._image = machine_root.machine_image(image)
         self._ticker: threading.Thread | None = None
@@ -254,7 +255,7 @@ class AzureComputeEmulator(LoopbackEmulator):
         if code not in SYNC_CAPACITY + ASYNC_CAPACITY:
             raise ValueError(f"unknown fault {code!r}; use one of {SYNC_CAPACITY + ASYNC_CAPACITY}")
         with self._lock:
-            self._fail += [code] * count
+            self._create_faults.append(Fault(code, count))
 
     def evict(self, name: str, now: float | None = None) -> None:
         """Evict a running Spot VM now: its Preempt event, the kill ``notice_lead_s`` later."""
@@ -478,7 +479,8 @@ class AzureComputeEmulator(LoopbackEmulator):
         problem = _invalid(props)
         if problem:
             return _error(400, "InvalidParameter", problem)
-        fault = self._fail.pop(0) if self._fail else ""
+        taken = take(self._create_faults, {})
+        fault = "" if taken is None else taken.what
         if size not in self.skus[location] or fault == "SkuNotAvailable":
             return _error(
                 409,

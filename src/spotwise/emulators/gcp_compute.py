@@ -48,6 +48,7 @@ from pathlib import Path
 from typing import Any
 
 from spotwise.emulators import machine_root
+from spotwise.emulators._faults import Fault, take
 from spotwise.emulators._server import LoopbackEmulator, Request, Response, json_body
 from spotwise.emulators.gcp import GcpMetadataEmulator
 
@@ -102,14 +103,6 @@ class Machine:
     notice_at: float | None = None
     off_at: float | None = None
     preempting: bool = False
-
-
-@dataclass
-class Fault:
-    operation: str  # "insert", "get", "list", "delete"
-    code: str  # ZONE_RESOURCE_POOL_EXHAUSTED | QUOTA_EXCEEDED | an HTTP status
-    times: int
-    zone: str = ""  # "" = every zone
 
 
 @dataclass
@@ -188,7 +181,7 @@ class GcpComputeEmulator(LoopbackEmulator):
                 f"unknown fault {code!r}: use {', '.join(CAPACITY_STATUS)} or an HTTP status"
             )
         with self._lock:
-            self.faults.append(Fault(operation, code, times, zone))
+            self.faults.append(Fault(code, times, {"operation": operation, "zone": zone}))
 
     def preempt(self, name: str) -> None:
         """Preempt a running Spot instance now (what ``interrupt_after_s`` schedules)."""
@@ -288,21 +281,18 @@ class GcpComputeEmulator(LoopbackEmulator):
         raise _ApiError(400, "badRequest", f"{method} {request.path} is not served by this double")
 
     def _api_fault(self, kind: str, op: str, zone: str) -> None:
-        for f in self.faults:
-            if f.times > 0 and f.operation == op and kind == "instances" and f.zone in ("", zone):
-                if f.code.isdigit():
-                    f.times -= 1
-                    reason = "rateLimitExceeded" if f.code == "429" else "backendError"
-                    raise _ApiError(int(f.code), reason, f"injected {f.code} (spotwise emulate)")
-                return
+        if kind != "instances":
+            return
+        errors = [f for f in self.faults if f.what.isdigit()]  # capacity ends an operation
+        fault = take(errors, {"operation": op, "zone": zone})
+        if fault is not None:
+            reason = "rateLimitExceeded" if fault.what == "429" else "backendError"
+            raise _ApiError(int(fault.what), reason, f"injected {fault.what} (spotwise emulate)")
 
     def _capacity_fault(self, zone: str) -> str | None:
-        for f in self.faults:
-            capacity = f.code in CAPACITY_STATUS and f.operation == "insert"
-            if f.times > 0 and capacity and f.zone in ("", zone):
-                f.times -= 1
-                return f.code
-        return None
+        stockouts = [f for f in self.faults if f.what in CAPACITY_STATUS]
+        fault = take(stockouts, {"operation": "insert", "zone": zone})
+        return None if fault is None else fault.what
 
     def _insert(self, request: Request, zone: str) -> Response:
         from google.cloud import compute_v1 as gce

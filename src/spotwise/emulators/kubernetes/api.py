@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import base64
 import copy
-import http.server
 import json
 import re
 import threading
@@ -27,7 +26,8 @@ from collections import deque
 from collections.abc import Callable
 from datetime import datetime, timezone
 from typing import Any
-from urllib.parse import parse_qs, urlsplit
+
+from spotwise.emulators._server import Hangup, LoopbackServer, Request, Response
 
 Obj = dict[str, Any]
 
@@ -247,9 +247,11 @@ def _qualified(resource: str) -> str:
     return f"{resource}.{group}" if group else resource
 
 
-class KubeApiServer:
+class KubeApiServer(LoopbackServer):
     """HTTP front of an :class:`ObjectStore`. ``on_delete`` lets the cluster side decide how a
     deletion proceeds (graceful stop of a running pod, dependants of a job)."""
+
+    server_name = "spotwise-kube-api"
 
     def __init__(
         self,
@@ -262,39 +264,34 @@ class KubeApiServer:
         read_log: Callable[[Obj], bytes] | None = None,
         max_watch_s: float = 300.0,
     ) -> None:
+        super().__init__(port, host)
         self.store = store
-        self.host, self.port, self.token = host, port, token
+        self.token = token
         self.on_delete = on_delete
         self.read_log = read_log
         self.max_watch_s = max_watch_s
         self.requests: list[tuple[str, str, int]] = []
-        self._stopping = threading.Event()
-        self._server: http.server.ThreadingHTTPServer | None = None
-
-    @property
-    def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
-
-    def start(self) -> str:
-        self._server = http.server.ThreadingHTTPServer((self.host, self.port), _handler(self))
-        self._server.daemon_threads = True
-        self.port = self._server.server_address[1]
-        threading.Thread(
-            target=self._server.serve_forever,
-            kwargs={"poll_interval": 0.1},
-            name="spotwise-kube-api",
-            daemon=True,
-        ).start()
-        return self.url
 
     def stop(self) -> None:
         self._stopping.set()
         with self.store.changed:
             self.store.changed.notify_all()
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-            self._server = None
+        super().stop()
+
+    def serve(self, request: Request) -> Response | Hangup:
+        answer = self.answer(
+            request.method,
+            request.path,
+            request.query,
+            request.body,
+            request.header("Authorization"),
+        )
+        if callable(answer):
+            self.requests.append((request.method, request.target, 200))
+            return Response(200, headers={"Content-Type": "application/json"}, stream=answer)
+        code, ctype, payload = answer
+        self.requests.append((request.method, request.target, code))
+        return Response(code, payload, {"Content-Type": ctype})
 
     # --- request handling ---------------------------------------------------------------------
     def answer(
@@ -448,54 +445,3 @@ def _event(kind: str, obj: Obj) -> bytes:
 
 def _ok(doc: Obj, code: int = 200) -> tuple[int, str, bytes]:
     return code, "application/json", json.dumps(doc).encode()
-
-
-def _handler(api: KubeApiServer) -> type[http.server.BaseHTTPRequestHandler]:
-    class Handler(http.server.BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-        server_version = "spotwise-kube-api"
-        sys_version = ""
-
-        def log_message(self, format: str, *args: Any) -> None:
-            return
-
-        def _dispatch(self) -> None:
-            length = int(self.headers.get("Content-Length") or 0)
-            body = self.rfile.read(length) if length else b""
-            parts = urlsplit(self.path)
-            query = {k: v[-1] for k, v in parse_qs(parts.query, keep_blank_values=True).items()}
-            answer = api.answer(
-                self.command, parts.path, query, body, self.headers.get("Authorization")
-            )
-            if callable(answer):
-                api.requests.append((self.command, self.path, 200))
-                self._stream(answer)
-                return
-            code, ctype, payload = answer
-            api.requests.append((self.command, self.path, code))
-            self.send_response(code)
-            self.send_header("Content-Type", ctype)
-            self.send_header("Content-Length", str(len(payload)))
-            self.end_headers()
-            self.wfile.write(payload)
-
-        def _stream(self, writer: Callable[[Callable[[bytes], None]], None]) -> None:
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Transfer-Encoding", "chunked")
-            self.end_headers()
-
-            def chunk(data: bytes) -> None:
-                self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
-                self.wfile.flush()
-
-            try:
-                writer(chunk)
-                self.wfile.write(b"0\r\n\r\n")
-            except (BrokenPipeError, ConnectionResetError):
-                pass
-            self.close_connection = True
-
-        do_GET = do_POST = do_DELETE = _dispatch
-
-    return Handler
