@@ -508,7 +508,7 @@ class AwsProvider:
             return instance["InstanceId"], instance["PrivateIpAddress"]
 
         return cloud_nodes.start_nodes(
-            req, start, lambda iid: self.terminate({"id": iid, "region": region})
+            req, start, lambda node: self.terminate({**node, "region": region})
         )
 
     def _client(self, handle: Handle) -> Any:

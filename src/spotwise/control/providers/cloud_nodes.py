@@ -65,11 +65,12 @@ def node_request(req: LaunchRequest, python: str, node: int, endpoint: str) -> L
 def start_nodes(
     req: LaunchRequest,
     start: Callable[[int, str, str], tuple[Node, str]],
-    stop: Callable[[Node], None],
+    stop: Callable[[Handle], None],
 ) -> Handle:
     """Start the attempt's ``req.nodes`` machines as one launch: ``start(rank, endpoint,
     launch)`` -> (the node's entry, its private address). Rank 0 first (its address is the
-    others' endpoint); all or none: any failure stops the nodes already started, then raises.
+    others' endpoint); all or none: any failure stops the nodes already started (``stop`` of
+    each one's keys), then raises.
     -> the handle's multi-node part (``id``, ``nodes``, ``port``, ``launch``)."""
     # the rendezvous port: any works on a fresh machine (the job's network rule allows TCP
     # between its nodes); one free here keeps attempts apart on a double's shared loopback
@@ -84,7 +85,7 @@ def start_nodes(
                 rank0 = address
     except BaseException:
         for entry in started:
-            stop(entry)
+            stop(_keys(entry))
         raise
     return {"id": f"{req.key}-{launch}", "nodes": started, "port": port, "launch": launch}
 
