@@ -9,7 +9,6 @@ import sys
 import time
 import uuid
 from collections.abc import Iterator
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -55,7 +54,7 @@ def gce(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[GcpComputeEm
 
 @pytest.fixture()
 def provider(gce, monkeypatch: pytest.MonkeyPatch) -> Any:
-    double, conf = gce
+    _, conf = gce
     for key, value in conf["env"].items():
         monkeypatch.setenv(key, value)
     return lambda: make_provider("gcp", conf["options"], epoch=0.0, instance_type=None)

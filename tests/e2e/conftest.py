@@ -37,12 +37,19 @@ def cli(
 @pytest.fixture()
 def uninterrupted(tmp_path: Path) -> Iterator[Callable[[JobSpec], Callable[[], str]]]:
     """``start(spec)`` runs the job's command locally in the background, with its own run
-    directory and no interruption; calling what it returns waits and gives the final hash."""
+    directory and no interruption (at the job's world size, through torch's launcher: one
+    node, as many ranks); calling what it returns waits and gives the final hash."""
     started: list[subprocess.Popen[str]] = []
 
     def start(spec: JobSpec) -> Callable[[], str]:
         run_dir = str(tmp_path / "uninterrupted")
-        argv = [a.replace("$SPOTWISE_CHECKPOINT_DIR", run_dir) for a in spec.command[1:]]
+        spec_argv = [a.replace("$SPOTWISE_CHECKPOINT_DIR", run_dir) for a in spec.command[1:]]
+        if spec.world_size > 1:
+            launcher = ["-m", "spotwise.runtime.launch", "--standalone"]
+            argv = [*launcher, f"--nproc-per-node={spec.world_size}", "--no-python"]
+            argv += [sys.executable, *spec_argv]
+        else:
+            argv = spec_argv
         proc = subprocess.Popen(
             [sys.executable, *argv],
             cwd=spec.workdir,
