@@ -73,6 +73,13 @@ def uninterrupted(tmp_path: Path) -> Iterator[Callable[[JobSpec], Callable[[], s
             proc.wait()
 
 
+def node_sections(log: str, n: int, cloud: str) -> list[str]:
+    """Each node's output of attempt ``n`` of a multi-node job in its log (headed ``attempt n
+    on <cloud> <machine> (node k)``)."""
+    parts = re.split(rf"(?m)^\[spotwise\] attempt (\d+) on {cloud} \S+ \(node \d\)\n", log)
+    return [text for num, text in zip(parts[1::2], parts[2::2], strict=True) if int(num) == n]
+
+
 def aws_client(service: str, env: dict[str, str]) -> Any:
     """A boto3 client of the loopback AWS endpoint in ``env`` (fake credentials)."""
     import boto3

@@ -22,18 +22,12 @@ from spotwise.emulators.gcp_compute import GcpComputeEmulator
 from spotwise.emulators.gcs import GcsEmulator
 from spotwise.settings import GCP_COMPUTE_ENDPOINT
 
-from .conftest import HASH, SPOTWISE, checkpoint_steps, cli
+from .conftest import HASH, SPOTWISE, checkpoint_steps, cli, node_sections
 
 ROOT = Path(__file__).resolve().parents[2]
 JOB = ROOT / "examples" / "digits" / "job-gcp-ddp.yaml"
 
 pytestmark = pytest.mark.e2e
-
-
-def _sections(log: str, n: int) -> list[str]:
-    """Each node's output of attempt ``n`` in the job log (headed ``attempt n on gcp ...``)."""
-    parts = re.split(r"(?m)^\[spotwise\] attempt (\d+) on gcp \S+ \(node \d\)\n", log)
-    return [text for num, text in zip(parts[1::2], parts[2::2], strict=True) if int(num) == n]
 
 
 def test_two_node_ddp_on_gce_loses_a_node_and_ends_with_identical_weights(
@@ -85,11 +79,12 @@ def test_two_node_ddp_on_gce_loses_a_node_and_ends_with_identical_weights(
             ("succeeded", 0),
         ], log[-3000:]
         # 75 on every rank of the preempted attempt, each node's launcher kept it
-        first = _sections(log, 1)
+        first = node_sections(log, 1, "gcp")
         assert len(first) == 2 and all("attempt exit 75" in s for s in first), log[-4000:]
         # the relaunch resumed on both nodes from what they saved to GCS (their disks are gone)
         resumed = [
-            int(s) for s in re.findall(r"resumed from step (\d+)", "".join(_sections(log, 2)))
+            int(s)
+            for s in re.findall(r"resumed from step (\d+)", "".join(node_sections(log, 2, "gcp")))
         ]
         assert resumed and resumed[0] > 0, log[-3000:]
         assert HASH.findall(log)[-1] == baseline()
