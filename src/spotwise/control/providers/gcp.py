@@ -1,4 +1,7 @@
-"""``gcp``: each attempt is one Compute Engine VM (Spot, deleted on preemption, or on-demand).
+"""``gcp``: each attempt is one Compute Engine VM (Spot, deleted on preemption, or on-demand),
+or, with ``nodes: N``, N VMs of one zone launched as one (``cloud_nodes``: rank 0 first, its
+internal IP in the others' rendezvous, all or none, labels ``spotwise-rank`` /
+``spotwise-nodes`` / ``spotwise-launch``; the loss of any VM ends the attempt as on ``sim``).
 
 The VM boots an image family (a Deep Learning VM image by default) and runs its
 ``startup-script`` metadata, which runs the job's command with ``SPOTWISE_CHECKPOINT_DIR`` in
