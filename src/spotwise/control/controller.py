@@ -207,7 +207,7 @@ def check_world(spec: JobSpec, provider: Provider) -> None:
             f"nodes: {spec.nodes}, procs_per_node: {spec.procs_per_node}: provider "
             f"{spec.provider.name!r} runs one process per attempt",
             hint="use a provider that runs multi-node attempts (local, sim, slurm, aws, gcp, "
-            "kubernetes) or set nodes: 1 and procs_per_node: 1",
+            "azure, kubernetes) or set nodes: 1 and procs_per_node: 1",
         )
 
 
