@@ -37,12 +37,19 @@ def cli(
 @pytest.fixture()
 def uninterrupted(tmp_path: Path) -> Iterator[Callable[[JobSpec], Callable[[], str]]]:
     """``start(spec)`` runs the job's command locally in the background, with its own run
-    directory and no interruption; calling what it returns waits and gives the final hash."""
+    directory and no interruption (at the job's world size, through torch's launcher: one
+    node, as many ranks); calling what it returns waits and gives the final hash."""
     started: list[subprocess.Popen[str]] = []
 
     def start(spec: JobSpec) -> Callable[[], str]:
         run_dir = str(tmp_path / "uninterrupted")
-        argv = [a.replace("$SPOTWISE_CHECKPOINT_DIR", run_dir) for a in spec.command[1:]]
+        spec_argv = [a.replace("$SPOTWISE_CHECKPOINT_DIR", run_dir) for a in spec.command[1:]]
+        if spec.world_size > 1:
+            launcher = ["-m", "spotwise.runtime.launch", "--standalone"]
+            argv = [*launcher, f"--nproc-per-node={spec.world_size}", "--no-python"]
+            argv += [sys.executable, *spec_argv]
+        else:
+            argv = spec_argv
         proc = subprocess.Popen(
             [sys.executable, *argv],
             cwd=spec.workdir,
@@ -64,6 +71,13 @@ def uninterrupted(tmp_path: Path) -> Iterator[Callable[[JobSpec], Callable[[], s
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def node_sections(log: str, n: int, cloud: str) -> list[str]:
+    """Each node's output of attempt ``n`` of a multi-node job in its log (headed ``attempt n
+    on <cloud> <machine> (node k)``)."""
+    parts = re.split(rf"(?m)^\[spotwise\] attempt (\d+) on {cloud} \S+ \(node \d\)\n", log)
+    return [text for num, text in zip(parts[1::2], parts[2::2], strict=True) if int(num) == n]
 
 
 def aws_client(service: str, env: dict[str, str]) -> Any:

@@ -7,10 +7,8 @@ is terminated (all or nothing) and the next zone is tried."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -20,7 +18,16 @@ from spotwise.control.spec import load_spec
 from spotwise.control.store import Store
 from spotwise.emulators.fault_proxy import Fault
 
-from .conftest import HASH, SPOTWISE, aws_client, cli, ec2_double, ec2_instances, s3_checkpoints
+from .conftest import (
+    HASH,
+    SPOTWISE,
+    aws_client,
+    cli,
+    ec2_double,
+    ec2_instances,
+    node_sections,
+    s3_checkpoints,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 JOB = ROOT / "examples" / "digits" / "job-aws-ddp.yaml"
@@ -42,18 +49,11 @@ def _tags(instance: dict) -> dict[str, str]:
     return {t["Key"]: t["Value"] for t in instance.get("Tags", [])}
 
 
-def _sections(log: str, n: int) -> list[str]:
-    """Each node's output of attempt ``n`` in the job log (headed ``attempt n on aws ...``)."""
-    parts = re.split(r"(?m)^\[spotwise\] attempt (\d+) on aws \S+ \(node \d\)\n", log)
-    return [text for num, text in zip(parts[1::2], parts[2::2], strict=True) if int(num) == n]
-
-
-def test_two_node_ddp_on_ec2_loses_a_node_and_ends_with_identical_weights(tmp_path: Path):
+def test_two_node_ddp_on_ec2_loses_a_node_and_ends_with_identical_weights(
+    tmp_path: Path, uninterrupted
+):
     spec = load_spec(JOB)
     assert (spec.nodes, spec.procs_per_node) == (2, 1)
-    argv = [
-        a.replace("$SPOTWISE_CHECKPOINT_DIR", str(tmp_path / "baseline")) for a in spec.command[1:]
-    ]
     # a notice that outlasts a DDP save and both reports on a loaded runner (30 s measured; EC2
     # gives 120 s): a rank killed mid-save leaves its peer unable to save, the attempt 'lost'
     with ec2_double(tmp_path / "ec2", NO_RANK_1, notice_lead_s=60) as ec2:
@@ -74,25 +74,7 @@ def test_two_node_ddp_on_ec2_loses_a_node_and_ends_with_identical_weights(tmp_pa
         nodes = {_tags(i)["spotwise:rank"]: i for i in ec2_instances(env, job_id, live_only=True)}
         assert sorted(nodes) == ["0", "1"]
         ec2.plane.interrupt(nodes["1"]["InstanceId"])  # rank 1's spot notice now
-        # the same world size, never interrupted (after the job's start-up: 2 cores)
-        baseline = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "spotwise.runtime.launch",
-                "--standalone",
-                "--nproc-per-node=2",
-                "--no-python",
-                sys.executable,
-                *argv,
-            ],
-            cwd=spec.workdir,
-            env={**os.environ, "SPOTWISE_PLATFORM": "none"},
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-        assert baseline.returncode == 0, baseline.stderr[-2000:]
+        baseline = uninterrupted(spec)  # the same world size, never interrupted
         out, _ = launch.communicate(timeout=900)
         assert launch.returncode == 0, out
 
@@ -105,14 +87,15 @@ def test_two_node_ddp_on_ec2_loses_a_node_and_ends_with_identical_weights(tmp_pa
             ("succeeded", 0),
         ], log[-3000:]
         # 75 on every rank of the preempted attempt, each node's launcher kept it
-        first = _sections(log, 1)
+        first = node_sections(log, 1, "aws")
         assert len(first) == 2 and all("attempt exit 75" in s for s in first), log[-4000:]
         # the relaunch resumed on both nodes from what they saved to S3 (their disks are gone)
         resumed = [
-            int(s) for s in re.findall(r"resumed from step (\d+)", "".join(_sections(log, 2)))
+            int(s)
+            for s in re.findall(r"resumed from step (\d+)", "".join(node_sections(log, 2, "aws")))
         ]
         assert resumed and resumed[0] > 0, log[-3000:]
-        assert HASH.findall(log)[-1] == HASH.findall(baseline.stdout)[-1]
+        assert HASH.findall(log)[-1] == baseline()
 
         # all or nothing: attempt 1's rank 0 in the first zone went when rank 1 found no
         # capacity there; each attempt then held both nodes in the job's placement group

@@ -206,8 +206,8 @@ def check_world(spec: JobSpec, provider: Provider) -> None:
         raise ConfigError(
             f"nodes: {spec.nodes}, procs_per_node: {spec.procs_per_node}: provider "
             f"{spec.provider.name!r} runs one process per attempt",
-            hint="use a provider that runs multi-node attempts (local, sim, slurm) or set "
-            "nodes: 1 and procs_per_node: 1",
+            hint="use a provider that runs multi-node attempts (local, sim, slurm, aws, gcp, "
+            "azure, kubernetes) or set nodes: 1 and procs_per_node: 1",
         )
 
 

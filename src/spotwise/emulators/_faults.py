@@ -9,6 +9,7 @@ lock around :func:`take` and :meth:`RateLimit.admit`.
 
 from __future__ import annotations
 
+import re
 from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -17,8 +18,9 @@ from typing import TypeVar
 
 @dataclass
 class Fault:
-    """Answer ``what`` to the next ``times`` requests (every one when None) whose fields contain
-    the substrings in ``where`` (a missing or empty pattern matches all)."""
+    """Answer ``what`` to the next ``times`` requests (every one when None) whose fields the
+    regular expressions in ``where`` find (``re.search``: a plain substring finds itself, and
+    ``-1$`` picks a rank 1 by its name; a missing or empty pattern matches all)."""
 
     what: str
     times: int | None = 1
@@ -27,7 +29,9 @@ class Fault:
 
     def applies(self, fields: Mapping[str, str]) -> bool:
         left = self.times is None or self.hits < self.times
-        return left and all(pattern in fields.get(key, "") for key, pattern in self.where.items())
+        return left and all(
+            re.search(pattern, fields.get(key, "")) for key, pattern in self.where.items()
+        )
 
 
 F = TypeVar("F", bound=Fault)

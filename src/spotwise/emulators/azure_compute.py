@@ -55,6 +55,7 @@ from spotwise.emulators.azure import AzureScheduledEventsEmulator
 
 SUBSCRIPTION = "00000000-0000-0000-0000-000000000000"
 TOKEN = "spotwise-emulator-token"  # what the fake credential hands out; any bearer token works
+LOOPBACK = "127.0.0.1"
 SYNC_CAPACITY = ("SkuNotAvailable", "OperationNotAllowed")  # 409 on the PUT
 ASYNC_CAPACITY = ("AllocationFailed", "ZonalAllocationFailed")  # the operation fails
 DEFAULT_SKUS = {
@@ -250,12 +251,13 @@ class AzureComputeEmulator(LoopbackEmulator):
             for vm in self.vms.values():
                 self._power_off(vm)
 
-    def fail_next(self, code: str, count: int = 1) -> None:
-        """The next ``count`` VM creates fail with ``code`` (see the module's docstring)."""
+    def fail_next(self, code: str, count: int = 1, name: str = "") -> None:
+        """The next ``count`` VM creates (of VMs whose name the pattern ``name`` finds, e.g.
+        ``-1$``: a rank 1) fail with ``code`` (see the module's docstring)."""
         if code not in SYNC_CAPACITY + ASYNC_CAPACITY:
             raise ValueError(f"unknown fault {code!r}; use one of {SYNC_CAPACITY + ASYNC_CAPACITY}")
         with self._lock:
-            self._create_faults.append(Fault(code, count))
+            self._create_faults.append(Fault(code, count, {"name": name}))
 
     def evict(self, name: str, now: float | None = None) -> None:
         """Evict a running Spot VM now: its Preempt event, the kill ``notice_lead_s`` later."""
@@ -479,7 +481,7 @@ class AzureComputeEmulator(LoopbackEmulator):
         problem = _invalid(props)
         if problem:
             return _error(400, "InvalidParameter", problem)
-        taken = take(self._create_faults, {})
+        taken = take(self._create_faults, {"name": parts["name"]})
         fault = "" if taken is None else taken.what
         if size not in self.skus[location] or fault == "SkuNotAvailable":
             return _error(
@@ -517,12 +519,16 @@ class AzureComputeEmulator(LoopbackEmulator):
         }
         for nic in props.get("networkProfile", {}).get("networkInterfaceConfigurations", []):
             name = f"{vm.name}-{nic['name']}"
+            ip = {  # the VMs share this host's network: every private address is the loopback
+                "name": nic["properties"]["ipConfigurations"][0]["name"],
+                "properties": {"privateIPAddress": LOOPBACK, "primary": True},
+            }
             self.nics[(vm.rg, name)] = {
                 "id": f"{base}/Microsoft.Network/networkInterfaces/{name}",
                 "name": name,
                 "location": vm.doc["location"],
                 "tags": dict(tags),
-                "properties": {"provisioningState": "Succeeded"},
+                "properties": {"provisioningState": "Succeeded", "ipConfigurations": [ip]},
             }
 
     def _accepted(self, request: Request, key: tuple[str, str], kind: str, status: int) -> Response:
@@ -640,6 +646,12 @@ class AzureComputeEmulator(LoopbackEmulator):
         props["provisioningState"] = vm.state
         props["vmId"] = str(uuid.uuid5(uuid.NAMESPACE_URL, doc["id"]))
         props.get("osProfile", {}).pop("customData", None)  # ARM never returns it
+        network = props.get("networkProfile", {})
+        base = f"/subscriptions/{SUBSCRIPTION}/resourceGroups/{vm.rg}/providers"
+        network["networkInterfaces"] = [  # the NICs the VM made (``_attach``)
+            {"id": f"{base}/Microsoft.Network/networkInterfaces/{vm.name}-{nic['name']}"}
+            for nic in network.get("networkInterfaceConfigurations", [])
+        ]
         return doc
 
 

@@ -62,6 +62,7 @@ IMAGE_FAMILIES = {  # project -> families the double knows (public images a job 
     "ubuntu-os-cloud": ("ubuntu-2204-lts",),
 }
 CAPACITY_STATUS = {"ZONE_RESOURCE_POOL_EXHAUSTED": 503, "QUOTA_EXCEEDED": 403}
+LOOPBACK = "127.0.0.1"
 WAIT_MAX_S = 120.0  # zoneOperations.wait answers within two minutes, done or not
 
 
@@ -174,14 +175,19 @@ class GcpComputeEmulator(LoopbackEmulator):
                 if vm.machine is not None:
                     self._power_off(vm.machine)
 
-    def fail(self, operation: str, code: str, times: int = 1, zone: str = "") -> None:
-        """Make the next ``times`` calls of ``operation`` (in ``zone``) fail with ``code``."""
+    def fail(
+        self, operation: str, code: str, times: int = 1, zone: str = "", name: str = ""
+    ) -> None:
+        """Make the next ``times`` calls of ``operation`` (in ``zone``; an insert: of an
+        instance whose name the pattern ``name`` finds, e.g. ``-1$``: a rank 1) fail with
+        ``code``."""
         if code not in CAPACITY_STATUS and not (code.isdigit() and 400 <= int(code) <= 599):
             raise ValueError(
                 f"unknown fault {code!r}: use {', '.join(CAPACITY_STATUS)} or an HTTP status"
             )
         with self._lock:
-            self.faults.append(Fault(code, times, {"operation": operation, "zone": zone}))
+            where = {"operation": operation, "zone": zone, "name": name}
+            self.faults.append(Fault(code, times, where))
 
     def preempt(self, name: str) -> None:
         """Preempt a running Spot instance now (what ``interrupt_after_s`` schedules)."""
@@ -289,9 +295,9 @@ class GcpComputeEmulator(LoopbackEmulator):
             reason = "rateLimitExceeded" if fault.what == "429" else "backendError"
             raise _ApiError(int(fault.what), reason, f"injected {fault.what} (spotwise emulate)")
 
-    def _capacity_fault(self, zone: str) -> str | None:
+    def _capacity_fault(self, zone: str, name: str) -> str | None:
         stockouts = [f for f in self.faults if f.what in CAPACITY_STATUS]
-        fault = take(stockouts, {"operation": "insert", "zone": zone})
+        fault = take(stockouts, {"operation": "insert", "zone": zone, "name": name})
         return None if fault is None else fault.what
 
     def _insert(self, request: Request, zone: str) -> Response:
@@ -312,8 +318,12 @@ class GcpComputeEmulator(LoopbackEmulator):
         doc.self_link = f"{self._link(zone)}/instances/{doc.name}"
         doc.status = "PROVISIONING"
         doc.creation_timestamp = _rfc3339(time.time())
+        for k, nic in enumerate(doc.network_interfaces):
+            # the machines share this host's network: every internal IP is the loopback (two
+            # cannot listen on one port, as two VMs on one subnet could)
+            nic.name, nic.network_i_p = f"nic{k}", LOOPBACK
         op = self._operation(zone, "insert", doc)
-        code = self._capacity_fault(zone)
+        code = self._capacity_fault(zone, doc.name)
         if code is not None:  # the operation fails; no instance is left behind
             op.status = gce.Operation.Status.DONE
             op.end_time = _rfc3339(time.time())

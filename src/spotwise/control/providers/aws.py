@@ -35,7 +35,6 @@ from __future__ import annotations
 import difflib
 import random
 import re
-import secrets
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -46,7 +45,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from pydantic import Field, model_validator
 
 from spotwise.control.pricing import catalog_usd_per_hour, region_of
-from spotwise.control.providers import aws_cluster
+from spotwise.control.providers import aws_cluster, cloud_nodes
 from spotwise.control.providers.aws_placement import AwsPlacement, choose_placement, settle_zones
 from spotwise.control.providers.base import (
     MARKETS,
@@ -60,12 +59,9 @@ from spotwise.control.providers.base import (
     Phase,
     Prices,
     Pricing,
-    attempt_key,
     parse_options,
 )
-from spotwise.control.providers.process import group_status
 from spotwise.control.providers.remote_boot import boot_script, copy_log, exit_record
-from spotwise.control.providers.torchrun import free_port, launcher_argv
 from spotwise.errors import (
     CapacityError,
     ConfigError,
@@ -487,9 +483,8 @@ class AwsProvider:
         return dict(out["Instances"][0])
 
     def _launch_nodes(self, req: LaunchRequest, zone: str) -> Handle:
-        """The attempt's ``req.nodes`` instances, rank 0 first (its private address goes into
-        the others' user-data), all in the job's placement group; all or none: a node that
-        cannot be launched (no capacity) terminates the ones already up."""
+        """The attempt's ``req.nodes`` instances as one launch (``cloud_nodes.start_nodes``:
+        rank 0 first, all or none), all in the job's placement group."""
         region = region_of(zone)
         ec2, job = self._ec2[region], {JOB_TAG: req.job_id}
         vpc = aws_cluster.vpc_of(self._call, ec2, self.opts.subnets.get(zone), region)
@@ -498,32 +493,23 @@ class AwsProvider:
             aws_cluster.placement_group(self._call, ec2, req.job_id, zone, job),
             [*groups, aws_cluster.security_group(self._call, ec2, req.job_id, vpc, job)],
         )
-        # the rendezvous port: any works on a fresh instance (the group's rule allows all TCP
-        # within it); one free here keeps attempts apart on a double's shared loopback
-        port, rank0 = free_port(), "localhost"  # (rank 0 serves the store: itself)
-        launch = secrets.token_hex(4)  # this launch's records: a rolled-back one's are not ours
-        ids: list[str] = []
-        try:
-            for k in range(req.nodes):
-                tags = {
-                    JOB_TAG: req.job_id,
-                    ATTEMPT_TAG: str(req.n),
-                    RANK_TAG: str(k),
-                    NODES_TAG: str(req.nodes),
-                    LAUNCH_TAG: launch,
-                    "Name": f"{req.key}-node-{k}",
-                }
-                user_data = self.user_data(req, node=k, endpoint=f"{rank0}:{port}", launch=launch)
-                name = f"{req.key}-{launch}-{k}"
-                instance = self._run(req, zone, user_data, tags, name, cluster)
-                ids.append(instance["InstanceId"])
-                if k == 0:
-                    rank0 = instance["PrivateIpAddress"]
-        except BaseException:
-            for instance_id in ids:
-                self.terminate({"id": instance_id, "region": region})
-            raise
-        return {"id": f"{req.key}-{launch}", "nodes": ids, "port": port, "launch": launch}
+
+        def start(k: int, endpoint: str, launch: str) -> tuple[str, str]:
+            tags = {
+                JOB_TAG: req.job_id,
+                ATTEMPT_TAG: str(req.n),
+                RANK_TAG: str(k),
+                NODES_TAG: str(req.nodes),
+                LAUNCH_TAG: launch,
+                "Name": f"{req.key}-node-{k}",
+            }
+            user_data = self.user_data(req, node=k, endpoint=endpoint, launch=launch)
+            instance = self._run(req, zone, user_data, tags, f"{req.key}-{launch}-{k}", cluster)
+            return instance["InstanceId"], instance["PrivateIpAddress"]
+
+        return cloud_nodes.start_nodes(
+            req, start, lambda node: self.terminate({**node, "region": region})
+        )
 
     def _client(self, handle: Handle) -> Any:
         """The EC2 client of the region a handle's instance or volume is in (handles stored
@@ -533,7 +519,9 @@ class AwsProvider:
 
     def status(self, handle: Handle) -> AttemptStatus:
         if "nodes" in handle:
-            return self._nodes_status(handle)
+            return cloud_nodes.nodes_status(
+                handle, self.status, self.terminate, self.features.grace_s
+            )
         ec2 = self._client(handle)
         if "cluster" in handle:  # the job's placement or security group: "up" while it exists
             there = aws_cluster.exists(self._call, ec2, handle["cluster"], handle["id"])
@@ -589,39 +577,12 @@ class AwsProvider:
             Phase.LOST, running_at=launched, detail=f"{handle['id']} {state}: {what}"
         )
 
-    def _node_handles(self, handle: Handle) -> list[Handle | None]:
-        """One single-instance handle per node of a multi-node attempt (None: never launched)."""
-        rest = {k: v for k, v in handle.items() if k not in ("nodes", "id")}
-        return [
-            None if iid is None else {**rest, "id": iid, "node": k}
-            for k, iid in enumerate(handle["nodes"])
-        ]
-
-    def _nodes_status(self, handle: Handle) -> AttemptStatus:
-        """The nodes' statuses folded as on ``sim``: one lost or failed ends the attempt and
-        the others are stopped (TerminateInstances: their ranks save on SIGTERM, exit 75)."""
-        nodes = self._node_handles(handle)
-        statuses = [
-            AttemptStatus(Phase.LOST, detail=f"node {k} was never launched")
-            if h is None
-            else self.status(h)
-            for k, h in enumerate(nodes)
-        ]
-        status, stop_rest = group_status(statuses, now=time.time(), settle_s=self.features.grace_s)
-        if stop_rest:
-            for h, st in zip(nodes, statuses, strict=True):
-                if h is not None and st.phase in (Phase.STARTING, Phase.RUNNING):
-                    self.terminate(h)
-        return status
-
     def terminate(self, handle: Handle) -> None:
         """TerminateInstances (EC2 shuts it down: SIGTERM, then the grace, then off);
         idempotent. A stray volume handle is deleted, as are the job's placement and security
         groups once the sweep finds them unused."""
         if "nodes" in handle:
-            for node in self._node_handles(handle):
-                if node is not None:
-                    self.terminate(node)
+            cloud_nodes.terminate_nodes(handle, self.terminate)
             return
         ec2 = self._client(handle)
         if "cluster" in handle:
@@ -670,8 +631,7 @@ class AwsProvider:
         )
         # (terminated ones too, which EC2 lists for about an hour: they tell a multi-node job)
         every = [i for r in pages["Reservations"] for i in r["Instances"]]
-        clusters: dict[tuple[int, str], Handle] = {}  # multi-node launches: nodes by rank
-        up: set[tuple[int, str]] = set()  # ... those with a node not yet being shut down
+        nodes: list[cloud_nodes.FoundNode] = []  # of multi-node launches
         for inst in every:
             state = inst["State"]["Name"]
             if state not in LIVE_STATES:
@@ -688,23 +648,17 @@ class AwsProvider:
             if NODES_TAG not in tags:
                 found.append(handle)
                 continue
-            key = (handle["n"], tags.get(LAUNCH_TAG, ""))
-            group = clusters.setdefault(
-                key,
-                {
-                    **handle,
-                    "id": f"{attempt_key(job_id, key[0])}-{key[1]}",
-                    "nodes": [None] * int(tags[NODES_TAG]),
-                    "launch": key[1],
-                },
+            nodes.append(
+                cloud_nodes.FoundNode(
+                    handle,
+                    inst["InstanceId"],
+                    rank=int(tags[RANK_TAG]),
+                    nodes=int(tags[NODES_TAG]),
+                    launch=tags.get(LAUNCH_TAG, ""),
+                    ending=state == "shutting-down",
+                )
             )
-            group["nodes"][int(tags[RANK_TAG])] = inst["InstanceId"]
-            if state != "shutting-down":
-                up.add(key)
-        # a launch whose every node is shutting down needs no sweep, and is never the one to
-        # adopt: it is an all-or-nothing rollback (the attempt's next launch is elsewhere), or
-        # an attempt already over, which the controller then launches again
-        found += [group for key, group in clusters.items() if key in up]
+        found += cloud_nodes.launches(nodes)
         multi_node = any(NODES_TAG in {t["Key"] for t in i.get("Tags", [])} for i in every)
         if multi_node and all(  # its groups are being let go (a one-node job has none to ask)
             i["State"]["Name"] in ("shutting-down", "terminated") for i in every
@@ -853,24 +807,10 @@ class AwsProvider:
 
         # env_from's SSM parameters and Secrets Manager secrets, fetched on the instance
         region = region_of(req.placement.zone or self.features.zones[0])
-        report_uri = self._report_uri(req.job_id, req.n)
-        if req.nodes * req.procs_per_node > 1:  # torch's launcher on each node, its rank
-            first, *rest = req.argv
-            command = (self.opts.python if first in ("python", "python3") else first, *rest)
-            argv = launcher_argv(
-                command,
-                python=self.opts.python,
-                nodes=req.nodes,
-                procs_per_node=req.procs_per_node,
-                endpoint=endpoint,
-                rdzv_id=req.key,
-                host=node == 0 if req.nodes > 1 else None,
-            )
-            req = replace(req, argv=argv)
-            if req.nodes > 1:
-                report_uri = self._report_uri(req.job_id, req.n, (launch, node))
+        node_req = cloud_nodes.node_request(req, self.opts.python, node, endpoint)
+        report_uri = self._report_uri(req.job_id, req.n, (launch, node) if req.nodes > 1 else None)
         return boot_script(
-            req,
+            node_req,
             python=self.opts.python,
             workdir=self.opts.workdir,
             setup=self.opts.setup,
@@ -885,15 +825,14 @@ class AwsProvider:
     def _attempt_store(self, handle: Handle) -> Any:
         from spotwise.storage.s3 import S3Storage
 
-        node = (handle["launch"], handle["node"]) if "node" in handle else None
         return S3Storage.from_uri(
-            self._report_uri(handle["job"], handle["n"], node), client=self.s3
+            self._report_uri(handle["job"], handle["n"], cloud_nodes.node_of(handle)),
+            client=self.s3,
         )
 
     def _report_uri(self, job_id: str, n: int, node: tuple[str, int] | None = None) -> str:
         """Where an attempt's instance (or the node ``(launch, rank)``) reports its exit."""
-        uri = f"{self.job_uri(job_id)}/attempts/{n}"
-        return uri if node is None else f"{uri}/{node[0]}/node-{node[1]}"
+        return cloud_nodes.node_uri(f"{self.job_uri(job_id)}/attempts/{n}", node)
 
     def _copy_log(self, handle: Handle) -> None:
         """Append the attempt's output (uploaded by the instance) to the job log, once."""

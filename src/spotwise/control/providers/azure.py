@@ -1,4 +1,4 @@
-"""``azure``: each attempt is one Azure VM (Spot with ``evictionPolicy: Delete``, or regular).
+"""``azure``: each attempt is an Azure VM (Spot with ``evictionPolicy: Delete``, or regular).
 
 The VM is created in the job's resource group with ``virtual_machines.begin_create_or_update``
 (``azure-mgmt-compute``): ``priority: Spot``, ``billingProfile.maxPrice`` (-1: pay up to the
@@ -15,6 +15,11 @@ Events ``Preempt`` notice, 30 s, then the VM deleted) is a lost machine, a preem
 an error. ``SkuNotAvailable``, ``OperationNotAllowed`` (quota) and ``AllocationFailed`` /
 ``ZonalAllocationFailed`` become :class:`CapacityError` (the next placement is tried; a VM left
 ``Failed`` is deleted). ``find`` lists the job's VMs, disks, NICs and public IPs by tag.
+
+With ``nodes: N`` an attempt is N VMs in the job's subnet launched as one (``cloud_nodes``:
+rank 0 first, its NIC's private IP in the others' rendezvous, all or none, tags
+``spotwise-rank`` / ``spotwise-nodes`` / ``spotwise-launch``); the loss of any VM ends the
+attempt as on ``sim``.
 
 The SDKs are imported only when a provider is built (``pip install 'spotwise[azure]'``).
 Credentials are ``DefaultAzureCredential``'s (environment, managed identity, ``az login``).
@@ -41,6 +46,7 @@ from urllib.parse import urlsplit
 from pydantic import Field
 
 from spotwise.control.pricing import catalog_usd_per_hour
+from spotwise.control.providers import cloud_nodes
 from spotwise.control.providers.base import (
     MARKETS,
     AttemptStatus,
@@ -72,6 +78,8 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 JOB_TAG, ATTEMPT_TAG = "spotwise-job", "spotwise-attempt"
+# a node of a multi-node attempt: its rank, the attempt's size, and which launch of the attempt
+RANK_TAG, NODES_TAG, LAUNCH_TAG = "spotwise-rank", "spotwise-nodes", "spotwise-launch"
 # create errors that mean "no machine of that kind here, now": try another placement
 CAPACITY_CODES = frozenset({
     "SkuNotAvailable", "OperationNotAllowed", "AllocationFailed", "ZonalAllocationFailed",
@@ -222,6 +230,7 @@ class AzureProvider:
             poll_s=o.poll_s,
             grace_s=o.grace_s,
             same_host=False,
+            multi_node=True,
             checkpoints=self.store.checkpoints(),
         )
         self.compute, self.network = _clients(o.subscription_id, arm_endpoint())
@@ -329,31 +338,66 @@ class AzureProvider:
                 "(provider.azure.identity) is its credential",
             )
         zone = req.placement.zone or self.features.zones[0]
-        name = f"{req.key}-{req.placement.market[0]}{zone.rsplit('-', 1)[-1]}"[-64:]
-        body = self.vm_body(req, zone)
-        vms = self.compute.virtual_machines
-        try:
-            self._call(
-                "create VM",
-                lambda: vms.begin_create_or_update(self.opts.resource_group, name, body).result(),
-            )
-        except CapacityError:
-            self._delete(name)  # ARM leaves a VM that failed to allocate: not ours to keep
-            raise
-        return {
+        handle = {
             "n": req.n,
-            "id": name,
             "job": req.job_id,
             "zone": zone,
             "market": req.placement.market,
             "log": str(req.log_path),
-            "launched_at": time.time(),
         }
+        if req.nodes > 1:
+            nodes = self._launch_nodes(req, zone)
+            return {**handle, **nodes, "launched_at": time.time()}
+        name = f"{req.key}-{req.placement.market[0]}{zone.rsplit('-', 1)[-1]}"[-64:]
+        self._create(name, self.vm_body(req, zone))
+        return {**handle, "id": name, "launched_at": time.time()}
+
+    def _create(self, name: str, body: dict[str, Any]) -> Any:
+        """Create one VM and wait for it: the VirtualMachine (one that fails to allocate is
+        deleted: ARM leaves it, not ours to keep)."""
+        vms = self.compute.virtual_machines
+        try:
+            return self._call(
+                "create VM",
+                lambda: vms.begin_create_or_update(self.opts.resource_group, name, body).result(),
+            )
+        except CapacityError:
+            self._delete(name)
+            raise
+
+    def _launch_nodes(self, req: LaunchRequest, zone: str) -> Handle:
+        """The attempt's ``req.nodes`` VMs as one launch (``cloud_nodes.start_nodes``: rank 0
+        first, its private IP in the others' rendezvous, all or none), in the job's subnet
+        (its NSG must let them reach each other: docs/control.md)."""
+
+        def start(k: int, endpoint: str, launch: str) -> tuple[str, str]:
+            name = f"{req.key}-{launch}-{k}"[-64:]
+            node = {RANK_TAG: str(k), NODES_TAG: str(req.nodes), LAUNCH_TAG: launch}
+            script = self.custom_data(req, node=k, endpoint=endpoint, launch=launch)
+            vm = self._create(name, self.vm_body(req, zone, script, node))
+            return name, self._private_ip(vm)
+
+        return cloud_nodes.start_nodes(req, start, self.terminate)
+
+    def _private_ip(self, vm: Any) -> str:
+        """The private address of a VM's primary NIC (the one it made from its config)."""
+        nic_id = vm.network_profile.network_interfaces[0].id
+        nic = self._call(
+            "get NIC",
+            lambda: self.network.network_interfaces.get(
+                self.opts.resource_group, nic_id.rsplit("/", 1)[-1]
+            ),
+        )
+        return str(nic.ip_configurations[0].private_ip_address)
 
     def status(self, handle: Handle) -> AttemptStatus:
         if handle.get("kind") in ("disk", "nic", "ip"):  # a stray found by the sweep
             return AttemptStatus(Phase.STARTING, detail=handle["kind"])
-        record = exit_record(self.store.attempt(handle["job"], handle["n"]))
+        if "nodes" in handle:
+            return cloud_nodes.nodes_status(
+                handle, self.status, self.terminate, self.features.grace_s
+            )
+        record = exit_record(self._store(handle))
         if record is not None:
             return self._ended(handle, record)
         from azure.core.exceptions import ResourceNotFoundError
@@ -369,7 +413,7 @@ class AzureProvider:
             if not isinstance(exc.__cause__, ResourceNotFoundError):
                 raise
             # written just before the VM went
-            record = exit_record(self.store.attempt(handle["job"], handle["n"]))
+            record = exit_record(self._store(handle))
             if record is not None:
                 return self._ended(handle, record)
             return AttemptStatus(
@@ -394,9 +438,9 @@ class AzureProvider:
 
     def _ended(self, handle: Handle, record: dict[str, Any]) -> AttemptStatus:
         if handle.get("log"):
-            where = f"azure {handle['id']}"
-            store = self.store.attempt(handle["job"], handle["n"])
-            copy_log(store, Path(handle["log"]), handle["n"], where)
+            node = handle.get("node")
+            where = f"azure {handle['id']}" + ("" if node is None else f" (node {node})")
+            copy_log(self._store(handle), Path(handle["log"]), handle["n"], where, node)
         self._delete(handle["id"])  # done: stop paying for it
         code, ended = int(record["exit_code"]), float(record["ended_at"])
         started = float(record.get("started_at") or handle.get("launched_at") or ended)
@@ -404,8 +448,15 @@ class AzureProvider:
             return AttemptStatus(Phase.LOST, code, ended, started, detail="stopped before saving")
         return AttemptStatus(Phase.EXITED, exit_code=code, ended_at=ended, running_at=started)
 
+    def _store(self, handle: Handle) -> Any:
+        """Where the handle's VM (or node) reports its exit."""
+        return self.store.attempt(handle["job"], handle["n"], cloud_nodes.node_of(handle))
+
     def terminate(self, handle: Handle) -> None:
         """Delete the VM (the OS gets its shutdown, then it is gone) or the stray; idempotent."""
+        if "nodes" in handle:
+            cloud_nodes.terminate_nodes(handle, self.terminate)
+            return
         kind = handle.get("kind", "vm")
         rg = self.opts.resource_group
         if kind == "disk":
@@ -434,6 +485,7 @@ class AzureProvider:
         their VM (``deleteOption`` makes them go with it; a sweep catches the rest)."""
         rg, log = self.opts.resource_group, str(attempts_dir.with_name("job.log"))
         found: list[Handle] = []
+        nodes: list[cloud_nodes.FoundNode] = []  # of multi-node launches
         vms = self._call("list VMs", lambda: list(self.compute.virtual_machines.list(rg)))
         attempts = set()
         for vm in vms:
@@ -442,10 +494,22 @@ class AzureProvider:
                 continue
             attempts.add(tags.get(ATTEMPT_TAG))
             zone = f"{vm.location}-{vm.zones[0]}" if vm.zones else str(vm.location)
-            found.append(
-                {"n": int(tags.get(ATTEMPT_TAG, "0")), "id": vm.name, "job": job_id,
-                 "zone": zone, "log": log}
-            )  # fmt: skip
+            handle = {"n": int(tags.get(ATTEMPT_TAG, "0")), "id": vm.name, "job": job_id,
+                      "zone": zone, "log": log}  # fmt: skip
+            if NODES_TAG not in tags:
+                found.append(handle)
+                continue
+            nodes.append(
+                cloud_nodes.FoundNode(
+                    handle,
+                    vm.name,
+                    rank=int(tags[RANK_TAG]),
+                    nodes=int(tags[NODES_TAG]),
+                    launch=tags.get(LAUNCH_TAG, ""),
+                    ending=vm.provisioning_state == "Deleting",
+                )
+            )
+        found += cloud_nodes.launches(nodes)
         listings: list[tuple[str, Callable[[], list[Any]]]] = [
             ("disk", lambda: list(self.compute.disks.list_by_resource_group(rg))),
             ("nic", lambda: list(self.network.network_interfaces.list(rg))),
@@ -463,11 +527,19 @@ class AzureProvider:
         return found
 
     # --- pieces ----------------------------------------------------------------------------
-    def vm_body(self, req: LaunchRequest, zone: str) -> dict[str, Any]:
-        """The VirtualMachine of one attempt, as ARM's REST API spells it."""
+    def vm_body(
+        self,
+        req: LaunchRequest,
+        zone: str,
+        script: str | None = None,
+        node_tags: dict[str, str] | None = None,
+    ) -> dict[str, Any]:
+        """The VirtualMachine of one attempt (or of one node: its custom data and tags), as
+        ARM's REST API spells it."""
         o = self.opts
-        tags = {JOB_TAG: req.job_id, ATTEMPT_TAG: str(req.n)}
-        custom = base64.b64encode(self.custom_data(req).encode()).decode()
+        tags = {JOB_TAG: req.job_id, ATTEMPT_TAG: str(req.n), **(node_tags or {})}
+        script = self.custom_data(req) if script is None else script
+        custom = base64.b64encode(script.encode()).decode()
         os_disk: dict[str, Any] = {
             "createOption": "FromImage",
             "diskSizeGB": o.os_disk_gb,
@@ -531,16 +603,21 @@ class AzureProvider:
             body["zones"] = [zone.rsplit("-", 1)[-1]]
         return body
 
-    def custom_data(self, req: LaunchRequest) -> str:
+    def custom_data(
+        self, req: LaunchRequest, node: int = 0, endpoint: str = "", launch: str = ""
+    ) -> str:
+        """The VM's boot script, or that of node ``node`` of the multi-node launch ``launch``
+        whose rendezvous is at ``endpoint`` (bash; no credentials in it)."""
         o = self.opts
         if self.account is not None:
             req = replace(req, env={ACCOUNT_URL_ENV: self.account, **req.env})
+        where = (launch, node) if req.nodes > 1 else None
         return boot_script(
-            req,
+            cloud_nodes.node_request(req, o.python, node, endpoint),
             python=o.python,
             workdir=o.workdir,
             setup=o.setup,
-            report_uri=self.store.attempt_uri(req.job_id, req.n),
+            report_uri=self.store.attempt_uri(req.job_id, req.n, where),
             shutdown_if='[ -d /var/lib/waagent ] && [ "${SPOTWISE_AZURE_EMULATED:-0}" != 1 ]',
         )
 

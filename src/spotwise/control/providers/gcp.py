@@ -1,4 +1,7 @@
-"""``gcp``: each attempt is one Compute Engine VM (Spot, deleted on preemption, or on-demand).
+"""``gcp``: each attempt is one Compute Engine VM (Spot, deleted on preemption, or on-demand),
+or, with ``nodes: N``, N VMs of one zone launched as one (``cloud_nodes``: rank 0 first, its
+internal IP in the others' rendezvous, all or none, labels ``spotwise-rank`` /
+``spotwise-nodes`` / ``spotwise-launch``; the loss of any VM ends the attempt as on ``sim``).
 
 The VM boots an image family (a Deep Learning VM image by default) and runs its
 ``startup-script`` metadata, which runs the job's command with ``SPOTWISE_CHECKPOINT_DIR`` in
@@ -37,6 +40,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from pydantic import Field
 
 from spotwise.control.pricing import catalog_usd_per_hour
+from spotwise.control.providers import cloud_nodes
 from spotwise.control.providers.base import (
     MARKETS,
     AttemptStatus,
@@ -50,6 +54,7 @@ from spotwise.control.providers.base import (
     Pricing,
     parse_options,
 )
+from spotwise.control.providers.cloud_nodes import Node
 from spotwise.control.providers.jobstore import JobStore
 from spotwise.control.providers.remote_boot import boot_script, copy_log, exit_record
 from spotwise.errors import (
@@ -70,6 +75,8 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 JOB_LABEL, ATTEMPT_LABEL = "spotwise-job", "spotwise-attempt"
+# a node of a multi-node attempt: its rank, the attempt's size, and which launch of the attempt
+RANK_LABEL, NODES_LABEL, LAUNCH_LABEL = "spotwise-rank", "spotwise-nodes", "spotwise-launch"
 # insert errors (the call's or its operation's) that mean "no machine here, now"
 CAPACITY_CODES = frozenset({
     "ZONE_RESOURCE_POOL_EXHAUSTED", "ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS",
@@ -123,12 +130,13 @@ class GcpOptions(Options):
     grace_s: float = Field(default=30.0, ge=0)  # Compute Engine's 30-second Spot notice
 
 
-def instance_name(job_id: str, n: int) -> str:
-    """A valid, unique VM name for attempt ``n`` (names allow ``[a-z0-9-]``, 63 characters:
-    the job id's readable part plus a hash of the exact id)."""
-    slug = re.sub(r"[^a-z0-9-]", "-", job_id.lower())[:36].strip("-")
+def instance_name(job_id: str, n: int, node: tuple[str, int] | None = None) -> str:
+    """A valid, unique VM name for attempt ``n`` or its node ``(launch, rank)`` (names allow
+    ``[a-z0-9-]``, 63 characters: the job id's readable part plus a hash of the exact id)."""
+    tail = "" if node is None else f"-{node[0]}-{node[1]}"
+    slug = re.sub(r"[^a-z0-9-]", "-", job_id.lower())[: 36 - len(tail)].strip("-")
     digest = hashlib.sha256(job_id.encode()).hexdigest()[:8]
-    return f"spotwise-{slug}-{n}-{digest}"
+    return f"spotwise-{slug}-{n}-{digest}{tail}"
 
 
 def label_value(job_id: str) -> str:
@@ -181,6 +189,7 @@ class GcpProvider:
             poll_s=o.poll_s,
             grace_s=o.grace_s,
             same_host=False,
+            multi_node=True,
             checkpoints=self.store.checkpoints(),
         )
         self.retry = RetryPolicy.from_env()
@@ -362,10 +371,23 @@ class GcpProvider:
 
     # --- the protocol ----------------------------------------------------------------------
     def launch(self, req: LaunchRequest) -> Handle:
-        e = self._errors
         zone = req.placement.zone or self.zones[0]
+        handle = {
+            "n": req.n,
+            "job": req.job_id,
+            "zone": zone,
+            "market": req.placement.market,
+            "log": str(req.log_path),
+        }
+        if req.nodes > 1:
+            return {**handle, **self._launch_nodes(req, zone)}
         name = instance_name(req.job_id, req.n)
-        body = self._instance(req, name, zone)
+        vm = self._insert(zone, self._instance(req, name, zone, self.startup_script(req)))
+        return {**handle, "id": str(vm.id), "name": name}
+
+    def _insert(self, zone: str, body: Any) -> Any:
+        """instances.insert of one VM, waited for: the VM (one an earlier launch of the same
+        name made, after a controller's crash, is adopted)."""
         request_id = str(uuid.uuid4())  # the same for each retry of this insert: no duplicate
         try:
             op = self._call(
@@ -380,20 +402,32 @@ class GcpProvider:
                 ),
             )
             self._finish(op, zone)
-        except e.Conflict:
+        except self._errors.Conflict:
             pass  # an earlier launch of this attempt (a crashed controller) made it: adopt it
-        got = self._get(zone, name)
+        got = self._get(zone, body.name)
         if got is None:
-            raise ProviderError(f"instances.insert: {name} in {zone} vanished after its insert")
-        return {
-            "n": req.n,
-            "id": str(got.id),
-            "name": name,
-            "job": req.job_id,
-            "zone": zone,
-            "market": req.placement.market,
-            "log": str(req.log_path),
-        }
+            raise ProviderError(f"instances.insert: {body.name} in {zone} vanished after insert")
+        return got
+
+    def _launch_nodes(self, req: LaunchRequest, zone: str) -> Handle:
+        """The attempt's ``req.nodes`` VMs as one launch (``cloud_nodes.start_nodes``: rank 0
+        first, its internal IP in the others' rendezvous, all or none), in one zone of the
+        job's network (its firewall must let them reach each other: docs/control.md)."""
+
+        def start(k: int, endpoint: str, launch: str) -> tuple[Node, str]:
+            name = instance_name(req.job_id, req.n, (launch, k))
+            script = self.startup_script(req, node=k, endpoint=endpoint, launch=launch)
+            labels = {
+                RANK_LABEL: str(k),
+                NODES_LABEL: str(req.nodes),
+                LAUNCH_LABEL: launch,
+            }
+            vm = self._insert(zone, self._instance(req, name, zone, script, labels))
+            return {"id": str(vm.id), "name": name}, str(vm.network_interfaces[0].network_i_p)
+
+        return cloud_nodes.start_nodes(
+            req, start, lambda node: self.terminate({**node, "zone": zone})
+        )
 
     def _finish(self, op: Any, zone: str) -> None:
         """Wait for the insert's operation; its errors are the launch's (capacity or not)."""
@@ -430,12 +464,18 @@ class GcpProvider:
             return None
 
     def status(self, handle: Handle) -> AttemptStatus:
+        if "nodes" in handle:
+            return cloud_nodes.nodes_status(
+                handle, self.status, self.terminate, self.features.grace_s
+            )
         vm = self._get(handle["zone"], handle["name"])
-        store = self.store.attempt(handle["job"], handle["n"])
+        node = cloud_nodes.node_of(handle)
+        store = self.store.attempt(handle["job"], handle["n"], node)
         record = exit_record(store)
         if record is not None:
             if handle.get("log"):
-                copy_log(store, Path(handle["log"]), handle["n"], self._where(handle))
+                where, rank = self._where(handle), None if node is None else node[1]
+                copy_log(store, Path(handle["log"]), handle["n"], where, rank)
             if vm is not None and vm.status != "STOPPING":
                 self.terminate(handle)  # done (powered off, TERMINATED): stop paying for its disk
             code, ended = int(record["exit_code"]), float(record["ended_at"])
@@ -480,6 +520,9 @@ class GcpProvider:
 
     def terminate(self, handle: Handle) -> None:
         """instances.delete (the guest gets its ACPI shutdown, then is off); idempotent."""
+        if "nodes" in handle:
+            cloud_nodes.terminate_nodes(handle, self.terminate)
+            return
         vm = self._get(handle["zone"], handle["name"])
         if vm is None or vm.status == "STOPPING" or str(vm.id) != str(handle["id"]):
             return
@@ -494,9 +537,11 @@ class GcpProvider:
             return
 
     def find(self, job_id: str, attempts_dir: Path) -> list[Handle]:
-        """The job's VMs that exist, in every zone of the job (matched by the exact id)."""
+        """The job's VMs that exist, in every zone of the job (matched by the exact id); the
+        nodes of a multi-node attempt as its launches (``cloud_nodes.launches``)."""
         query = f'labels.{JOB_LABEL} = "{label_value(job_id)}"'
         found: list[Handle] = []
+        nodes: list[cloud_nodes.FoundNode] = []
         for zone in self.zones:
             vms = self._call(
                 "instances.list",
@@ -506,22 +551,41 @@ class GcpProvider:
                 meta = {i.key: i.value for i in vm.metadata.items}
                 if meta.get(JOB_LABEL) != job_id:
                     continue
-                found.append(
-                    {
-                        "n": int(vm.labels.get(ATTEMPT_LABEL, "0")),
-                        "id": str(vm.id),
-                        "name": vm.name,
-                        "job": job_id,
-                        "zone": zone,
-                        "log": str(attempts_dir.with_name("job.log")),  # as launch's handle
-                    }
+                handle = {
+                    "n": int(vm.labels.get(ATTEMPT_LABEL, "0")),
+                    "id": str(vm.id),
+                    "name": vm.name,
+                    "job": job_id,
+                    "zone": zone,
+                    "log": str(attempts_dir.with_name("job.log")),  # as launch's handle
+                }
+                if NODES_LABEL not in vm.labels:
+                    found.append(handle)
+                    continue
+                nodes.append(
+                    cloud_nodes.FoundNode(
+                        {k: v for k, v in handle.items() if k != "name"},
+                        {"id": handle["id"], "name": vm.name},
+                        rank=int(vm.labels[RANK_LABEL]),
+                        nodes=int(vm.labels[NODES_LABEL]),
+                        launch=vm.labels.get(LAUNCH_LABEL, ""),
+                        ending=vm.status == "STOPPING",  # being deleted or preempted
+                    )
                 )
-        return found
+        return found + cloud_nodes.launches(nodes)
 
     # --- pieces ----------------------------------------------------------------------------
-    def _instance(self, req: LaunchRequest, name: str, zone: str) -> Any:
-        """The ``instances.insert`` body of one attempt."""
+    def _instance(
+        self,
+        req: LaunchRequest,
+        name: str,
+        zone: str,
+        script: str,
+        node_labels: dict[str, str] | None = None,
+    ) -> Any:
+        """The ``instances.insert`` body of one attempt's VM (``node_labels``: of one node)."""
         g, o = self._gce, self.opts
+        labels = {**self._labels(req), **(node_labels or {})}
         spot = req.placement.market == "spot"
         scheduling = g.Scheduling(
             on_host_maintenance="TERMINATE",  # GPUs cannot live-migrate
@@ -537,7 +601,7 @@ class GcpProvider:
                 source_image=f"projects/{o.image_project}/global/images/family/{o.image_family}",
                 disk_size_gb=o.boot_disk_gb,
                 disk_type=f"zones/{zone}/diskTypes/{o.boot_disk_type}",
-                labels=self._labels(req),
+                labels=labels,
             ),
         )
         if o.kms_key:
@@ -550,7 +614,7 @@ class GcpProvider:
         body = g.Instance(
             name=name,
             machine_type=f"zones/{zone}/machineTypes/{self.machine_type}",
-            labels=self._labels(req),
+            labels=labels,
             scheduling=scheduling,
             disks=[disk],
             network_interfaces=[nic],
@@ -559,7 +623,7 @@ class GcpProvider:
             ],
             metadata=g.Metadata(
                 items=[
-                    g.Items(key="startup-script", value=self.startup_script(req)),
+                    g.Items(key="startup-script", value=script),
                     g.Items(key=JOB_LABEL, value=req.job_id),
                 ]
             ),
@@ -576,8 +640,12 @@ class GcpProvider:
     def _labels(self, req: LaunchRequest) -> dict[str, str]:
         return {JOB_LABEL: label_value(req.job_id), ATTEMPT_LABEL: str(req.n)}
 
-    def startup_script(self, req: LaunchRequest) -> str:
-        """The VM's startup script (bash; no credentials in it: the service account's)."""
+    def startup_script(
+        self, req: LaunchRequest, node: int = 0, endpoint: str = "", launch: str = ""
+    ) -> str:
+        """The VM's startup script, or that of node ``node`` of the multi-node launch
+        ``launch`` whose rendezvous is at ``endpoint`` (bash; no credentials in it: the
+        service account's)."""
         if req.env_from:
             raise ConfigError(
                 f"env_from {sorted(req.env_from)}: the gcp provider resolves no secret "
@@ -592,14 +660,16 @@ class GcpProvider:
                 hint="remove them from the job's env: the VM's service account "
                 "(provider.gcp.service_account) gives it credentials",
             )
+        where = (launch, node) if req.nodes > 1 else None
         return boot_script(
-            req,
+            cloud_nodes.node_request(req, self.opts.python, node, endpoint),
             python=self.opts.python,
             workdir=self.opts.workdir,
             setup=self.opts.setup,
-            report_uri=self.store.attempt_uri(req.job_id, req.n),
+            report_uri=self.store.attempt_uri(req.job_id, req.n, where),
             shutdown_if='[ "${SPOTWISE_GCE_EMULATED:-0}" != 1 ]',
         )
 
     def _where(self, handle: Handle) -> str:
-        return f"gcp {handle['zone']}/{handle['name']}"
+        node = "" if handle.get("node") is None else f" (node {handle['node']})"
+        return f"gcp {handle['zone']}/{handle['name']}{node}"

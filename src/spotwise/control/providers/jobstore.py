@@ -11,6 +11,7 @@ controller and the runtime agree on one store whatever its scheme.
 from __future__ import annotations
 
 from spotwise.control.providers.base import CheckpointHome
+from spotwise.control.providers.cloud_nodes import node_uri
 from spotwise.errors import ConfigError, SpotwiseError
 from spotwise.storage import Storage, object_store_schemes, open_storage
 from spotwise.storage.objectstore import parse_bucket_uri
@@ -59,9 +60,10 @@ class JobStore:
     def job_uri(self, job_id: str) -> str:
         return f"{self.uri}/{job_id}"
 
-    def attempt_uri(self, job_id: str, n: int) -> str:
-        """Where attempt ``n``'s machine reports its exit and output."""
-        return f"{self.job_uri(job_id)}/attempts/{n}"
+    def attempt_uri(self, job_id: str, n: int, node: tuple[str, int] | None = None) -> str:
+        """Where attempt ``n``'s machine (or its node ``(launch, rank)``) reports its exit and
+        output."""
+        return node_uri(f"{self.job_uri(job_id)}/attempts/{n}", node)
 
     def checkpoints(self) -> CheckpointHome:
         """Checkpoints under the store by default; a job's own checkpoint_dir may be in any
@@ -74,10 +76,10 @@ class JobStore:
             f"checkpoints to {self.uri}/<job id>/checkpoint",
         )
 
-    def attempt(self, job_id: str, n: int) -> Storage:
-        """The attempt's prefix, one client per attempt (making one costs up to seconds: a
-        status poll reuses it)."""
-        uri = self.attempt_uri(job_id, n)
+    def attempt(self, job_id: str, n: int, node: tuple[str, int] | None = None) -> Storage:
+        """The attempt's (or its node's) prefix, one client per attempt (making one costs up
+        to seconds: a status poll reuses it)."""
+        uri = self.attempt_uri(job_id, n, node)
         if uri not in self._attempts:
             self._attempts[uri] = open_storage(uri)
         return self._attempts[uri]
