@@ -68,6 +68,7 @@ trap 'STOPPING=1' TERM
 CODE=0
 wait "$PID" || CODE=$?
 while kill -0 "$PID" 2>/dev/null; do wait "$PID"; CODE=$?; done
+trap '' TERM  # the report ignores a stop that comes now (inherited; the platform's KILL ends it)
 {shlex.quote(python)} -m spotwise.control.providers.remote_boot report {shlex.quote(report_uri)} \\
   --exit-code "$CODE" --started "$STARTED" --stopping "$STOPPING" --log "$LOG"
 if {shutdown_if}; then
