@@ -170,6 +170,10 @@ if [ "$code" != "-" ]; then # the job's code, unpacked on this machine before it
 	cd "$dir/workdir" || finish exited 1
 fi
 
+if ! command -v "$1" > /dev/null 2>&1; then
+	say "cannot start $1: no such command (not found on PATH, or not executable)"
+	finish exited 127
+fi
 # The command, in a session of its own. (An asynchronous command of this shell is no group
 # leader, so setsid calls setsid() itself, starts no process, and $! is the command.)
 setsid "$@" < /dev/null >> "$log" 2>&1 &
