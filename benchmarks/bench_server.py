@@ -184,7 +184,7 @@ def main() -> None:
         type=float,
         default=2048.0,
         help="stop (cancelling every job) when the machine has less memory available: each sim"
-        " job is a machine process (about 10 MiB), and the machine may be shared",
+        " job runs a machine (a shell, its timer, the job's command): the machine may be shared",
     )
     args = parser.parse_args()
     print(f"load-average: {os.getloadavg()[0]:.1f} at the start", flush=True)

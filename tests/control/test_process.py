@@ -53,3 +53,36 @@ def test_find_and_exit_code_without_being_the_parent(tmp_path: Path):
     status = _wait_end(m, handle)
     assert (status.phase, status.exit_code) == (Phase.EXITED, 75)
     assert status.ended_at is not None and status.running_at is not None
+
+
+def _attempt_processes(attempt_dir: Path) -> list[int]:
+    """Processes whose command line names the attempt (the machine and its timers)."""
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            if str(attempt_dir).encode() in cmdline.read_bytes():
+                found.append(int(cmdline.parent.name))
+        except OSError:
+            continue
+    return found
+
+
+def test_a_stop_the_command_ignores_takes_the_machine_away_after_the_grace(tmp_path: Path):
+    """SIGTERM ignored: the machine is taken away once the grace has passed, and nothing of it
+    (its timer included) is left running."""
+    m = ProcessMachines(settle_s=5.0)
+    ignore = "signal.signal(signal.SIGTERM, signal.SIG_IGN); open('ignoring', 'w').close()"
+    req = _req(tmp_path, f"import signal, time; {ignore}; time.sleep(120)")
+    req = LaunchRequest(**{**req.__dict__, "grace_s": 1.0})
+    handle = m.launch(req, notice_at=time.time() + 600, lost_at=time.time() + 1200)
+    deadline = time.time() + 60
+    while not (tmp_path / "ignoring").exists():  # (its interpreter may start slowly)
+        assert time.time() < deadline
+        time.sleep(0.05)
+    m.terminate(handle)
+    status = _wait_end(m, handle)
+    assert (status.phase, status.detail, status.exit_code) == (Phase.LOST, "terminated", None)
+    log = req.log_path.read_text()
+    assert "stop requested: SIGTERM" in log and "machine taken away: SIGKILL" in log
+    assert "interruption notice" not in log
+    assert _attempt_processes(req.attempt_dir) == []

@@ -32,5 +32,12 @@ def nonfinite_name(value: Any) -> str | None:
 
 
 def dumps(value: Any, **kwargs: Any) -> str:
-    """``json.dumps`` that never writes ``NaN``/``Infinity`` (they become ``null``)."""
-    return json.dumps(finite(value), allow_nan=False, **kwargs)
+    """``json.dumps`` that never writes ``NaN``/``Infinity`` (they become ``null``).
+
+    The encoder refuses a non-finite number itself, so a document is walked and copied by
+    :func:`finite` only when it has one: a listing of 100 jobs is encoded once, not walked first.
+    """
+    try:
+        return json.dumps(value, allow_nan=False, **kwargs)
+    except ValueError:  # (a NaN or an Infinity somewhere in it)
+        return json.dumps(finite(value), allow_nan=False, **kwargs)

@@ -25,9 +25,9 @@ if TYPE_CHECKING:
     )
     from spotwise.control.resources import Resources
 
-# The protocol's names, loaded from ``base`` on first use (PEP 562): a sim or local machine's
-# supervisor (``providers.machine``, one process per attempt) imports this package, and must
-# not pay for pydantic at every launch.
+# The protocol's names, loaded from ``base`` on first use (PEP 562): a ``notice: aws`` sim
+# machine's wrapper (``providers.machine``, one process per attempt) imports this package, and
+# must not pay for pydantic at every launch.
 _BASE = "spotwise.control.providers.base"
 _FROM_BASE = {
     "AttemptStatus",

@@ -92,40 +92,14 @@ class ProcessMachines:
         except BlockingIOError:
             os.close(fd)
             raise ProviderError(f"attempt {req.key} is already running") from None
-        cmd = [
-            sys.executable,
-            "-m",
-            "spotwise.control.providers.machine",
-            "--dir",
-            str(req.attempt_dir),
-            "--log",
-            str(req.log_path),
-            "--lock-fd",
-            str(fd),
-            "--grace-s",
-            str(req.grace_s),
-            "--boot-s",
-            str(boot_s),
-            "--banner",
-            banner,
-            "--notice-via",
-            notice_via,
-        ]
-        if notice_at is not None:
-            cmd += ["--notice-at", repr(notice_at)]
-        if lost_at is not None:
-            cmd += ["--lost-at", repr(lost_at)]
-        if req.code is not None:  # unpacked by the machine into <attempt_dir>/workdir
-            cmd += ["--code", str(req.code)]
-        cmd += ["--", *req.argv]
+        cmd = _machine_argv(req, boot_s, notice_at, lost_at, banner, notice_via)
         try:
             proc = subprocess.Popen(
                 cmd,
                 cwd=req.attempt_dir if req.code is not None else req.workdir,
                 env=req.env,
-                pass_fds=(fd,),
                 start_new_session=True,
-                stdin=subprocess.DEVNULL,
+                stdin=fd,  # the machine holds the lock as its input (see machine.sh)
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
             )
@@ -297,6 +271,51 @@ class ProcessMachines:
                 signal.SIGKILL,
                 group=True,
             )
+
+
+MACHINE_SH = Path(__file__).with_name("machine.sh")
+
+
+def _machine_argv(
+    req: LaunchRequest,
+    boot_s: float,
+    notice_at: float | None,
+    lost_at: float | None,
+    banner: str,
+    notice_via: str,
+) -> list[str]:
+    """The machine's command: ``machine.sh``, inside ``machine.py`` when the notice comes on a
+    loopback EC2 metadata service that it serves (``notice_via="aws"``)."""
+    shell = [
+        "/bin/sh",
+        str(MACHINE_SH),
+        str(req.attempt_dir),
+        str(req.log_path),
+        repr(req.grace_s),
+        repr(boot_s),
+        "-" if notice_at is None else repr(notice_at),
+        "-" if lost_at is None else repr(lost_at),
+        banner,
+        "-" if req.code is None else str(req.code),
+        sys.executable,
+        "sigterm" if notice_via == "sigterm" else "parent",
+        "--",
+        *req.argv,
+    ]
+    if notice_via == "sigterm":
+        return shell
+    lead_s = max(0.0, (lost_at or 0.0) - (notice_at or 0.0))
+    return [
+        sys.executable,
+        "-m",
+        "spotwise.control.providers.machine",
+        "--lead-s",
+        repr(lead_s),
+        "--log",
+        str(req.log_path),
+        "--",
+        *shell,
+    ]
 
 
 def _group(n: int, attempt_dir: Path, nodes: list[Handle]) -> Handle:
