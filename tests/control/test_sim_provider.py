@@ -105,13 +105,14 @@ def test_aws_style_notice_through_the_imds_emulator(workdir: Path, kit):
     exits 75 before the machine is taken away; the job resumes and finishes."""
     traces = workdir / "traces"
     traces.mkdir()
-    _trace(traces, "zb", [1] * 30 + [0] * (N - 30))  # 30 s of spot, then gone
+    _trace(traces, "zb", [1] * 60 + [0] * (N - 60))  # 60 s of spot (wall), then gone
     _trace(traces, "zc", [1])
     train = ROOT / "examples" / "digits" / "train.py"
-    # The first attempt cannot finish before the notice, however fast the machine: its 300 steps
-    # sleep 0.2 s each (60 s > the 30 s of spot); the resumed attempt runs at 0.02 s a step. The
-    # notice is AWS's two minutes (12 s here): on a loaded machine, one second (as before) was
-    # less than the save and the interpreter's exit took, and the machine was taken first.
+    # The first attempt cannot finish before the machine is taken: its 300 steps sleep 0.2 s
+    # each (60 s); the resumed attempt runs at 0.02 s a step. The notice is AWS's two minutes,
+    # more than the 60 s of spot, so it is up on IMDS from the start: the runtime has the whole
+    # minute to start, see it, save and exit (on a loaded machine 30 s, and before that a
+    # one-second notice, were less than that took, and the machine was taken first).
     step_sleep = '"$(if [ "$SPOTWISE_ATTEMPT" = 1 ]; then echo 0.2; else echo 0.02; fi)"'
     spec = kit.spec(
         workdir,
