@@ -94,12 +94,15 @@ def main() -> None:
             save_now(manager, step, state)
             print(f"saved at step {step} on the notice", flush=True)
             return  # exit 0: spotwise run reports 75 because a notice came
-        state, loss = train_step(state, jnp.array(step))
+        state, _ = train_step(state, jnp.array(step))
         step += 1
         if step % args.save_every == 0:
             manager.save(step, args=ocp.args.StandardSave(state))  # in the background
         time.sleep(args.step_sleep)
     save_now(manager, step, state)
+    # (of the final weights on all the data: defined too when a relaunch resumed at the end)
+    logits = model.apply({"params": state["params"]}, x, train=False)
+    loss = optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
     digest = hashlib.sha256()
     for leaf in jax.tree_util.tree_leaves(state["params"]):
         digest.update(np.asarray(leaf).tobytes())
