@@ -146,7 +146,7 @@ def test_failures_are_given_up_and_logged_without_secrets(
 def _spec(tmp_path: Path, *webhooks: dict[str, object]):
     doc = {
         "name": "hooked",
-        "command": "python -c 'print(1)'",
+        "command": "python -c 'import time; time.sleep(3)'",  # seen running, however loaded
         "provider": "local",
         "restart_backoff": 0,
         "notify": {"webhooks": list(webhooks)},

@@ -21,7 +21,14 @@ from typing import Any
 import sqlalchemy as sa
 
 from spotwise.control.store.accounts import Accounts
-from spotwise.control.store.engine import WRITE, database_url, open_engine, private_dir, shown
+from spotwise.control.store.engine import (
+    WRITE,
+    database_url,
+    open_engine,
+    opening,
+    private_dir,
+    shown,
+)
 from spotwise.control.store.leases import Leases
 from spotwise.control.store.migrate import ensure_schema
 from spotwise.control.store.models import Attempt, Job, JobState, spotwise_home
@@ -136,7 +143,8 @@ class Store:
             private_dir(self.home)
             self._engine = open_engine(url)
             self._writer = self._engine.execution_options(**{WRITE: True})
-            ensure_schema(self._engine, self.where)
+            with opening(url):
+                ensure_schema(self._engine, self.where)
         except (sa.exc.SQLAlchemyError, OSError) as exc:
             raise ControlError(
                 f"cannot open the job database {self.where}: {_reason(exc, url)}", hint=hint

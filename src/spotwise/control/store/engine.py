@@ -4,10 +4,12 @@ that behaves alike on both, and the 0700/0600 modes that keep the files private.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import sqlite3
 import stat
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -76,6 +78,24 @@ def open_engine(url: sa.URL) -> sa.Engine:
         dbapi_connection.commit()
 
     return engine
+
+
+@contextlib.contextmanager
+def opening(url: sa.URL) -> Iterator[None]:
+    """Held while a store opens a SQLite database (first connection, WAL switch, migration):
+    one opener at a time, across threads and processes. SQLite answers "database is locked" at
+    once, without its busy timeout, to a connection that finds another switching a fresh file
+    to WAL (3 of 30 rounds of 6 stores opened together failed so); PostgreSQL needs nothing
+    (its migrations take an advisory lock)."""
+    if url.get_backend_name() != "sqlite" or not url.database:
+        yield
+        return
+    fd = os.open(f"{url.database}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # (closing the file releases the lock)
 
 
 def _sqlite_engine(path: Path) -> sa.Engine:
