@@ -123,7 +123,8 @@ def test_a_new_store_is_private(tmp_path: Path):
         store = Store(home)
         store.create_job("secret", {"env": {"TOKEN": "x"}}, None)
         files = sorted(p.name for p in home.iterdir() if p.is_file())
-        assert files == ["spotwise.db", "spotwise.db-shm", "spotwise.db-wal"]
+        # (the lock file orders the stores that open the database at once)
+        assert files == ["spotwise.db", "spotwise.db-shm", "spotwise.db-wal", "spotwise.db.lock"]
         assert _mode(home) == 0o700
         assert {p.name: _mode(p) for p in home.iterdir() if p.is_file()} == dict.fromkeys(
             files, 0o600

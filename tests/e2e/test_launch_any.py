@@ -100,7 +100,8 @@ def test_jax_job_with_orbax_is_preempted_and_resumes_exactly(tmp_path: Path) -> 
     saved = re.findall(r"saved at step (\d+) on the notice", logs)
     resumed = re.findall(r"resumed from step (\d+)", logs)
     assert saved and int(saved[0]) > 0, logs[-3000:]  # a loaded machine may lose two
-    assert resumed[0] == saved[0] and set(resumed) <= set(saved)  # Orbax's step, never 0
+    # Orbax's step, never 0; or the last one, saved as training ended just before a notice
+    assert resumed[0] == saved[0] and set(resumed) <= {*saved, "300"}
     assert HASH.findall(logs) == [alone(JAX_JOB, tmp_path / "alone")]
 
 

@@ -182,7 +182,11 @@ def test_program_that_ends_leaves_no_children_and_its_own_code(
 ) -> None:
     """No notice: the wrapper exits with the program's code; what the program left running
     gets SIGTERM (the child in its group says so) and the one that left the group goes too."""
-    w = wrapper(FAMILY + "exit 4\n", SPOTWISE_GRACE_S="20")
+    # (the program ends only once its subshell has started its sleep: three processes left)
+    family = FAMILY.replace("sleep 1000 & wait", "sleep 1000 & : > child.ready; wait")
+    w = wrapper(
+        family + "while [ ! -e child.ready ]; do sleep 0.01; done\nexit 4\n", SPOTWISE_GRACE_S="20"
+    )
     code, took, err = w.end()
     assert code == 4, err
     assert took < 10

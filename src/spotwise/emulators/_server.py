@@ -8,6 +8,7 @@ import http.server
 import json
 import socket
 import struct
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -73,8 +74,7 @@ class LoopbackServer:
 
     def start(self) -> str:
         """Bind and serve on a daemon thread; returns the base URL (``http://127.0.0.1:PORT``)."""
-        self._server = http.server.ThreadingHTTPServer((self.host, self.port), _make_handler(self))
-        self._server.daemon_threads = True
+        self._server = _HttpServer((self.host, self.port), _make_handler(self))
         self.port = self._server.server_address[1]
         threading.Thread(
             target=self._server.serve_forever,
@@ -237,6 +237,18 @@ def _status_body(status: int) -> bytes:
 
 def json_body(doc: Any) -> bytes:
     return json.dumps(doc, separators=(",", ":")).encode()
+
+
+class _HttpServer(http.server.ThreadingHTTPServer):
+    """The standard threading server, quiet about clients that hang up mid-answer (a client
+    timing out, a test ending): the emulated service would not print a traceback either."""
+
+    daemon_threads = True
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        if isinstance(sys.exc_info()[1], (BrokenPipeError, ConnectionResetError)):
+            return
+        super().handle_error(request, client_address)
 
 
 def _make_handler(server: LoopbackServer) -> type[http.server.BaseHTTPRequestHandler]:

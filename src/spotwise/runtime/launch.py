@@ -94,6 +94,7 @@ def _forward_notice(signum: int, frame: FrameType | None) -> None:
 def main(argv: list[str] | None = None) -> int:
     """Parse torchrun's own arguments, run torch's launcher, return the attempt's exit code."""
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError
     from torch.distributed.run import get_args_parser, run
 
     args = get_args_parser().parse_args(sys.argv[1:] if argv is None else argv)
@@ -116,6 +117,19 @@ def main(argv: list[str] | None = None) -> int:
             flush=True,
         )
         return code
+    except RendezvousConnectionError as exc:
+        # The rendezvous store lives in node 0's launcher: it is gone with node 0's machine
+        # (a spot loss) while this node's ranks still ran. torch's agent stops them on the way
+        # out (SIGTERM: the runtime's notice; its peers gone, it keeps the newest committed
+        # checkpoint). Node 0's own exit says if it failed, so reading this node's end as
+        # interrupted hides no error; reading it as 1 made a lost node an error attempt.
+        print(
+            f"[spotwise] the rendezvous host (node 0) is gone ({exc}): attempt exit "
+            f"{EXIT_INTERRUPTED}",
+            file=sys.stderr,
+            flush=True,
+        )
+        return EXIT_INTERRUPTED
     return 0
 
 
