@@ -4,6 +4,7 @@ interrupted, to compare against, and the loopback S3 the cloud doubles' machines
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import subprocess
@@ -78,6 +79,32 @@ def node_sections(log: str, n: int, cloud: str) -> list[str]:
     on <cloud> <machine> (node k)``)."""
     parts = re.split(rf"(?m)^\[spotwise\] attempt (\d+) on {cloud} \S+ \(node \d\)\n", log)
     return [text for num, text in zip(parts[1::2], parts[2::2], strict=True) if int(num) == n]
+
+
+def check_two_node_job(
+    job_id: str, env: dict[str, str], home: Path, cloud: str, refusal: str, baseline: str
+) -> None:
+    """A two-node job that lost one node: preempted (75 on every rank, each node's launcher
+    kept it), then resumed on both nodes from what they saved in the object store (their disks
+    are gone), with the uninterrupted run's weights; and all or nothing: attempt 1's rank 0 in
+    the first zone went when rank 1 found no capacity there (one ``refusal``)."""
+    from spotwise.control.store import Store
+
+    status = json.loads(cli("status", job_id, "--json", env=env).stdout)
+    log = cli("logs", job_id, env=env).stdout
+    assert status["state"] == "SUCCEEDED", log[-3000:]
+    assert [(a["reason"], a["exit_code"]) for a in status["attempts"]] == [
+        ("preempted", 75),
+        ("succeeded", 0),
+    ], log[-3000:]
+    first = node_sections(log, 1, cloud)
+    assert len(first) == 2 and all("attempt exit 75" in s for s in first), log[-4000:]
+    second = "".join(node_sections(log, 2, cloud))
+    resumed = [int(s) for s in re.findall(r"resumed from step (\d+)", second)]
+    assert resumed and resumed[0] > 0, log[-3000:]
+    assert HASH.findall(log)[-1] == baseline
+    refused = [e["message"] for e in Store(home).events(job_id) if e["kind"] == "launch-refused"]
+    assert len(refused) == 1 and refusal in refused[0], refused
 
 
 def aws_client(service: str, env: dict[str, str]) -> Any:

@@ -6,8 +6,6 @@ is terminated (all or nothing) and the next zone is tried."""
 
 from __future__ import annotations
 
-import json
-import re
 import subprocess
 import time
 from pathlib import Path
@@ -15,17 +13,14 @@ from pathlib import Path
 import pytest
 
 from spotwise.control.spec import load_spec
-from spotwise.control.store import Store
 from spotwise.emulators.fault_proxy import Fault
 
 from .conftest import (
-    HASH,
     SPOTWISE,
     aws_client,
-    cli,
+    check_two_node_job,
     ec2_double,
     ec2_instances,
-    node_sections,
     s3_checkpoints,
 )
 
@@ -78,33 +73,9 @@ def test_two_node_ddp_on_ec2_loses_a_node_and_ends_with_identical_weights(
         out, _ = launch.communicate(timeout=900)
         assert launch.returncode == 0, out
 
-        status = json.loads(cli("status", job_id, "--json", env=env).stdout)
-        log = cli("logs", job_id, env=env).stdout
-        assert status["state"] == "SUCCEEDED", log[-3000:]
-        attempts = status["attempts"]
-        assert [(a["reason"], a["exit_code"]) for a in attempts] == [
-            ("preempted", 75),
-            ("succeeded", 0),
-        ], log[-3000:]
-        # 75 on every rank of the preempted attempt, each node's launcher kept it
-        first = node_sections(log, 1, "aws")
-        assert len(first) == 2 and all("attempt exit 75" in s for s in first), log[-4000:]
-        # the relaunch resumed on both nodes from what they saved to S3 (their disks are gone)
-        resumed = [
-            int(s)
-            for s in re.findall(r"resumed from step (\d+)", "".join(node_sections(log, 2, "aws")))
-        ]
-        assert resumed and resumed[0] > 0, log[-3000:]
-        assert HASH.findall(log)[-1] == baseline()
-
-        # all or nothing: attempt 1's rank 0 in the first zone went when rank 1 found no
-        # capacity there; each attempt then held both nodes in the job's placement group
-        refused = [
-            e["message"]
-            for e in Store(tmp_path / "home").events(job_id)
-            if e["kind"] == "launch-refused"
-        ]
-        assert len(refused) == 1 and "InsufficientInstanceCapacity" in refused[0], refused
+        home = tmp_path / "home"
+        check_two_node_job(job_id, env, home, "aws", "InsufficientInstanceCapacity", baseline())
+        # each attempt held both nodes in the job's placement group
         every = ec2_instances(env, job_id, live_only=False)
         by_attempt: dict[str, list[dict]] = {}
         for i in every:

@@ -7,9 +7,7 @@ deleted (all or nothing) and the next zone is tried."""
 
 from __future__ import annotations
 
-import json
 import os
-import re
 import subprocess
 import time
 from pathlib import Path
@@ -17,12 +15,11 @@ from pathlib import Path
 import pytest
 
 from spotwise.control.spec import load_spec
-from spotwise.control.store import Store
 from spotwise.emulators.azure_blob import AzureBlobEmulator
 from spotwise.emulators.azure_compute import AzureComputeEmulator
 from spotwise.settings import AZURE_ENDPOINT_URL
 
-from .conftest import HASH, SPOTWISE, checkpoint_steps, cli, node_sections
+from .conftest import SPOTWISE, check_two_node_job, checkpoint_steps
 
 ROOT = Path(__file__).resolve().parents[2]
 JOB = ROOT / "examples" / "digits" / "job-azure-ddp.yaml"
@@ -68,30 +65,9 @@ def test_two_node_ddp_on_azure_loses_a_node_and_ends_with_identical_weights(
         out, _ = launch.communicate(timeout=900)
         assert launch.returncode == 0, out
 
-        status = json.loads(cli("status", job_id, "--json", env=env).stdout)
-        log = cli("logs", job_id, env=env).stdout
-        assert status["state"] == "SUCCEEDED", log[-3000:]
-        assert [(a["reason"], a["exit_code"]) for a in status["attempts"]] == [
-            ("preempted", 75),
-            ("succeeded", 0),
-        ], log[-3000:]
-        # 75 on every rank of the preempted attempt, each node's launcher kept it
-        first = node_sections(log, 1, "azure")
-        assert len(first) == 2 and all("attempt exit 75" in s for s in first), log[-4000:]
-        # the relaunch resumed on both nodes from what they saved to Blob Storage
-        second = "".join(node_sections(log, 2, "azure"))
-        resumed = [int(s) for s in re.findall(r"resumed from step (\d+)", second)]
-        assert resumed and resumed[0] > 0, log[-3000:]
-        assert HASH.findall(log)[-1] == baseline()
-
-        # all or nothing: attempt 1's rank 0 in the first zone went when rank 1 found no
-        # capacity there; each launch after held both nodes
-        refused = [
-            e["message"]
-            for e in Store(tmp_path / "home").events(job_id)
-            if e["kind"] == "launch-refused"
-        ]
-        assert len(refused) == 1 and "ZonalAllocationFailed" in refused[0], refused
+        home = tmp_path / "home"
+        check_two_node_job(job_id, env, home, "azure", "ZonalAllocationFailed", baseline())
+        # each launch after the refused one held both nodes
         assert len(arm.created) == 5, arm.created  # (rank 0 rolled back) + 2 + 2
         assert arm.preempted == [rank1]
         deadline = time.monotonic() + 60  # the last deletes complete in the double's ticks
