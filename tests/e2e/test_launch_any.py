@@ -102,7 +102,9 @@ def test_jax_job_with_orbax_is_preempted_and_resumes_exactly(tmp_path: Path) -> 
     assert saved and int(saved[0]) > 0, logs[-3000:]  # a loaded machine may lose two
     # Orbax's step, never 0; or the last one, saved as training ended just before a notice
     assert resumed[0] == saved[0] and set(resumed) <= {*saved, "300"}
-    assert HASH.findall(logs) == [alone(JAX_JOB, tmp_path / "alone")]
+    # a machine taken back just after training ended reruns the end from Orbax's last step:
+    # every end prints the same weights as the uninterrupted run
+    assert set(HASH.findall(logs)) == {alone(JAX_JOB, tmp_path / "alone")}
 
 
 @pytest.mark.e2e
