@@ -2,6 +2,43 @@
 
 Vendor errors (botocore, OSError, subprocess...) are translated into these at the edge, so callers
 catch ``SpotwiseError`` subclasses and always get a message that names the problem and the fix.
+Where a class also derives from a builtin, code written against the builtin (``except
+ValueError``, ``except KeyError``) keeps working. The tree (``tests/test_errors.py`` redraws it
+from the classes and fails on drift)::
+
+    SpotwiseError
+      ConfigError (also ValueError)
+        UnknownBackendError
+      MissingExtraError (also ImportError)
+      CheckpointError
+        NoCheckpointError
+        CorruptCheckpointError
+        StateMismatchError
+        SaveError
+      DataLoaderError (also RuntimeError)
+      StorageError
+        StorageNotFoundError (also KeyError)
+        StoragePermissionError
+        StorageFullError
+        TransientStorageError
+        IntegrityError
+        EncryptionKeyError
+      NoticeError
+      MarketError
+        UnknownGPUError (also ConfigError)
+        NoPlacementError
+        IngestError
+        TraceError (also ConfigError)
+      ControlError
+        JobNotFoundError
+        ServerError
+        BudgetError
+        ProviderError
+          ProviderUnavailableError
+          TransientProviderError
+          CapacityError
+      WorkloadError
+        PlanMismatchError (also ConfigError)
 """
 
 from __future__ import annotations
