@@ -51,6 +51,7 @@ from spotwise.emulators import machine_root
 from spotwise.emulators._faults import Fault, take
 from spotwise.emulators._server import LoopbackEmulator, Request, Response, json_body
 from spotwise.emulators.gcp import GcpMetadataEmulator
+from spotwise.market.catalog import GCP_ACCELERATORS
 
 API = "/compute/v1/projects/"
 GENERAL_TYPES = tuple(f"n1-standard-{n}" for n in (1, 2, 4, 8, 16, 32, 64, 96)) + tuple(
@@ -68,9 +69,7 @@ WAIT_MAX_S = 120.0  # zoneOperations.wait answers within two minutes, done or no
 
 def accelerator_name(gpu: str) -> str:
     """The catalog's GPU name -> Compute Engine's accelerator type."""
-    from spotwise.control.providers.gcp import ACCELERATORS
-
-    return ACCELERATORS.get(gpu, f"nvidia-{gpu.lower()}")
+    return GCP_ACCELERATORS.get(gpu, f"nvidia-{gpu.lower()}")
 
 
 def _catalog_places() -> dict[str, tuple[set[str], set[str]]]:

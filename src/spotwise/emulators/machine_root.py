@@ -92,7 +92,7 @@ def start(
     command starts (created empty if the image lacks it, as a container runtime does; default
     the machine's HOME). ``volumes``: path on the machine -> host directory (isolated only; the
     fallback has the host's paths)."""
-    from spotwise.control.store import spotwise_home  # (hidden too, were it in the image)
+    from spotwise.settings import home as spotwise_home  # (hidden too, were it in the image)
 
     machine_dir.mkdir(parents=True, exist_ok=True)
     env = dict(env)
