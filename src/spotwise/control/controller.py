@@ -25,13 +25,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from spotwise.control.decisions import (
-    Next,
-    Reason,
-    after_attempt,
-    classify,
-    stop_for_budget,
-)
+from spotwise.control.decisions import Reason, classify, job_after_attempt, stop_for_budget
 from spotwise.control.heartbeat import Heartbeat, heartbeat_location
 from spotwise.control.launching import (
     attempts_dir,
@@ -116,7 +110,6 @@ class Controller:
         job = store.job(self.job_id)
         self.spec = stored_spec(job.id, job.spec)
         self.provider = provider if provider is not None else provider_for(job)
-        self.read_progress = read_progress
         self.fence = fence  # a server's lease: checked with every launch and terminate
         self._terminate_sent: dict[int, float] = {}  # attempt -> when we asked it to stop
         self.policy = JobPolicy(  # the job's policy, restored from the store
@@ -449,30 +442,17 @@ class Controller:
             + (f" ({detail or status.detail})" if detail or status.detail else ""),
             {"n": attempt.n, "exit_code": status.exit_code, "reason": reason.value},
         )
-        decision = after_attempt(reason, job.errors_used, self.spec.max_restarts)
-        errors_used = job.errors_used + (1 if decision.counts_as_error else 0)
-        if decision.next is Next.SUCCEED:
-            self._set(JobState.SUCCEEDED, decision.message, errors_used=errors_used)
-        elif decision.next is Next.CANCEL:
-            self._set(JobState.CANCELLED, decision.message)
-        elif decision.next is Next.FAIL:
-            self._set(JobState.FAILED, detail or decision.message, errors_used=errors_used)
-        else:
-            blocked = dict(job.blocked)
-            delay = 0.0
-            if reason in (Reason.PREEMPTED, Reason.LOST):
-                if attempt.market == "spot":
-                    blocked[attempt.zone] = now + self.spec.zone_cooldown_s
-                self._set(JobState.PREEMPTED, decision.message, blocked=blocked)
-            elif reason is not Reason.SWITCHED:
-                delay = self.spec.restart_backoff_s * 2 ** max(0, errors_used - 1)
-            self._set(
-                JobState.RECOVERING,
-                decision.message,
-                errors_used=errors_used,
-                next_launch_at=now + delay,
-                stop_reason="",
-            )
+        for state, message, fields in job_after_attempt(
+            reason,
+            attempt,
+            job,
+            now,
+            max_restarts=self.spec.max_restarts,
+            zone_cooldown_s=self.spec.zone_cooldown_s,
+            restart_backoff_s=self.spec.restart_backoff_s,
+            detail=detail,
+        ):
+            self._set(state, message, **fields)
 
     def _control_plane_error(self, job: Job, exc: TransientProviderError) -> None:
         now = self.clock()

@@ -301,19 +301,19 @@ class JobPolicy:
             )
         self.store.update_job(self.job_id, policy=driver.to_json(), event=event)
         want = decision_placement(decision, zones)
-        if attempt is None:
-            return
-        here = Placement(attempt.market, attempt.zone)
-        if _same_place(here, want):
-            return
+        if attempt is not None and not _same_place(Placement(attempt.market, attempt.zone), want):
+            self._switch(job, attempt, want, f"policy {driver.name}, tick {tick}")
+
+    def _switch(self, job: Job, attempt: Attempt, want: Placement | None, why: str) -> None:
+        """Mark the attempt to stop (it saves and exits 75) so that ``want`` runs next."""
         moving = f"{want.market} {want.zone}".rstrip() if want else "idle"
         self.store.update_job(
             self.job_id,
             stop_reason="switch",
             event=(
                 "switch",
-                f"attempt {attempt.n}: {here.market} {here.zone} -> {moving} "
-                f"(policy {driver.name}, tick {tick}): saving and stopping it",
+                f"attempt {attempt.n}: {attempt.market} {attempt.zone} -> {moving} "
+                f"({why}): saving and stopping it",
             ),
         )
         job.stop_reason = "switch"

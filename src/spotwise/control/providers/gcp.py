@@ -596,18 +596,13 @@ class GcpProvider:
         )
         if o.kms_key:
             disk.disk_encryption_key = g.CustomerEncryptionKey(kms_key_name=o.kms_key)
-        nic = g.NetworkInterface(network=o.network)
-        if o.subnetwork:
-            nic.subnetwork = o.subnetwork
-        if o.external_ip:
-            nic.access_configs = [g.AccessConfig(name="External NAT", type_="ONE_TO_ONE_NAT")]
         body = g.Instance(
             name=name,
             machine_type=f"zones/{zone}/machineTypes/{self.machine_type}",
             labels=labels,
             scheduling=scheduling,
             disks=[disk],
-            network_interfaces=[nic],
+            network_interfaces=[self._nic()],
             service_accounts=[
                 g.ServiceAccount(email=o.service_account or "default", scopes=list(o.scopes))
             ],
@@ -626,6 +621,17 @@ class GcpProvider:
                 )
             ]
         return body
+
+    def _nic(self) -> Any:
+        """The VM's network interface: the network (and subnetwork) set, an external IP only
+        when asked."""
+        g, o = self._gce, self.opts
+        nic = g.NetworkInterface(network=o.network)
+        if o.subnetwork:
+            nic.subnetwork = o.subnetwork
+        if o.external_ip:
+            nic.access_configs = [g.AccessConfig(name="External NAT", type_="ONE_TO_ONE_NAT")]
+        return nic
 
     def _labels(self, req: LaunchRequest) -> dict[str, str]:
         return {JOB_LABEL: label_value(req.job_id), ATTEMPT_LABEL: str(req.n)}
