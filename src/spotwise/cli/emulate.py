@@ -23,6 +23,12 @@ FAULT_HELP = (
     "Inject a fault: an HTTP status (429, 500, 503...), 'hang' (no answer), 'malformed' "
     "(broken body) or 'close' (drop the connection)."
 )
+# options the doubles share
+HOST = typer.Option("127.0.0.1", help="Address to bind.")
+FAULT = typer.Option(None, help=FAULT_HELP)
+FAULT_COUNT = typer.Option(None, help="Requests the fault applies to (default all).")
+FAULT_ON = typer.Option("", help="Only requests whose path contains this.")
+DURATION = typer.Option(None, help="Stop after this many seconds.")
 
 
 def register(app: typer.Typer) -> None:
@@ -56,7 +62,7 @@ def register(app: typer.Typer) -> None:
 
 def aws(
     port: int = typer.Option(1338, help="Port to listen on (0: any free port)."),
-    host: str = typer.Option("127.0.0.1", help="Address to bind."),
+    host: str = HOST,
     notice_after: float = typer.Option(
         None, "--notice-after", help="Seconds until spot/instance-action appears."
     ),
@@ -74,10 +80,10 @@ def aws(
         None, help="meta-data/placement/availability-zone (default: the region + 'a')."
     ),
     clock_skew: float = typer.Option(0.0, help="Seconds the emulated clock runs ahead."),
-    fault: str = typer.Option(None, help=FAULT_HELP),
-    fault_count: int = typer.Option(None, help="Requests the fault applies to (default all)."),
-    fault_on: str = typer.Option("", help="Only requests whose path contains this."),
-    duration: float = typer.Option(None, help="Stop after this many seconds."),
+    fault: str = FAULT,
+    fault_count: int = FAULT_COUNT,
+    fault_on: str = FAULT_ON,
+    duration: float = DURATION,
 ) -> None:
     """Emulate the AWS EC2 instance metadata service (IMDSv1/v2 spot notices)."""
     from spotwise.emulators.aws import AwsImdsEmulator
@@ -101,7 +107,7 @@ def aws(
 
 def gcp(
     port: int = typer.Option(1339, help="Port to listen on (0: any free port)."),
-    host: str = typer.Option("127.0.0.1", help="Address to bind."),
+    host: str = HOST,
     notice_after: float = typer.Option(
         None, "--notice-after", help="Seconds until the event happens."
     ),
@@ -112,10 +118,10 @@ def gcp(
     machine_type: str = typer.Option("n1-standard-8", help="instance/machine-type."),
     name: str = typer.Option("spotwise-vm", help="instance/name."),
     project: str = typer.Option("spotwise-project", help="project/project-id."),
-    fault: str = typer.Option(None, help=FAULT_HELP),
-    fault_count: int = typer.Option(None, help="Requests the fault applies to (default all)."),
-    fault_on: str = typer.Option("", help="Only requests whose path contains this."),
-    duration: float = typer.Option(None, help="Stop after this many seconds."),
+    fault: str = FAULT,
+    fault_count: int = FAULT_COUNT,
+    fault_on: str = FAULT_ON,
+    duration: float = DURATION,
 ) -> None:
     """Emulate the GCP Compute Engine metadata server (preempted, maintenance-event)."""
     from spotwise.emulators.gcp import GcpMetadataEmulator
@@ -136,7 +142,7 @@ def gcp(
 
 def azure(
     port: int = typer.Option(1340, help="Port to listen on (0: any free port)."),
-    host: str = typer.Option("127.0.0.1", help="Address to bind."),
+    host: str = HOST,
     notice_after: float = typer.Option(
         None, "--notice-after", help="Seconds until the event is scheduled."
     ),
@@ -152,10 +158,10 @@ def azure(
         False, "--other-vm", help="Schedule the event for another VM (must be ignored)."
     ),
     clock_skew: float = typer.Option(0.0, help="Seconds the emulated clock runs ahead."),
-    fault: str = typer.Option(None, help=FAULT_HELP),
-    fault_count: int = typer.Option(None, help="Requests the fault applies to (default all)."),
-    fault_on: str = typer.Option("", help="Only requests whose path contains this."),
-    duration: float = typer.Option(None, help="Stop after this many seconds."),
+    fault: str = FAULT,
+    fault_count: int = FAULT_COUNT,
+    fault_on: str = FAULT_ON,
+    duration: float = DURATION,
 ) -> None:
     """Emulate Azure Scheduled Events (Preempt and friends, StartRequests acks)."""
     from spotwise.emulators.azure import AzureScheduledEventsEmulator
@@ -276,7 +282,7 @@ def _register_ec2(emulate: typer.Typer) -> None:
             None,
             help="Where machines keep user-data and console logs (default: a temporary directory).",
         ),
-        duration: float = typer.Option(None, help="Stop after this many seconds."),
+        duration: float = DURATION,
     ) -> None:
         """Emulate EC2 + S3 on 127.0.0.1: moto keeps the API, machines run as local processes."""
         import tempfile
