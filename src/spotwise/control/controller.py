@@ -40,7 +40,7 @@ from spotwise.control.ownership import (
     embedded_alive,
     server_drives,
 )
-from spotwise.control.planning import JobPolicy, ProgressReader, plans
+from spotwise.control.planning import Clock, JobPolicy, ProgressReader, plans
 from spotwise.control.progress import read_committed
 from spotwise.control.providers import (
     AttemptStatus,
@@ -82,8 +82,6 @@ __all__ = [
     "provider_for",
     "submit",
 ]
-
-Clock = Callable[[], float]
 
 
 class Controller:
