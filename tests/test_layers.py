@@ -67,8 +67,6 @@ ALLOWED: dict[str, set[str]] = {
 KNOWN = {
     ("control/providers/machine.py", "emulators"),  # the sim provider's IMDS notice double
     ("control/store/accounts.py", "server.principal"),  # ROLES belongs below both
-    ("emulators/gcp_compute.py", "control.providers.gcp"),  # a double sharing the provider's table
-    ("emulators/machine_root.py", "control.store"),  # spotwise_home, to hide it on the machine
 }
 
 

@@ -114,3 +114,66 @@ def test_zone_offers_count_this_jobs_preemptions_over_its_spot_hours():
         ("a", 1.0, 0.1), ("b", 2.0, 0.2), ("c", 3.0, 0.3)
     ]  # fmt: skip
     assert [(o.interruptions, o.exposure_h) for o in got] == [(1, 2.0), (1, 1.0), (0, 0.0)]
+
+
+@pytest.mark.parametrize(
+    ("reason", "market", "errors_used", "expected"),
+    [
+        (Reason.SUCCEEDED, "spot", 0, [("SUCCEEDED", {"errors_used": 0})]),
+        (Reason.CANCELLED, "spot", 1, [("CANCELLED", {})]),
+        (Reason.BUDGET, "spot", 0, [("FAILED", {"errors_used": 0})]),
+        # a spot preemption cools its zone down, relaunches at once, costs no restart
+        (
+            Reason.PREEMPTED,
+            "spot",
+            1,
+            [
+                ("PREEMPTED", {"blocked": {"old": 1.0, "a": 130.0}}),
+                ("RECOVERING", {"errors_used": 1, "next_launch_at": 100.0, "stop_reason": ""}),
+            ],
+        ),
+        # an on-demand machine lost: no zone is blocked
+        (
+            Reason.LOST,
+            "on-demand",
+            0,
+            [
+                ("PREEMPTED", {"blocked": {"old": 1.0}}),
+                ("RECOVERING", {"errors_used": 0, "next_launch_at": 100.0, "stop_reason": ""}),
+            ],
+        ),
+        (
+            Reason.SWITCHED,
+            "spot",
+            0,
+            [("RECOVERING", {"errors_used": 0, "next_launch_at": 100.0, "stop_reason": ""})],
+        ),
+        # the second error waits twice the backoff
+        (
+            Reason.ERROR,
+            "spot",
+            1,
+            [("RECOVERING", {"errors_used": 2, "next_launch_at": 110.0, "stop_reason": ""})],
+        ),
+        (Reason.ERROR, "spot", 2, [("FAILED", {"errors_used": 3})]),  # max_restarts 2 used up
+    ],
+)
+def test_what_the_job_does_once_an_attempt_ended(reason, market, errors_used, expected):
+    from spotwise.control.decisions import job_after_attempt
+    from spotwise.control.store import Attempt, Job, JobState
+
+    attempt = Attempt("j", 1, "ended", "sim", market, "a", None, 0.0, 1.0, 90.0, reason.value,
+                      None, 1.0, 3.0, 1.0)  # fmt: skip
+    job = Job("j", "j", {}, None, JobState.RUNNING, 0.0, 0.0, False, 0.0, errors_used, "",
+              blocked={"old": 1.0})  # fmt: skip
+    got = job_after_attempt(
+        reason,
+        attempt,
+        job,
+        100.0,
+        max_restarts=2,
+        zone_cooldown_s=30.0,
+        restart_backoff_s=5.0,
+    )
+    assert [(state.value, fields) for state, _, fields in got] == expected
+    assert job.blocked == {"old": 1.0}  # the job's own record is never changed in place

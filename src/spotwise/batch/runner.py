@@ -157,6 +157,17 @@ def default_leases(out: str) -> str:
     return str(path.expanduser().absolute() / LEASES_FILE)
 
 
+def _open_board(leases: str | None, out: str, clock: Clock) -> LeaseBoard:
+    return open_leases(leases or default_leases(out), clock=clock)
+
+
+def _check_sizes(lease_ttl_s: float, batch_size: int) -> None:
+    if lease_ttl_s <= 0:
+        raise ConfigError(f"lease_ttl_s must be > 0, got {lease_ttl_s}")
+    if batch_size < 1:
+        raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
+
+
 def run_batch(
     dataset: Any,
     fn: Callable[[Any], Any],
@@ -181,17 +192,13 @@ def run_batch(
     tensors (one row per item; ``kind="tensors"``) or to a pyarrow Table / dict of columns
     (``kind="table"``). A terminate notice stops the worker between batches with exit code 75
     (its lease is handed back at once); nothing partial is written."""
-    if lease_ttl_s <= 0:
-        raise ConfigError(f"lease_ttl_s must be > 0, got {lease_ttl_s}")
-    if batch_size < 1:
-        raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
+    _check_sizes(lease_ttl_s, batch_size)
     out = os.fspath(out)
     storage = open_storage(out)
     fingerprint = model if isinstance(model, str) else model_fingerprint(model)
     plan = Plan(len(dataset), shard_size, fingerprint, kind)
     ensure_plan(storage, plan)
-    board = open_leases(leases or default_leases(out), clock=clock) \
-        if not isinstance(leases, LeaseBoard) else leases  # fmt: skip
+    board = leases if isinstance(leases, LeaseBoard) else _open_board(leases, out, clock)
     holder = name or f"{socket.gethostname()}:{os.getpid()}"
     log_events = EventLog(events) if events is not None else None
     source = open_notices(notices)  # the same notice sources as spotwise.Run
@@ -210,31 +217,8 @@ def run_batch(
         clock,
     )
     started = time.perf_counter()
-    ledger = worker.ledger
     try:
-        while True:
-            done = committed_shards(storage, plan, ledger)
-            todo = [s for s in range(plan.shards) if s not in done]
-            if not todo and verify:
-                worker.flush()
-                todo = verify_outputs(storage, plan)
-                for shard in todo:  # damaged since: drop the entry so the shard is redone
-                    log.warning("shard %d does not match its ledger entry; redoing it", shard)
-                    storage.delete(plan.ledger_key(shard))
-                    ledger.pop(plan.ledger_key(shard), None)
-                    board.reopen(shard)
-            if not todo:
-                break
-            lease = board.claim(holder, todo, lease_ttl_s)
-            if lease is None:  # the rest is leased by live workers: wait for them or expiry
-                if worker.pending:
-                    worker.flush()  # our own shard being written may be all that is left
-                    continue
-                worker.check_notice(None)
-                sleep(min(1.0, lease_ttl_s / 4))
-                continue
-            worker.do(lease)
-        worker.flush()
+        worker.run(verify, sleep)
     finally:
         worker.abandon()
         if source is not None:
@@ -269,6 +253,34 @@ class _Worker:
         self.items = 0
         self.ledger: dict[str, dict[str, Any] | None] = {}
         self._pending: tuple[threading.Thread, Lease, int, str, list[BaseException]] | None = None
+
+    def run(self, verify: bool, sleep: Callable[[float], None]) -> None:
+        """Claim and compute shards until every shard is committed (by this worker or others),
+        then, with ``verify``, redo any whose output no longer matches its ledger entry."""
+        storage, plan, board, ledger = self.storage, self.plan, self.board, self.ledger
+        while True:
+            done = committed_shards(storage, plan, ledger)
+            todo = [s for s in range(plan.shards) if s not in done]
+            if not todo and verify:
+                self.flush()
+                todo = verify_outputs(storage, plan)
+                for shard in todo:  # damaged since: drop the entry so the shard is redone
+                    log.warning("shard %d does not match its ledger entry; redoing it", shard)
+                    storage.delete(plan.ledger_key(shard))
+                    ledger.pop(plan.ledger_key(shard), None)
+                    board.reopen(shard)
+            if not todo:
+                break
+            lease = board.claim(self.holder, todo, self.ttl_s)
+            if lease is None:  # the rest is leased by live workers: wait for them or expiry
+                if self.pending:
+                    self.flush()  # our own shard being written may be all that is left
+                    continue
+                self.check_notice(None)
+                sleep(min(1.0, self.ttl_s / 4))
+                continue
+            self.do(lease)
+        self.flush()
 
     def _emit(self, kind: str, **fields: Any) -> None:
         if self.events is not None:

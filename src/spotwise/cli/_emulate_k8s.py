@@ -10,10 +10,14 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
 from spotwise.errors import ConfigError
+
+if TYPE_CHECKING:
+    from spotwise.emulators.kubernetes import KubernetesEmulator
 
 
 def kubernetes(
@@ -56,19 +60,8 @@ def kubernetes(
     """Emulate a Kubernetes cluster with a spot GPU pool (API subset, pods as processes)."""
     from spotwise.cli._emulate_serve import listen
     from spotwise.emulators.kubernetes import KubernetesEmulator, pool_nodes
-    from spotwise.emulators.kubernetes.kueue import quantity
 
-    quota: dict[str, str] = {}
-    for item in kueue_quota:
-        resource, _, amount = item.partition("=")
-        try:
-            quantity(amount)
-        except ValueError:
-            raise ConfigError(
-                f"--kueue-quota {item!r}: expected RESOURCE=QUANTITY",
-                hint="e.g. --kueue-quota cpu=4 --kueue-quota nvidia.com/gpu=2",
-            ) from None
-        quota[resource] = amount
+    quota = _quota(kueue_quota)
     try:
         nodes = pool_nodes(flavour, spot=spot_nodes, on_demand=on_demand_nodes, gpus_per_node=gpus)
         emu = KubernetesEmulator(
@@ -91,6 +84,29 @@ def kubernetes(
     typer.echo(f"export KUBECONFIG={emu.kubeconfig.resolve()}")
     if quota:
         typer.echo(f"kueue: LocalQueue {kueue_queue} -> ClusterQueue cluster-queue {quota}")
+    _report_evictions(emu, duration)
+
+
+def _quota(items: list[str]) -> dict[str, str]:
+    """``--kueue-quota RESOURCE=QUANTITY`` options as the ClusterQueue's quota."""
+    from spotwise.emulators.kubernetes.kueue import quantity
+
+    quota: dict[str, str] = {}
+    for item in items:
+        resource, _, amount = item.partition("=")
+        try:
+            quantity(amount)
+        except ValueError:
+            raise ConfigError(
+                f"--kueue-quota {item!r}: expected RESOURCE=QUANTITY",
+                hint="e.g. --kueue-quota cpu=4 --kueue-quota nvidia.com/gpu=2",
+            ) from None
+        quota[resource] = amount
+    return quota
+
+
+def _report_evictions(emu: KubernetesEmulator, duration: float | None) -> None:
+    """Print each eviction as it happens until ``duration`` (or Ctrl-C); then stop the cluster."""
     reported = 0
     started = time.monotonic()
     try:

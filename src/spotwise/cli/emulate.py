@@ -23,6 +23,12 @@ FAULT_HELP = (
     "Inject a fault: an HTTP status (429, 500, 503...), 'hang' (no answer), 'malformed' "
     "(broken body) or 'close' (drop the connection)."
 )
+# options the doubles share
+HOST = typer.Option("127.0.0.1", help="Address to bind.")
+FAULT = typer.Option(None, help=FAULT_HELP)
+FAULT_COUNT = typer.Option(None, help="Requests the fault applies to (default all).")
+FAULT_ON = typer.Option("", help="Only requests whose path contains this.")
+DURATION = typer.Option(None, help="Stop after this many seconds.")
 
 
 def register(app: typer.Typer) -> None:
@@ -49,132 +55,132 @@ def register(app: typer.Typer) -> None:
     emulate.command("gcs")(gcs)
     emulate.command("azure-blob")(azure_blob)
 
-    @emulate.command("aws")
-    def aws(
-        port: int = typer.Option(1338, help="Port to listen on (0: any free port)."),
-        host: str = typer.Option("127.0.0.1", help="Address to bind."),
-        notice_after: float = typer.Option(
-            None, "--notice-after", help="Seconds until spot/instance-action appears."
-        ),
-        action: str = typer.Option("terminate", help="terminate, stop or hibernate."),
-        lead: float = typer.Option(120.0, help="Seconds from the notice to the action time."),
-        rebalance_after: float = typer.Option(
-            None, "--rebalance-after", help="Seconds until a rebalance recommendation appears."
-        ),
-        imdsv2_required: bool = typer.Option(
-            False, "--imdsv2-required", help="Refuse token-less (IMDSv1) requests with 401."
-        ),
-        instance_type: str = typer.Option("p3.2xlarge", help="meta-data/instance-type."),
-        region: str = typer.Option("us-east-1", help="meta-data/placement/region."),
-        zone: str = typer.Option(
-            None, help="meta-data/placement/availability-zone (default: the region + 'a')."
-        ),
-        clock_skew: float = typer.Option(0.0, help="Seconds the emulated clock runs ahead."),
-        fault: str = typer.Option(None, help=FAULT_HELP),
-        fault_count: int = typer.Option(None, help="Requests the fault applies to (default all)."),
-        fault_on: str = typer.Option("", help="Only requests whose path contains this."),
-        duration: float = typer.Option(None, help="Stop after this many seconds."),
-    ) -> None:
-        """Emulate the AWS EC2 instance metadata service (IMDSv1/v2 spot notices)."""
-        from spotwise.emulators.aws import AwsImdsEmulator
+    emulate.command("aws")(aws)
+    emulate.command("gcp")(gcp)
+    emulate.command("azure")(azure)
 
-        emu = _build(
-            AwsImdsEmulator,
-            port=port,
-            host=host,
-            notice_after=notice_after,
-            action=action,
-            lead_s=lead,
-            rebalance_after=rebalance_after,
-            imdsv2_required=imdsv2_required,
-            instance_type=instance_type,
-            region=region,
-            zone=zone,
-            clock_skew_s=clock_skew,
-        )
-        _serve(
-            emu, "AWS_EC2_METADATA_SERVICE_ENDPOINT", None, fault, fault_count, fault_on, duration
-        )
 
-    @emulate.command("gcp")
-    def gcp(
-        port: int = typer.Option(1339, help="Port to listen on (0: any free port)."),
-        host: str = typer.Option("127.0.0.1", help="Address to bind."),
-        notice_after: float = typer.Option(
-            None, "--notice-after", help="Seconds until the event happens."
-        ),
-        event: str = typer.Option(
-            "preempted", help="preempted, maintenance-terminate or maintenance-migrate."
-        ),
-        zone: str = typer.Option("us-central1-a", help="instance/zone."),
-        machine_type: str = typer.Option("n1-standard-8", help="instance/machine-type."),
-        name: str = typer.Option("spotwise-vm", help="instance/name."),
-        project: str = typer.Option("spotwise-project", help="project/project-id."),
-        fault: str = typer.Option(None, help=FAULT_HELP),
-        fault_count: int = typer.Option(None, help="Requests the fault applies to (default all)."),
-        fault_on: str = typer.Option("", help="Only requests whose path contains this."),
-        duration: float = typer.Option(None, help="Stop after this many seconds."),
-    ) -> None:
-        """Emulate the GCP Compute Engine metadata server (preempted, maintenance-event)."""
-        from spotwise.emulators.gcp import GcpMetadataEmulator
+def aws(
+    port: int = typer.Option(1338, help="Port to listen on (0: any free port)."),
+    host: str = HOST,
+    notice_after: float = typer.Option(
+        None, "--notice-after", help="Seconds until spot/instance-action appears."
+    ),
+    action: str = typer.Option("terminate", help="terminate, stop or hibernate."),
+    lead: float = typer.Option(120.0, help="Seconds from the notice to the action time."),
+    rebalance_after: float = typer.Option(
+        None, "--rebalance-after", help="Seconds until a rebalance recommendation appears."
+    ),
+    imdsv2_required: bool = typer.Option(
+        False, "--imdsv2-required", help="Refuse token-less (IMDSv1) requests with 401."
+    ),
+    instance_type: str = typer.Option("p3.2xlarge", help="meta-data/instance-type."),
+    region: str = typer.Option("us-east-1", help="meta-data/placement/region."),
+    zone: str = typer.Option(
+        None, help="meta-data/placement/availability-zone (default: the region + 'a')."
+    ),
+    clock_skew: float = typer.Option(0.0, help="Seconds the emulated clock runs ahead."),
+    fault: str = FAULT,
+    fault_count: int = FAULT_COUNT,
+    fault_on: str = FAULT_ON,
+    duration: float = DURATION,
+) -> None:
+    """Emulate the AWS EC2 instance metadata service (IMDSv1/v2 spot notices)."""
+    from spotwise.emulators.aws import AwsImdsEmulator
 
-        emu = _build(
-            GcpMetadataEmulator,
-            port=port,
-            host=host,
-            notice_after=notice_after,
-            event=event,
-            zone=zone,
-            machine_type=machine_type,
-            name=name,
-            project=project,
-        )
-        _serve(emu, "GCE_METADATA_HOST", "host_port", fault, fault_count, fault_on, duration)
+    emu = _build(
+        AwsImdsEmulator,
+        port=port,
+        host=host,
+        notice_after=notice_after,
+        action=action,
+        lead_s=lead,
+        rebalance_after=rebalance_after,
+        imdsv2_required=imdsv2_required,
+        instance_type=instance_type,
+        region=region,
+        zone=zone,
+        clock_skew_s=clock_skew,
+    )
+    _serve(emu, "AWS_EC2_METADATA_SERVICE_ENDPOINT", None, fault, fault_count, fault_on, duration)
 
-    @emulate.command("azure")
-    def azure(
-        port: int = typer.Option(1340, help="Port to listen on (0: any free port)."),
-        host: str = typer.Option("127.0.0.1", help="Address to bind."),
-        notice_after: float = typer.Option(
-            None, "--notice-after", help="Seconds until the event is scheduled."
-        ),
-        event_type: str = typer.Option(
-            "Preempt", help="Preempt, Terminate, Reboot, Redeploy or Freeze."
-        ),
-        lead: float = typer.Option(30.0, help="Seconds from the event to its NotBefore."),
-        vm_name: str = typer.Option("spotwise-vm", help="This VM's name."),
-        location: str = typer.Option("eastus", help="compute.location."),
-        vm_size: str = typer.Option("Standard_NC6s_v3", help="compute.vmSize."),
-        zone: str = typer.Option("1", help="compute.zone (availability zone number)."),
-        other_vm: bool = typer.Option(
-            False, "--other-vm", help="Schedule the event for another VM (must be ignored)."
-        ),
-        clock_skew: float = typer.Option(0.0, help="Seconds the emulated clock runs ahead."),
-        fault: str = typer.Option(None, help=FAULT_HELP),
-        fault_count: int = typer.Option(None, help="Requests the fault applies to (default all)."),
-        fault_on: str = typer.Option("", help="Only requests whose path contains this."),
-        duration: float = typer.Option(None, help="Stop after this many seconds."),
-    ) -> None:
-        """Emulate Azure Scheduled Events (Preempt and friends, StartRequests acks)."""
-        from spotwise.emulators.azure import AzureScheduledEventsEmulator
 
-        emu = _build(
-            AzureScheduledEventsEmulator,
-            port=port,
-            host=host,
-            notice_after=notice_after,
-            event_type=event_type,
-            lead_s=lead,
-            vm_name=vm_name,
-            resources=["another-vm"] if other_vm else None,
-            location=location,
-            vm_size=vm_size,
-            zone=zone,
-            clock_skew_s=clock_skew,
-        )
-        _serve(
-            emu, "SPOTWISE_AZURE_METADATA_ENDPOINT", None, fault, fault_count, fault_on, duration
-        )
+def gcp(
+    port: int = typer.Option(1339, help="Port to listen on (0: any free port)."),
+    host: str = HOST,
+    notice_after: float = typer.Option(
+        None, "--notice-after", help="Seconds until the event happens."
+    ),
+    event: str = typer.Option(
+        "preempted", help="preempted, maintenance-terminate or maintenance-migrate."
+    ),
+    zone: str = typer.Option("us-central1-a", help="instance/zone."),
+    machine_type: str = typer.Option("n1-standard-8", help="instance/machine-type."),
+    name: str = typer.Option("spotwise-vm", help="instance/name."),
+    project: str = typer.Option("spotwise-project", help="project/project-id."),
+    fault: str = FAULT,
+    fault_count: int = FAULT_COUNT,
+    fault_on: str = FAULT_ON,
+    duration: float = DURATION,
+) -> None:
+    """Emulate the GCP Compute Engine metadata server (preempted, maintenance-event)."""
+    from spotwise.emulators.gcp import GcpMetadataEmulator
+
+    emu = _build(
+        GcpMetadataEmulator,
+        port=port,
+        host=host,
+        notice_after=notice_after,
+        event=event,
+        zone=zone,
+        machine_type=machine_type,
+        name=name,
+        project=project,
+    )
+    _serve(emu, "GCE_METADATA_HOST", "host_port", fault, fault_count, fault_on, duration)
+
+
+def azure(
+    port: int = typer.Option(1340, help="Port to listen on (0: any free port)."),
+    host: str = HOST,
+    notice_after: float = typer.Option(
+        None, "--notice-after", help="Seconds until the event is scheduled."
+    ),
+    event_type: str = typer.Option(
+        "Preempt", help="Preempt, Terminate, Reboot, Redeploy or Freeze."
+    ),
+    lead: float = typer.Option(30.0, help="Seconds from the event to its NotBefore."),
+    vm_name: str = typer.Option("spotwise-vm", help="This VM's name."),
+    location: str = typer.Option("eastus", help="compute.location."),
+    vm_size: str = typer.Option("Standard_NC6s_v3", help="compute.vmSize."),
+    zone: str = typer.Option("1", help="compute.zone (availability zone number)."),
+    other_vm: bool = typer.Option(
+        False, "--other-vm", help="Schedule the event for another VM (must be ignored)."
+    ),
+    clock_skew: float = typer.Option(0.0, help="Seconds the emulated clock runs ahead."),
+    fault: str = FAULT,
+    fault_count: int = FAULT_COUNT,
+    fault_on: str = FAULT_ON,
+    duration: float = DURATION,
+) -> None:
+    """Emulate Azure Scheduled Events (Preempt and friends, StartRequests acks)."""
+    from spotwise.emulators.azure import AzureScheduledEventsEmulator
+
+    emu = _build(
+        AzureScheduledEventsEmulator,
+        port=port,
+        host=host,
+        notice_after=notice_after,
+        event_type=event_type,
+        lead_s=lead,
+        vm_name=vm_name,
+        resources=["another-vm"] if other_vm else None,
+        location=location,
+        vm_size=vm_size,
+        zone=zone,
+        clock_skew_s=clock_skew,
+    )
+    _serve(emu, "SPOTWISE_AZURE_METADATA_ENDPOINT", None, fault, fault_count, fault_on, duration)
 
 
 def _build(cls: Any, **kwargs: Any) -> Any:
@@ -276,7 +282,7 @@ def _register_ec2(emulate: typer.Typer) -> None:
             None,
             help="Where machines keep user-data and console logs (default: a temporary directory).",
         ),
-        duration: float = typer.Option(None, help="Stop after this many seconds."),
+        duration: float = DURATION,
     ) -> None:
         """Emulate EC2 + S3 on 127.0.0.1: moto keeps the API, machines run as local processes."""
         import tempfile

@@ -181,259 +181,270 @@ def _spawn_controller(job_id: str) -> None:
         )
 
 
-def register(app: typer.Typer) -> None:
-    @app.command()
-    def launch(
-        job_file: Path = typer.Argument(..., help="job spec (YAML), e.g. examples/digits/job.yaml"),
-        detach: bool = typer.Option(
-            False, "--detach", "-d", help="run the controller in the background, print the id"
-        ),
-        dry_run: bool = typer.Option(
-            False, "--dry-run", help="print the first attempt's manifests (YAML), create nothing"
-        ),
-        follow: bool = typer.Option(
-            False, "--follow", help="with a server: print the job's output until it ends"
-        ),
-        as_json: bool = typer.Option(
-            False, "--json", help="print the job's status document when launch returns, only"
-        ),
-    ) -> None:
-        """Run a job to completion across preemptions: relaunch, resume, stay on budget.
-
-        Blocks (with a live view of state, attempt, placement, progress and cost) until the job
-        ends; exits 0 when it succeeded. With --detach, prints the job id and returns. With
-        --dry-run, prints what the provider would create (kubectl-compatible YAML) and returns.
-
-        With a server (SPOTWISE_SERVER, or `spotwise login URL`), the server runs the job:
-        launch returns once it is accepted and prints the job id as its last line (--follow
-        prints its output until it ends); closing this command never affects the job.
-        """
-        from spotwise.control.controller import job_summary, submit
-        from spotwise.control.spec import load_spec
-
-        spec = load_spec(job_file)
-        if dry_run:
-            import yaml
-
-            from spotwise.control.controller import dry_run as manifests
-
-            typer.echo(yaml.safe_dump_all(manifests(spec), sort_keys=False), nl=False)
-            return
-        client = _remote()
-        if client is not None:
-            accepted = client.submit(job_file, spec.workdir)
-            if follow:
-                state = _follow(client, accepted["id"], echo=not as_json)
-                if as_json:
-                    typer.echo(dumps(client.job(accepted["id"]), indent=2))
-                else:
-                    typer.echo(f"job {accepted['id']} {state}")
-                raise typer.Exit(0 if state == "SUCCEEDED" else 1)
-            if as_json:
-                typer.echo(dumps(accepted, indent=2))
-                return
-            typer.echo(f"job submitted to {client.server.url}")
-            typer.echo(accepted["id"])
-            return
-        store = _store()
-        job = submit(store, spec, str(job_file.resolve()))
-        if detach:
-            summary = job_summary(store, job)  # (as accepted, before its controller starts)
-            _spawn_controller(job.id)
-            typer.echo(dumps(summary, indent=2) if as_json else job.id)
-            return
+def _launch_on_server(
+    client: Any, job_file: Path, workdir: Any, follow: bool, as_json: bool
+) -> None:
+    """Submit to the server and print the job id as the last line (or follow its output)."""
+    accepted = client.submit(job_file, workdir)
+    if follow:
+        state = _follow(client, accepted["id"], echo=not as_json)
         if as_json:
-            state = _run_controller(job.id, quiet=True)
-            typer.echo(dumps(job_summary(store, store.job(job.id)), indent=2))
-            raise typer.Exit(0 if state == "SUCCEEDED" else 1)
-        Console().print(
-            Text.assemble(
-                "job ",
-                literal(job.id, "bold"),
-                literal(f" submitted (logs: spotwise logs {job.id} -f)"),
-            )
-        )
-        state = _run_controller(job.id, quiet=False)
-        raise typer.Exit(0 if state == "SUCCEEDED" else 1)
-
-    @app.command()
-    def resume(
-        job_id: str = typer.Argument(..., help="job id (or a unique prefix)"),
-        quiet: bool = typer.Option(False, "--quiet", help="no live view"),
-    ) -> None:
-        """Restart the controller of a job whose controller died (it picks up where it was).
-
-        With a server, asks it to drive the job now (it adopts unfinished jobs by itself)."""
-        client = _remote()
-        if client is not None:
-            summary = client.resume(job_id)
-            typer.echo(f"job {summary['id']} {summary['state']} (driven by {client.server.url})")
-            return
-        state = _run_controller(_store().job(job_id).id, quiet=quiet)
-        raise typer.Exit(0 if state == "SUCCEEDED" else 1)
-
-    @app.command("jobs")
-    def jobs_cmd(as_json: bool = typer.Option(False, "--json", help="machine-readable")) -> None:
-        """List jobs: state, attempts, cost."""
-        client = _remote()
-        if client is not None:
-            rows = client.jobs()
+            typer.echo(dumps(client.job(accepted["id"]), indent=2))
         else:
-            from spotwise.control.controller import job_summaries
+            typer.echo(f"job {accepted['id']} {state}")
+        raise typer.Exit(0 if state == "SUCCEEDED" else 1)
+    if as_json:
+        typer.echo(dumps(accepted, indent=2))
+        return
+    typer.echo(f"job submitted to {client.server.url}")
+    typer.echo(accepted["id"])
 
-            store = _store()
-            rows = job_summaries(store, store.jobs())
-        if as_json:
-            typer.echo(dumps(rows, indent=2))
-            return
-        # the id is what a user copies from here: never cut; the other columns give way
-        table = Table(
-            Column("id", no_wrap=True, min_width=max((len(r["id"]) for r in rows), default=2)),
-            Column("state", no_wrap=True),
-            *(
-                Column(h, justify="right", overflow="ellipsis")
-                for h in ("attempts", "preempted", "cost $", "saved $")
-            ),
-            Column("controller", overflow="ellipsis"),
-            Column("command"),
-            box=box.SIMPLE_HEAD,
-            pad_edge=False,
-            collapse_padding=True,
+
+def launch(
+    job_file: Path = typer.Argument(..., help="job spec (YAML), e.g. examples/digits/job.yaml"),
+    detach: bool = typer.Option(
+        False, "--detach", "-d", help="run the controller in the background, print the id"
+    ),
+    dry_run: bool = typer.Option(
+        False, "--dry-run", help="print the first attempt's manifests (YAML), create nothing"
+    ),
+    follow: bool = typer.Option(
+        False, "--follow", help="with a server: print the job's output until it ends"
+    ),
+    as_json: bool = typer.Option(
+        False, "--json", help="print the job's status document when launch returns, only"
+    ),
+) -> None:
+    """Run a job to completion across preemptions: relaunch, resume, stay on budget.
+
+    Blocks (with a live view of state, attempt, placement, progress and cost) until the job
+    ends; exits 0 when it succeeded. With --detach, prints the job id and returns. With
+    --dry-run, prints what the provider would create (kubectl-compatible YAML) and returns.
+
+    With a server (SPOTWISE_SERVER, or `spotwise login URL`), the server runs the job:
+    launch returns once it is accepted and prints the job id as its last line (--follow
+    prints its output until it ends); closing this command never affects the job.
+    """
+    from spotwise.control.controller import job_summary, submit
+    from spotwise.control.spec import load_spec
+
+    spec = load_spec(job_file)
+    if dry_run:
+        import yaml
+
+        from spotwise.control.controller import dry_run as manifests
+
+        typer.echo(yaml.safe_dump_all(manifests(spec), sort_keys=False), nl=False)
+        return
+    client = _remote()
+    if client is not None:
+        _launch_on_server(client, job_file, spec.workdir, follow, as_json)
+        return
+    store = _store()
+    job = submit(store, spec, str(job_file.resolve()))
+    if detach:
+        summary = job_summary(store, job)  # (as accepted, before its controller starts)
+        _spawn_controller(job.id)
+        typer.echo(dumps(summary, indent=2) if as_json else job.id)
+        return
+    if as_json:
+        state = _run_controller(job.id, quiet=True)
+        typer.echo(dumps(job_summary(store, store.job(job.id)), indent=2))
+        raise typer.Exit(0 if state == "SUCCEEDED" else 1)
+    Console().print(
+        Text.assemble(
+            "job ",
+            literal(job.id, "bold"),
+            literal(f" submitted (logs: spotwise logs {job.id} -f)"),
         )
-        stopped: list[str] = []
-        for r in rows:
-            alive = Text("running" if r["controller_alive"] else "-")
-            if not r["controller_alive"] and r["state"] not in ("SUCCEEDED", "FAILED", "CANCELLED"):
-                alive = Text("stopped", "red")
-                stopped.append(r["id"])
-            table.add_row(
-                literal(r["id"]),
-                literal(r["state"]),
-                str(len(r["attempts"])),
-                str(r["preemptions"]),
-                f"{r['cost_usd']:.2f}",
-                f"{r['savings_usd']:.2f}",
-                alive,
-                literal(r["command"][:60], one_line=True),
-            )
-        console = Console()
-        console.print(table)
-        for job_id in stopped:
-            console.print(literal(f"controller stopped: spotwise resume {job_id}"))
+    )
+    state = _run_controller(job.id, quiet=False)
+    raise typer.Exit(0 if state == "SUCCEEDED" else 1)
 
-    @app.command()
-    def status(
-        job_id: str = typer.Argument(..., help="job id (or a unique prefix)"),
-        as_json: bool = typer.Option(False, "--json", help="machine-readable"),
-    ) -> None:
-        """One job: state, every attempt (start, end, reason, market, zone, cost), total cost."""
-        client = _remote()
-        if client is not None:
+
+def resume(
+    job_id: str = typer.Argument(..., help="job id (or a unique prefix)"),
+    quiet: bool = typer.Option(False, "--quiet", help="no live view"),
+) -> None:
+    """Restart the controller of a job whose controller died (it picks up where it was).
+
+    With a server, asks it to drive the job now (it adopts unfinished jobs by itself)."""
+    client = _remote()
+    if client is not None:
+        summary = client.resume(job_id)
+        typer.echo(f"job {summary['id']} {summary['state']} (driven by {client.server.url})")
+        return
+    state = _run_controller(_store().job(job_id).id, quiet=quiet)
+    raise typer.Exit(0 if state == "SUCCEEDED" else 1)
+
+
+def jobs_cmd(as_json: bool = typer.Option(False, "--json", help="machine-readable")) -> None:
+    """List jobs: state, attempts, cost."""
+    client = _remote()
+    if client is not None:
+        rows = client.jobs()
+    else:
+        from spotwise.control.controller import job_summaries
+
+        store = _store()
+        rows = job_summaries(store, store.jobs())
+    if as_json:
+        typer.echo(dumps(rows, indent=2))
+        return
+    # the id is what a user copies from here: never cut; the other columns give way
+    table = Table(
+        Column("id", no_wrap=True, min_width=max((len(r["id"]) for r in rows), default=2)),
+        Column("state", no_wrap=True),
+        *(
+            Column(h, justify="right", overflow="ellipsis")
+            for h in ("attempts", "preempted", "cost $", "saved $")
+        ),
+        Column("controller", overflow="ellipsis"),
+        Column("command"),
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+        collapse_padding=True,
+    )
+    stopped: list[str] = []
+    for r in rows:
+        alive = Text("running" if r["controller_alive"] else "-")
+        if not r["controller_alive"] and r["state"] not in ("SUCCEEDED", "FAILED", "CANCELLED"):
+            alive = Text("stopped", "red")
+            stopped.append(r["id"])
+        table.add_row(
+            literal(r["id"]),
+            literal(r["state"]),
+            str(len(r["attempts"])),
+            str(r["preemptions"]),
+            f"{r['cost_usd']:.2f}",
+            f"{r['savings_usd']:.2f}",
+            alive,
+            literal(r["command"][:60], one_line=True),
+        )
+    console = Console()
+    console.print(table)
+    for job_id in stopped:
+        console.print(literal(f"controller stopped: spotwise resume {job_id}"))
+
+
+def status(
+    job_id: str = typer.Argument(..., help="job id (or a unique prefix)"),
+    as_json: bool = typer.Option(False, "--json", help="machine-readable"),
+) -> None:
+    """One job: state, every attempt (start, end, reason, market, zone, cost), total cost."""
+    client = _remote()
+    if client is not None:
+        summary = client.job(job_id)
+    else:
+        from spotwise.control.controller import job_summary
+
+        store = _store()
+        summary = job_summary(store, store.job(job_id))
+    if as_json:
+        typer.echo(dumps(summary, indent=2))
+        return
+    console = Console()
+    console.print(_view(summary))
+    table = Table("#", "market", "zone", "start", "end", "reason", "exit", "cost $")
+    for a in summary["attempts"]:
+        end = time.strftime("%H:%M:%S", time.localtime(a["end"])) if a["end"] else "-"
+        table.add_row(
+            str(a["n"]),
+            literal(a["market"]),
+            literal(a["zone"]),
+            time.strftime("%H:%M:%S", time.localtime(a["start"])),
+            end,
+            literal(a["reason"] or a["state"]),
+            str(a["exit_code"]),
+            f"{a['cost_usd']:.4f}",
+        )
+    console.print(table)
+
+
+def logs(
+    job_id: str = typer.Argument(..., help="job id (or a unique prefix)"),
+    follow: bool = typer.Option(False, "--follow", "-f", help="keep printing until it ends"),
+) -> None:
+    """Print the job's output (every attempt, in order)."""
+    client = _remote()
+    if client is not None:
+        for chunk in client.logs(job_id, follow=follow):
+            sys.stdout.write(chunk.decode(errors="replace"))
+            sys.stdout.flush()
+        return
+    store = _store()
+    job = store.job(job_id)
+    pos = 0
+    while True:
+        try:
+            with open(job.log_path, "rb") as f:
+                f.seek(pos)
+                chunk = f.read()
+        except FileNotFoundError:
+            chunk = b""
+        if chunk:
+            pos += len(chunk)
+            sys.stdout.write(chunk.decode(errors="replace"))
+            sys.stdout.flush()
+        if not follow or (store.job(job.id).state.terminal and not chunk):
+            return
+        time.sleep(0.3)
+
+
+def cancel(
+    job_id: str = typer.Argument(..., help="job id (or a unique prefix)"),
+    as_json: bool = typer.Option(
+        False, "--json", help="print the job's status document once it ended, only"
+    ),
+) -> None:
+    """Stop a job: the attempt gets a notice (so it saves), then its machine is freed."""
+    from spotwise.control.controller import controller_alive, job_summary
+    from spotwise.control.store import JobState
+
+    client = _remote()
+    if client is not None:
+        job_id = client.cancel(job_id)["id"]
+        for _ in range(1200):  # as embedded: wait (up to 2 min) for the job to end
             summary = client.job(job_id)
-        else:
-            from spotwise.control.controller import job_summary
+            if summary["state"] in ("SUCCEEDED", "FAILED", "CANCELLED"):
+                break
+            time.sleep(0.1)
+        typer.echo(dumps(summary, indent=2) if as_json else f"job {job_id} {summary['state']}")
+        return
 
-            store = _store()
-            summary = job_summary(store, store.job(job_id))
-        if as_json:
-            typer.echo(dumps(summary, indent=2))
-            return
-        console = Console()
-        console.print(_view(summary))
-        table = Table("#", "market", "zone", "start", "end", "reason", "exit", "cost $")
-        for a in summary["attempts"]:
-            end = time.strftime("%H:%M:%S", time.localtime(a["end"])) if a["end"] else "-"
-            table.add_row(
-                str(a["n"]),
-                literal(a["market"]),
-                literal(a["zone"]),
-                time.strftime("%H:%M:%S", time.localtime(a["start"])),
-                end,
-                literal(a["reason"] or a["state"]),
-                str(a["exit_code"]),
-                f"{a['cost_usd']:.4f}",
-            )
-        console.print(table)
-
-    @app.command()
-    def logs(
-        job_id: str = typer.Argument(..., help="job id (or a unique prefix)"),
-        follow: bool = typer.Option(False, "--follow", "-f", help="keep printing until it ends"),
-    ) -> None:
-        """Print the job's output (every attempt, in order)."""
-        client = _remote()
-        if client is not None:
-            for chunk in client.logs(job_id, follow=follow):
-                sys.stdout.write(chunk.decode(errors="replace"))
-                sys.stdout.flush()
-            return
-        store = _store()
-        job = store.job(job_id)
-        pos = 0
-        while True:
-            try:
-                with open(job.log_path, "rb") as f:
-                    f.seek(pos)
-                    chunk = f.read()
-            except FileNotFoundError:
-                chunk = b""
-            if chunk:
-                pos += len(chunk)
-                sys.stdout.write(chunk.decode(errors="replace"))
-                sys.stdout.flush()
-            if not follow or (store.job(job.id).state.terminal and not chunk):
-                return
-            time.sleep(0.3)
-
-    @app.command()
-    def cancel(
-        job_id: str = typer.Argument(..., help="job id (or a unique prefix)"),
-        as_json: bool = typer.Option(
-            False, "--json", help="print the job's status document once it ended, only"
-        ),
-    ) -> None:
-        """Stop a job: the attempt gets a notice (so it saves), then its machine is freed."""
-        from spotwise.control.controller import controller_alive, job_summary
-        from spotwise.control.store import JobState
-
-        client = _remote()
-        if client is not None:
-            job_id = client.cancel(job_id)["id"]
-            for _ in range(1200):  # as embedded: wait (up to 2 min) for the job to end
-                summary = client.job(job_id)
-                if summary["state"] in ("SUCCEEDED", "FAILED", "CANCELLED"):
-                    break
-                time.sleep(0.1)
-            typer.echo(dumps(summary, indent=2) if as_json else f"job {job_id} {summary['state']}")
-            return
-
-        store = _store()
-        job = store.job(job_id)
-        if job.state.terminal:
-            typer.echo(
-                dumps(job_summary(store, job), indent=2)
-                if as_json
-                else f"job {job.id} already {job.state.value}"
-            )
-            return
-        store.request_cancel(job.id)
-        if controller_alive(job):
-            for _ in range(1200):
-                if store.job(job.id).state.terminal:
-                    break
-                time.sleep(0.1)
-        elif _unreadable_and_idle(store, job):
-            store.update_job(
-                job.id,
-                state=JobState.CANCELLED,
-                message="cancelled by the user (its recorded job file is no longer accepted)",
-                event=("state", "CANCELLED: no attempt was open"),
-            )
-        else:
-            _run_controller(job.id, quiet=True)
-        job = store.job(job.id)
+    store = _store()
+    job = store.job(job_id)
+    if job.state.terminal:
         typer.echo(
             dumps(job_summary(store, job), indent=2)
             if as_json
-            else f"job {job.id} {job.state.value}"
+            else f"job {job.id} already {job.state.value}"
         )
+        return
+    store.request_cancel(job.id)
+    if controller_alive(job):
+        for _ in range(1200):
+            if store.job(job.id).state.terminal:
+                break
+            time.sleep(0.1)
+    elif _unreadable_and_idle(store, job):
+        store.update_job(
+            job.id,
+            state=JobState.CANCELLED,
+            message="cancelled by the user (its recorded job file is no longer accepted)",
+            event=("state", "CANCELLED: no attempt was open"),
+        )
+    else:
+        _run_controller(job.id, quiet=True)
+    job = store.job(job.id)
+    typer.echo(
+        dumps(job_summary(store, job), indent=2) if as_json else f"job {job.id} {job.state.value}"
+    )
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(launch)
+    app.command()(resume)
+    app.command("jobs")(jobs_cmd)
+    for command in (status, logs, cancel):
+        app.command()(command)

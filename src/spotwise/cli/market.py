@@ -12,12 +12,15 @@ import re
 import time
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
 from spotwise.echo import printable
 from spotwise.errors import ConfigError, MarketError
+
+if TYPE_CHECKING:
+    from spotwise.market.sources import PriceSource, SourceQuery
 
 # `prices ingest` stored the good rows but rejected others (0: all stored; 2: nothing usable).
 EXIT_ROWS_REJECTED = 3
@@ -167,13 +170,7 @@ def prices_ingest(
     Exits 0 when every row was stored, 3 when some rows were rejected (each listed with its
     line; the good rows are stored all the same), 2 when nothing could be used.
     """
-    from rich.console import Console
-    from rich.progress import Progress, SpinnerColumn, TextColumn
-
-    from spotwise.market.prices import ingest
-    from spotwise.market.sources import PRICE_SOURCES, PriceSource, SourceQuery, open_sources
-    from spotwise.market.sources.awsjson import AwsCliJsonSource, looks_like_json
-    from spotwise.market.sources.csvfile import CsvSource
+    from spotwise.market.sources import PRICE_SOURCES, SourceQuery
 
     names = [*(source_names or []), *(["aws"] if aws else []), *(["azure"] if azure else [])]
     for name in names:
@@ -186,12 +183,32 @@ def prices_ingest(
         since=datetime.fromtimestamp(start, tz=timezone.utc) if start else None,
         cloud=cloud,
     )
+    sources = _price_sources(names, bool(source_names), query)
+    with _store(db, must_exist=False) as store:
+        rejected = sum(_ingest_one(store, source, show_errors) for source in sources)
+        typer.echo(f"{store.path}: {store.count():,} rows in total")
+    if rejected:
+        typer.echo(
+            f"{rejected:,} row(s) rejected; the other rows were stored "
+            f"(exit status {EXIT_ROWS_REJECTED})",
+            err=True,
+        )
+        raise typer.Exit(EXIT_ROWS_REJECTED)
+
+
+def _price_sources(names: list[str], named: bool, query: SourceQuery) -> list[PriceSource]:
+    """The sources ``--source`` names (``named``), else the paths read by their content (AWS
+    CLI JSON, else CSV); refuses paths no named source reads, and nothing at all."""
+    from spotwise.market.sources import open_sources
+    from spotwise.market.sources.awsjson import AwsCliJsonSource, looks_like_json
+    from spotwise.market.sources.csvfile import CsvSource
+
     sources: list[PriceSource] = [
         s for name in dict.fromkeys(names) for s in open_sources(name, query)
     ]
-    if not source_names:  # without --source, files are read by their content
+    if not named:
         sources[:0] = [
-            AwsCliJsonSource(p) if looks_like_json(p) else CsvSource(p, cloud=cloud)
+            AwsCliJsonSource(p) if looks_like_json(p) else CsvSource(p, cloud=query.cloud)
             for p in query.paths
         ]
     elif query.paths and not any(getattr(s, "path", None) in query.paths for s in sources):
@@ -203,41 +220,39 @@ def prices_ingest(
         raise ConfigError(
             "nothing to ingest", hint="pass CSV paths, --source aws or --source azure"
         )
-    console = Console(stderr=True)
-    rejected = 0
-    with _store(db, must_exist=False) as store:
-        for source in sources:
-            with Progress(
-                SpinnerColumn(),
-                TextColumn("{task.description}", markup=False),
-                console=console,
-                transient=True,
-            ) as bar:
-                task = bar.add_task(printable(f"{source.name}: reading"))
+    return sources
 
-                def show(n: int, task: Any = task, name: str = source.name) -> None:
-                    bar.update(task, description=printable(f"{name}: {n:,} rows"))
 
-                report = ingest(store, source, progress=show)
-            rejected += len(report.errors)
-            typer.echo(
-                f"{printable(source.name)}: {report.records:,} rows read, "
-                f"{report.stored:,} new or changed, "
-                f"{report.unchanged:,} already stored, {len(report.errors):,} rejected "
-                f"({report.rows_per_s:,.0f} rows/s)"
-            )
-            for err in report.errors[:show_errors]:
-                typer.echo(f"  line {err.line}: {printable(err.message, 300)}")
-            if len(report.errors) > show_errors:
-                typer.echo(f"  ... and {len(report.errors) - show_errors:,} more")
-        typer.echo(f"{store.path}: {store.count():,} rows in total")
-    if rejected:
-        typer.echo(
-            f"{rejected:,} row(s) rejected; the other rows were stored "
-            f"(exit status {EXIT_ROWS_REJECTED})",
-            err=True,
-        )
-        raise typer.Exit(EXIT_ROWS_REJECTED)
+def _ingest_one(store: Any, source: PriceSource, show_errors: int) -> int:
+    """Store one source's rows under a spinner, print what happened; the rows rejected."""
+    from rich.console import Console
+    from rich.progress import Progress, SpinnerColumn, TextColumn
+
+    from spotwise.market.prices import ingest
+
+    with Progress(
+        SpinnerColumn(),
+        TextColumn("{task.description}", markup=False),
+        console=Console(stderr=True),
+        transient=True,
+    ) as bar:
+        task = bar.add_task(printable(f"{source.name}: reading"))
+
+        def show(n: int) -> None:
+            bar.update(task, description=printable(f"{source.name}: {n:,} rows"))
+
+        report = ingest(store, source, progress=show)
+    typer.echo(
+        f"{printable(source.name)}: {report.records:,} rows read, "
+        f"{report.stored:,} new or changed, "
+        f"{report.unchanged:,} already stored, {len(report.errors):,} rejected "
+        f"({report.rows_per_s:,.0f} rows/s)"
+    )
+    for err in report.errors[:show_errors]:
+        typer.echo(f"  line {err.line}: {printable(err.message, 300)}")
+    if len(report.errors) > show_errors:
+        typer.echo(f"  ... and {len(report.errors) - show_errors:,} more")
+    return len(report.errors)
 
 
 def prices_show(
@@ -424,9 +439,7 @@ def advise(
             hint="e.g. spotwise advise --gpu V100 --hours 48h, or --from-job JOB",
         )
     from spotwise.market.advisor import JobRequest, advise_from_catalog
-    from spotwise.market.catalog import load_catalog
     from spotwise.market.interruption import load_interruption_model
-    from spotwise.market.prices import catalog_with_history, default_db_path
 
     job = JobRequest(
         compute_hours=parse_hours(hours, "--hours"),
@@ -444,6 +457,18 @@ def advise(
         regions=tuple(region or ()),
         include_host_excluded=gpu_only,
     )
+    catalog = _catalog(job, db, use_history)
+    placements = advise_from_catalog(job, catalog, load_interruption_model(), objective=objective)
+    if as_json:
+        return _print_json([p.to_dict() for p in placements])
+    _advice_table(job, placements, top)
+
+
+def _catalog(job: Any, db: Path | None, use_history: bool) -> Any:
+    """The shipped catalog, with newer prices of the job's offers from the local price history."""
+    from spotwise.market.catalog import load_catalog
+    from spotwise.market.prices import catalog_with_history, default_db_path
+
     catalog = load_catalog()
     path = db or default_db_path()
     if use_history and path.exists():
@@ -454,10 +479,7 @@ def advise(
             catalog = catalog_with_history(
                 catalog, store, matching_offers(job, catalog.offers, catalog), at=int(time.time())
             )
-    placements = advise_from_catalog(job, catalog, load_interruption_model(), objective=objective)
-    if as_json:
-        return _print_json([p.to_dict() for p in placements])
-    _advice_table(job, placements, top)
+    return catalog
 
 
 def _wide_console() -> Any:
@@ -465,6 +487,21 @@ def _wide_console() -> Any:
 
     console = Console()
     return console if console.is_terminal else Console(width=150)
+
+
+_ADVICE_COLUMNS = (
+    "#",
+    "cloud",
+    "region / zone",
+    "instance type",
+    "market",
+    "$/h",
+    "intr/h",
+    "exp. h",
+    "exp. cost",
+    "vs on-demand",
+    "deadline",
+)
 
 
 def _advice_table(job: Any, placements: list[Any], top: int) -> None:
@@ -487,19 +524,7 @@ def _advice_table(job: Any, placements: list[Any], top: int) -> None:
             "best expected cost first"
         )
     )
-    for col in (
-        "#",
-        "cloud",
-        "region / zone",
-        "instance type",
-        "market",
-        "$/h",
-        "intr/h",
-        "exp. h",
-        "exp. cost",
-        "vs on-demand",
-        "deadline",
-    ):
+    for col in _ADVICE_COLUMNS:
         table.add_column(
             col, justify="right" if col in ("#", "$/h", "intr/h", "exp. h") else "left"
         )
@@ -530,17 +555,18 @@ def _advice_table(job: Any, placements: list[Any], top: int) -> None:
     console = _wide_console()
     console.print(table)
     if placements:
-        best = placements[0]
-        console.print(
-            escape(
-                f"best: {best.cloud} {best.region} {best.zone} {best.instance_type} {best.market}: "
-                f"{_hours(best.expected_hours)} h and {_money(best.expected_cost_usd)} expected "
-                f"({best.expected_interruptions:.1f} interruptions at "
-                f"{best.interruption_rate_per_h:.3f}/h from {best.interruption_source}; "
-                f"checkpoint every {best.checkpoint_interval_h * 60:.0f} min)"
-                + (f"; notes: {'; '.join(best.notes)}" if best.notes else "")
-            ).replace("  ", " ")
-        )
+        console.print(escape(_best_line(placements[0])).replace("  ", " "))
+
+
+def _best_line(best: Any) -> str:
+    return (
+        f"best: {best.cloud} {best.region} {best.zone} {best.instance_type} {best.market}: "
+        f"{_hours(best.expected_hours)} h and {_money(best.expected_cost_usd)} expected "
+        f"({best.expected_interruptions:.1f} interruptions at "
+        f"{best.interruption_rate_per_h:.3f}/h from {best.interruption_source}; "
+        f"checkpoint every {best.checkpoint_interval_h * 60:.0f} min)"
+        + (f"; notes: {'; '.join(best.notes)}" if best.notes else "")
+    )
 
 
 # --- roi ----------------------------------------------------------------------------------------
@@ -564,8 +590,6 @@ def roi(
 ) -> None:
     """Buy hardware or rent (on-demand, reserved, spot)? Yearly cost and break-even utilisation."""
     from dataclasses import asdict
-
-    from rich.table import Table
 
     from spotwise.market.roi import Hardware, compare
 
@@ -598,6 +622,13 @@ def roi(
     )
     if as_json:
         return _print_json({"cloud_prices_from": source, "options": [asdict(o) for o in options]})
+    _roi_table(options, gpu_hours, hardware, source)
+
+
+def _roi_table(options: list[Any], gpu_hours: float, hardware: Any, source: str) -> None:
+    """The options cheapest first, each with the utilisation above which buying pays."""
+    from rich.table import Table
+
     table = Table(title=_plain(f"{gpu_hours:,.0f} GPU-hours a year: cheapest first ({source})"))
     for col in ("option", "$/GPU-h", "$/year", "buying pays above", "note"):
         table.add_column(col)

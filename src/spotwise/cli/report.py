@@ -54,11 +54,7 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="the goodput ledger as JSON"),
     ) -> None:
         """Where a job's time and money went: useful, lost, restore, changeover, idle."""
-        from rich.console import Console
-        from rich.table import Table
-
         from spotwise.telemetry import report as files
-        from spotwise.telemetry.ledger import KINDS
 
         view = _view(job_id)
         if html is not None:
@@ -82,27 +78,38 @@ def register(app: typer.Typer) -> None:
                 )
             )
             return
-        table = Table(
-            "where the time went",
-            "wall s",
-            "share",
-            "cost $",
-            title=literal(
-                f"job {view.job.id} ({view.job.state.value}): goodput {100 * led.goodput:.1f}%"
-            ),
+        _print_ledger(view)
+
+
+def _print_ledger(view: Any) -> None:
+    """The goodput table, what on-demand alone would have cost, and the rightsizing line."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from spotwise.telemetry.ledger import KINDS
+
+    led = view.ledger
+    table = Table(
+        "where the time went",
+        "wall s",
+        "share",
+        "cost $",
+        title=literal(
+            f"job {view.job.id} ({view.job.state.value}): goodput {100 * led.goodput:.1f}%"
+        ),
+    )
+    for kind in KINDS:
+        share = led.seconds[kind] / led.wall_s if led.wall_s else 0.0
+        table.add_row(
+            kind, f"{led.seconds[kind]:.1f}", f"{100 * share:.1f}%", f"{led.usd[kind]:.4f}"
         )
-        for kind in KINDS:
-            share = led.seconds[kind] / led.wall_s if led.wall_s else 0.0
-            table.add_row(
-                kind, f"{led.seconds[kind]:.1f}", f"{100 * share:.1f}%", f"{led.usd[kind]:.4f}"
-            )
-        table.add_row("total", f"{led.wall_s:.1f}", "100%", f"{led.cost_usd:.4f}")
-        console = Console()
-        console.print(table)
-        console.print(
-            literal(
-                f"on-demand only, same useful compute: ${led.ondemand_run_usd:.2f} "
-                f"(saved ${led.savings_usd:.2f})"
-            )
+    table.add_row("total", f"{led.wall_s:.1f}", "100%", f"{led.cost_usd:.4f}")
+    console = Console()
+    console.print(table)
+    console.print(
+        literal(
+            f"on-demand only, same useful compute: ${led.ondemand_run_usd:.2f} "
+            f"(saved ${led.savings_usd:.2f})"
         )
-        console.print(literal(f"rightsizing: {view.rightsizing().line()}"))
+    )
+    console.print(literal(f"rightsizing: {view.rightsizing().line()}"))

@@ -52,7 +52,6 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Simulate a job of C compute hours due in R hours on spot traces, with a policy
         choosing idle / spot / on-demand at every tick. Costs include changeovers."""
-        from spotwise.market import simulate as sim
         from spotwise.market.policies import POLICIES, Problem
 
         if policy not in POLICIES:
@@ -65,64 +64,91 @@ def register(app: typer.Typer) -> None:
             ondemand_price_usd_per_hour=ondemand_price,
             nodes=nodes,
         )
-        from spotwise.control.pricing import zone_interruption_rates
-        from spotwise.market.interruption import load_interruption_model
-
-        markets = sim.Markets.from_traces([_load(t) for t in (trace or [DEFAULT_TRACE])], nodes)
-        markets = dataclasses.replace(
-            markets,
-            prior_rates_per_h=zone_interruption_rates(
-                load_interruption_model(), instance_type, markets.zone_names
-            ),
-        )
-        first = round(start_h * 3600.0 / markets.gap_s)
-        ticks = sim.run_ticks(problem, markets.gap_s)
-        offsets = sim.start_ticks(markets.n_ticks, ticks, starts, first) if starts > 1 else [first]
-        if starts <= 1:
-            sim.start_ticks(markets.n_ticks, ticks, 1, first)  # validates that the run fits
+        markets = _markets(trace or [DEFAULT_TRACE], nodes, instance_type)
+        offsets = _offsets(problem, markets, start_h, starts)
         if compare:
-            summaries = _with_progress(
-                len(sim.COMPARED) * len(offsets),
-                as_json,
-                lambda step: sim.compare(problem, markets, offsets, on_run=step),
-            )
-            rel = sim.relative_costs(summaries)
-            if as_json:
-                typer.echo(
-                    dumps({"policies": [s.to_json() | rel[s.policy] for s in summaries]}, indent=1)
-                )
-            else:
-                _print_table(summaries, rel, problem, markets, len(offsets))
-            return
-        summary = sim.simulate(policy, problem, markets, offsets, record=timeline is not None)
-        if timeline is not None:
-            from spotwise.market.timeline import render_timeline
+            _compare(problem, markets, offsets, as_json)
+        else:
+            _simulate(policy, problem, markets, offsets, as_json, timeline)
 
-            for r in summary.runs:
-                render_timeline(
-                    r,
-                    problem,
-                    timeline / f"{policy}-start-{r.start_h:07.2f}h.png",
-                    policy=policy,
-                    zone_names=markets.zone_names,
-                )
-        if as_json:
-            typer.echo(dumps(summary.to_json(), indent=1))
-            return
-        typer.echo(
-            f"{policy}: {len(summary.runs)} run(s) on {', '.join(markets.zone_names)}; "
-            f"mean ${summary.mean_cost_usd:.2f}, spot {summary.mean_spot_hours:.2f} h, "
-            f"on-demand {summary.mean_ondemand_hours:.2f} h, misses {summary.misses}"
-        )
-        for r in summary.runs[:20]:
-            finish = f"{r.finish_h:.2f} h" if r.finish_h is not None else "-"
-            typer.echo(
-                f"  start {r.start_h:7.2f} h  ${r.cost_usd:7.2f}  spot {r.spot_hours:5.2f} h  "
-                f"on-demand {r.ondemand_hours:5.2f} h  finish {finish}  "
-                f"{'met' if r.deadline_met else 'MISSED'}"
+
+def _markets(traces: list[str], nodes: int, instance_type: str):  # -> sim.Markets
+    """The traces' zones, with the advisor's interruption rates of ``instance_type`` there as
+    the policy's prior (as in ``spotwise launch``)."""
+    from spotwise.control.pricing import zone_interruption_rates
+    from spotwise.market import simulate as sim
+    from spotwise.market.interruption import load_interruption_model
+
+    markets = sim.Markets.from_traces([_load(t) for t in traces], nodes)
+    return dataclasses.replace(
+        markets,
+        prior_rates_per_h=zone_interruption_rates(
+            load_interruption_model(), instance_type, markets.zone_names
+        ),
+    )
+
+
+def _offsets(problem, markets, start_h: float, starts: int) -> list[int]:
+    """The runs' start ticks: ``starts`` evenly spaced from ``start_h``, each fitting R."""
+    from spotwise.market import simulate as sim
+
+    first = round(start_h * 3600.0 / markets.gap_s)
+    ticks = sim.run_ticks(problem, markets.gap_s)
+    if starts > 1:
+        return sim.start_ticks(markets.n_ticks, ticks, starts, first)
+    sim.start_ticks(markets.n_ticks, ticks, 1, first)  # validates that the run fits
+    return [first]
+
+
+def _compare(problem, markets, offsets: list[int], as_json: bool) -> None:
+    """Every policy on the same runs: a table, or one JSON object."""
+    from spotwise.market import simulate as sim
+
+    summaries = _with_progress(
+        len(sim.COMPARED) * len(offsets),
+        as_json,
+        lambda step: sim.compare(problem, markets, offsets, on_run=step),
+    )
+    rel = sim.relative_costs(summaries)
+    if as_json:
+        typer.echo(dumps({"policies": [s.to_json() | rel[s.policy] for s in summaries]}, indent=1))
+    else:
+        _print_table(summaries, rel, problem, markets, len(offsets))
+
+
+def _simulate(policy: str, problem, markets, offsets: list[int], as_json: bool, timeline) -> None:
+    """One policy's runs: their costs (and a timeline picture of each into ``timeline``)."""
+    from spotwise.market import simulate as sim
+
+    summary = sim.simulate(policy, problem, markets, offsets, record=timeline is not None)
+    if timeline is not None:
+        from spotwise.market.timeline import render_timeline
+
+        for r in summary.runs:
+            render_timeline(
+                r,
+                problem,
+                timeline / f"{policy}-start-{r.start_h:07.2f}h.png",
+                policy=policy,
+                zone_names=markets.zone_names,
             )
-        if len(summary.runs) > 20:
-            typer.echo(f"  ... {len(summary.runs) - 20} more (use --json for all)")
+    if as_json:
+        typer.echo(dumps(summary.to_json(), indent=1))
+        return
+    typer.echo(
+        f"{policy}: {len(summary.runs)} run(s) on {', '.join(markets.zone_names)}; "
+        f"mean ${summary.mean_cost_usd:.2f}, spot {summary.mean_spot_hours:.2f} h, "
+        f"on-demand {summary.mean_ondemand_hours:.2f} h, misses {summary.misses}"
+    )
+    for r in summary.runs[:20]:
+        finish = f"{r.finish_h:.2f} h" if r.finish_h is not None else "-"
+        typer.echo(
+            f"  start {r.start_h:7.2f} h  ${r.cost_usd:7.2f}  spot {r.spot_hours:5.2f} h  "
+            f"on-demand {r.ondemand_hours:5.2f} h  finish {finish}  "
+            f"{'met' if r.deadline_met else 'MISSED'}"
+        )
+    if len(summary.runs) > 20:
+        typer.echo(f"  ... {len(summary.runs) - 20} more (use --json for all)")
 
 
 def _load(name: str):  # -> Trace

@@ -12,345 +12,76 @@ and bills every attempt from its launch. One controller per job: embedded, it ho
 ``flock`` and refuses a job a server's lease holds; in ``spotwise server``, the job's lease
 (``control/store/leases.py``), whose ``fence`` every launch and terminate passes first, and
 which a server takes only while no embedded controller holds the ``flock``.
-The decisions themselves are the pure functions in ``decisions.py``; time comes from ``clock``.
+The decisions themselves are the pure functions in ``decisions.py``, the policy's view of the
+job is ``planning.py``'s, what an attempt runs is ``launching.py``'s; time comes from ``clock``.
+Submission (``submission.py``), who drives a job (``ownership.py``), the orphan sweep
+(``orphans.py``) and the status view (``summary.py``) sit beside this loop.
 """
 
 from __future__ import annotations
 
-import fcntl
 import os
-import shlex
-import string
-import sys
 import time
-from collections.abc import Callable, Sequence
-from contextlib import contextmanager
-from dataclasses import replace
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
-from spotwise.control.decisions import (
-    Next,
-    Reason,
-    after_attempt,
-    choose_placement,
-    classify,
-    decision_placement,
-    estimate_cost_usd,
-    live_problem,
-    ranked_zones,
-    stop_for_budget,
-    zone_offers,
+from spotwise.control.decisions import Reason, classify, job_after_attempt, stop_for_budget
+from spotwise.control.heartbeat import Heartbeat, heartbeat_location
+from spotwise.control.launching import (
+    attempts_dir,
+    job_checkpoint_dir,
+    launch_request,
+    launch_sized,
 )
-from spotwise.control.heartbeat import Heartbeat, heartbeat_location, machine_env
-from spotwise.control.pricing import zone_interruption_rates
-from spotwise.control.progress import (
-    Committed,
-    compute_s,
-    progress_s,
-    read_committed,
+from spotwise.control.orphans import sweep, terminate_and_wait
+from spotwise.control.ownership import (
+    controller_alive,
+    controller_lock,
+    embedded_alive,
+    server_drives,
 )
+from spotwise.control.planning import Clock, JobPolicy, ProgressReader, plans
+from spotwise.control.progress import read_committed
 from spotwise.control.providers import (
     AttemptStatus,
     Handle,
     LaunchRequest,
-    NoticeKind,
     Phase,
     Placement,
     Provider,
-    make_provider,
 )
-from spotwise.control.providers.base import adoptable, checkpoint_dir, orphans
-from spotwise.control.secret_refs import file_values
-from spotwise.control.spec import JobSpec, stored_spec
-from spotwise.control.store import Attempt, Job, JobState, Store, spotwise_home
+from spotwise.control.providers.base import adoptable
+from spotwise.control.spec import stored_spec
+from spotwise.control.store import Attempt, Job, JobState, Store
 from spotwise.control.store.core import Guard
-from spotwise.control.workdir import ARCHIVES, CodeArchive, split_workdir
-from spotwise.control.workdir_home import submit_workdir
+from spotwise.control.submission import check_world, dry_run, provider_for, submit
+from spotwise.control.summary import job_summaries, job_summary
 from spotwise.errors import (
-    BudgetError,
     CapacityError,
-    ConfigError,
     ControlError,
     ProviderError,
     SpotwiseError,
     TransientProviderError,
 )
-from spotwise.market.advisor import RankedZone
-from spotwise.market.interruption import InterruptionModel, load_interruption_model
-from spotwise.market.policies import Market, Problem, make_policy
-from spotwise.market.policies.driver import PolicyDriver
+from spotwise.market.interruption import InterruptionModel
 from spotwise.notices.heartbeat import beat_every_s
 from spotwise.telemetry.webhooks import notify_state
 
-Clock = Callable[[], float]
-ProgressReader = Callable[[str], Committed]
-
-
-def provider_for(job: Job) -> Provider:
-    spec = stored_spec(job.id, job.spec)
-    return make_provider(
-        spec.provider.name,
-        spec.provider.options,
-        epoch=job.created_at,
-        instance_type=spec.resources.instance_type,
-        resources=spec.resources,
-    )
-
-
-DEFAULT_DECISION_S = 60.0  # wall seconds between policy decisions (decision_interval)
-DEFAULT_CHANGEOVER_S = 60.0  # wall seconds from losing a machine to training again (changeover)
-
-
-def plans(spec: JobSpec, provider: Provider) -> bool:
-    """Whether the job's policy decides its placements: market auto, a deadline, spot."""
-    return spec.market == "auto" and spec.deadline_s is not None and provider.features.spot
-
-
-def job_terms(
-    spec: JobSpec, provider: Provider, compute_wall_s: float, zone: str
-) -> tuple[Problem, float]:
-    """The policy's job terms and tick in the market's time (``live_problem``), priced at
-    ``zone``."""
-    spot = provider.prices.of(Placement("spot", zone))
-    assert spec.deadline_s is not None
-    changeover = DEFAULT_CHANGEOVER_S if spec.changeover_s is None else spec.changeover_s
-    return live_problem(
-        compute_wall_s,
-        spec.deadline_s,
-        changeover,
-        spec.decision_interval_s or DEFAULT_DECISION_S,
-        spot.time_scale,
-        spot.usd_per_hour,
-        spot.ondemand_usd_per_hour,
-    )
-
-
-def build_driver(
-    spec: JobSpec,
-    provider: Provider,
-    compute_wall_s: float,
-    zones: tuple[str, ...],
-    prior_rates_per_h: tuple[float, ...] | None = None,
-) -> PolicyDriver:
-    """The job's policy object over ``zones`` (index 0 the best: its on-demand zone, and the
-    single-zone policies' zone), reset for the job's terms priced there, starting from the
-    advisor's interruption rates of the zones (``prior_rates_per_h``, one per zone)."""
-    problem, gap_s = job_terms(spec, provider, compute_wall_s, zones[0])
-    return PolicyDriver(
-        make_policy(spec.policy),
-        problem,
-        gap_s,
-        zones,
-        name=spec.policy,
-        prior_rates_per_h=prior_rates_per_h,
-    )
-
-
-def submit(
-    store: Store,
-    spec: JobSpec,
-    spec_path: str | None = None,
-    owner: str | None = None,
-    uploaded_workdir: str | None = None,
-) -> Job:
-    """Check the job can run (provider reachable, budget covers the estimate), then record it
-    (``owner``: the server's caller who submitted it; ``uploaded_workdir``: the sha256 of the
-    ``pack:`` workdir that caller's client uploaded, see ``spotwise.server.uploads``)."""
-    provider = make_provider(
-        spec.provider.name,
-        spec.provider.options,
-        epoch=time.time(),
-        instance_type=spec.resources.instance_type,
-        preflight=True,
-        resources=spec.resources,
-    )
-    check_world(spec, provider)
-    checkpoint_dir(spec.provider.name, provider.features, spec.checkpoint_dir, "<job id>")
-    if spec.budget_usd is not None and spec.expected_runtime_s is not None:
-        zone = provider.features.zones[0]
-        market = "on-demand" if spec.market == "on-demand" or not provider.features.spot else "spot"
-        cheapest = estimate_cost_usd(
-            spec.expected_runtime_s, provider.prices.of(Placement(market, zone))
-        )
-        if cheapest > spec.budget_usd:
-            raise BudgetError(
-                f"budget ${spec.budget_usd:.2f} is below the estimated ${cheapest:.2f} for "
-                f"{spec.expected_runtime_s:.0f}s of {market} on {spec.provider.name}",
-                hint=f"raise budget_usd to at least {cheapest:.2f} or shorten the job",
-            )
-    if plans(spec, provider) and spec.expected_runtime_s:  # bad terms fail here
-        build_driver(spec, provider, spec.expected_runtime_s, provider.features.zones)
-    stored = spec.model_dump(mode="json")
-    stored["workdir_archive"] = submit_workdir(
-        spec.workdir,
-        provider.features,
-        spec.checkpoint_dir,
-        store.home / ARCHIVES,
-        spec.provider.name,
-        uploaded=uploaded_workdir,
-    )
-    chosen = getattr(provider, "placement", None)  # a provider that chose where to run
-    if chosen is not None:  # pins it, so every later controller runs the job there too
-        stored["provider"]["options"].update(chosen.pins())
-    job = store.create_job(spec.name, stored, spec_path, owner=owner)
-    if chosen is not None:  # and says why
-        store.event(job.id, "placement", chosen.message(), chosen.to_event())
-    return job
-
-
-def check_world(spec: JobSpec, provider: Provider) -> None:
-    """Refuse more than one training process where the provider cannot start torch's launcher
-    (``multi_node`` feature), instead of silently running one."""
-    if spec.world_size > 1 and not provider.features.multi_node:
-        raise ConfigError(
-            f"nodes: {spec.nodes}, procs_per_node: {spec.procs_per_node}: provider "
-            f"{spec.provider.name!r} runs one process per attempt",
-            hint="use a provider that runs multi-node attempts (local, sim, slurm, aws, gcp, "
-            "azure, kubernetes) or set nodes: 1 and procs_per_node: 1",
-        )
-
-
-def dry_run(spec: JobSpec) -> list[dict[str, Any]]:
-    """The objects launching ``spec`` would create for its first attempt, as the provider's
-    own manifests (``launch --dry-run``). Nothing is contacted or created."""
-    provider = make_provider(
-        spec.provider.name,
-        spec.provider.options,
-        epoch=time.time(),
-        instance_type=spec.resources.instance_type,
-        resources=spec.resources,
-    )
-    check_world(spec, provider)
-    build = getattr(provider, "manifests", None)  # providers that create API objects have it
-    if build is None:
-        raise ConfigError(
-            f"provider {spec.provider.name!r} creates no manifests to show",
-            hint="--dry-run prints the objects a cluster provider (kubernetes) would create",
-        )
-    spot = provider.features.spot and spec.market != "on-demand"
-    job_id = f"{spec.name[:24]}-dryrun"
-    job_dir = spotwise_home() / "jobs" / job_id
-    archive = submit_workdir(  # packed to name it in the pod's first step, not stored
-        spec.workdir,
-        provider.features,
-        spec.checkpoint_dir,
-        spotwise_home() / ARCHIVES,
-        spec.provider.name,
-        upload=False,
-    )
-    spec = spec.model_copy(update={"workdir_archive": archive})
-    req = launch_request(
-        spec,
-        provider,
-        job_id,
-        1,
-        Placement("spot" if spot else "on-demand", provider.features.zones[0]),
-        job_dir=job_dir,
-        log_path=job_dir / "job.log",
-        reveal=False,
-    )
-    return list(build(req))
-
-
-def controller_lock_path(job: Job) -> Path:
-    return job.dir / "controller.lock"
-
-
-@contextmanager
-def controller_lock(job: Job):
-    """Exactly one live embedded controller per job (a server's hold the job's lease)."""
-    job.dir.mkdir(parents=True, exist_ok=True)
-    fd = os.open(controller_lock_path(job), os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        raise ControlError(
-            f"job {job.id} already has a running controller",
-            hint=f"watch it with: spotwise status {job.id}",
-        ) from None
-    try:
-        yield
-    finally:
-        os.close(fd)
-
-
-def controller_alive(job: Job) -> bool:
-    """Whether a controller drives the job: an embedded one on this host, or a server."""
-    return embedded_alive(job) or server_drives(job)
-
-
-def embedded_alive(job: Job) -> bool:
-    from spotwise.control.providers.process import lock_held
-
-    return lock_held(controller_lock_path(job))
-
-
-def server_drives(job: Job) -> bool:
-    """Whether a ``spotwise server`` replica holds the job's lease (as last read)."""
-    return job.lease_owner is not None and job.lease_expires_at > time.time()
-
-
-def attempts_dir(job_dir: Path) -> Path:
-    return job_dir / "attempts"
-
-
-def job_checkpoint_dir(spec: JobSpec, provider: Provider, job_id: str, job_dir: Path) -> str:
-    """``$SPOTWISE_CHECKPOINT_DIR`` on the job's machines: durable for the provider (its rule,
-    ``checkpoint_dir``), else on the controller's host, the job directory."""
-    chosen = checkpoint_dir(spec.provider.name, provider.features, spec.checkpoint_dir, job_id)
-    return chosen or str(job_dir / "checkpoint")
-
-
-def launch_request(
-    spec: JobSpec,
-    provider: Provider,
-    job_id: str,
-    n: int,
-    placement: Placement,
-    *,
-    job_dir: Path,
-    log_path: Path,
-    reveal: bool = True,
-) -> LaunchRequest:
-    """What attempt ``n`` of the job runs: command, environment, directories, placement
-    (also what ``launch --dry-run`` shows, without ``reveal``ing secret files' contents, so it
-    is built in this one place)."""
-    ckpt = job_checkpoint_dir(spec, provider, job_id, job_dir)
-    features = provider.features
-    env = dict(os.environ) if features.same_host else {}
-    if features.platform is not None:
-        env["SPOTWISE_PLATFORM"] = features.platform
-    env.update(spec.env)
-    env.update(file_values(spec.env_from, reveal=reveal))  # read now, never stored
-    env.update(
-        SPOTWISE_JOB_ID=job_id,
-        SPOTWISE_ATTEMPT=str(n),
-        SPOTWISE_CHECKPOINT_DIR=ckpt,
-        SPOTWISE_GRACE_S=f"{features.grace_s:g}",
-    )
-    env.update(machine_env(spec.unsupervised_limit_s, heartbeat_location(ckpt, features.same_host)))
-    argv = list(spec.command)  # a remote machine expands $NAME itself, with its own values
-    if features.same_host:
-        argv = [string.Template(a).safe_substitute(env) for a in argv]
-        if argv[0] in ("python", "python3"):
-            argv[0] = sys.executable  # the interpreter spotwise runs in (its virtualenv)
-    return LaunchRequest(
-        job_id=job_id,
-        n=n,
-        argv=tuple(argv),
-        workdir=Path(split_workdir(spec.workdir)[1]),
-        env=env,
-        log_path=log_path,
-        attempt_dir=attempts_dir(job_dir) / str(n),
-        placement=placement,
-        grace_s=features.grace_s,
-        nodes=spec.nodes,
-        procs_per_node=spec.procs_per_node,
-        env_from={k: r for k, r in spec.env_from.items() if r.file is None},
-        code=CodeArchive.parse(spec.workdir_archive) if spec.workdir_archive else None,
-    )
+# Where the rest of the controller lives; importable from here as before.
+__all__ = [
+    "Controller",
+    "attempts_dir",
+    "check_world",
+    "controller_alive",
+    "controller_lock",
+    "dry_run",
+    "embedded_alive",
+    "job_summaries",
+    "job_summary",
+    "launch_request",
+    "provider_for",
+    "submit",
+]
 
 
 class Controller:
@@ -377,11 +108,17 @@ class Controller:
         job = store.job(self.job_id)
         self.spec = stored_spec(job.id, job.spec)
         self.provider = provider if provider is not None else provider_for(job)
-        self.read_progress = read_progress
-        self._interruptions = interruptions  # the advisor's estimates (default: shipped)
         self.fence = fence  # a server's lease: checked with every launch and terminate
         self._terminate_sent: dict[int, float] = {}  # attempt -> when we asked it to stop
-        self._driver: PolicyDriver | None = None  # the job's policy, restored from the store
+        self.policy = JobPolicy(  # the job's policy, restored from the store
+            store,
+            self.job_id,
+            self.spec,
+            self.provider,
+            clock=clock,
+            read_progress=read_progress,
+            interruptions=interruptions,
+        )
         ckpt = job_checkpoint_dir(self.spec, self.provider, job.id, job.dir)
         self._heartbeat = Heartbeat(  # what tells the job's machines they are supervised
             heartbeat_location(ckpt, self.provider.features.same_host),
@@ -468,7 +205,7 @@ class Controller:
             if job.state.terminal:
                 return
         if job.stop_reason == "":
-            self._decide(job, attempt, now)
+            self.policy.decide(job, attempt, now)
             if job.stop_reason == "switch" and attempt is not None and attempt.handle:
                 self._stop(attempt.n, attempt.handle, now)  # the notice now, not at the next poll
                 self._watch(job, attempt, now)
@@ -517,23 +254,7 @@ class Controller:
                     f"budget ${self.spec.budget_usd:.2f} spent (${spent:.2f}); state saved",
                 )
                 return
-        if self._driver is not None and self._driver.decision is not None:
-            placement = (
-                None
-                if self._stale(job, attempts)
-                else decision_placement(self._driver.decision, self._driver.zones)
-            )
-            retry_at = self._boundary_wall(job, self._driver.tick + 1)
-        else:
-            placement = choose_placement(
-                self.spec.market,
-                self.provider.features.zones,
-                job.blocked,
-                attempts[-1].zone if attempts else "",
-                now,
-                spot_supported=self.provider.features.spot,
-            )
-            retry_at = now + 1.0
+        placement, retry_at = self.policy.next_placement(job, attempts, now)
         if placement is None:
             self.store.update_job(self.job_id, next_launch_at=retry_at)
             return
@@ -556,7 +277,7 @@ class Controller:
 
     def _launch_or_adopt(self, job: Job, attempt: Attempt) -> None:
         """Start the attempt, unless a previous controller already did (crash recovery)."""
-        handle = adoptable(self.provider.find(job.id, self._attempts_dir(job)), attempt.n)
+        handle = adoptable(self.provider.find(job.id, attempts_dir(job.dir)), attempt.n)
         if handle is not None:
             self.store.event(
                 self.job_id, "adopt", f"attempt {attempt.n} was already launched; adopting it"
@@ -564,18 +285,16 @@ class Controller:
         else:
             self._fenced("launch", f"attempt {attempt.n}: launching", attempt.n)
             try:
-                handle = self._launch_sized(self._request(job, attempt))
+                handle = launch_sized(
+                    self.provider, self.store, self._request(job, attempt), self.spec.min_nodes
+                )
             except CapacityError as exc:
                 self.store.discard_attempt(self.job_id, attempt.n, exc.message)
                 blocked = dict(job.blocked)
                 now = self.clock()
                 blocked[attempt.zone] = now + self.spec.zone_cooldown_s
                 # with a policy, the next try is its next decision (at the next boundary)
-                retry_at = (
-                    self._boundary_wall(job, self._driver.tick + 1)
-                    if self._driver is not None
-                    else now
-                )
+                retry_at = self.policy.next_boundary(job) or now
                 self.store.update_job(
                     self.job_id,
                     blocked=blocked,
@@ -598,36 +317,6 @@ class Controller:
                 )
                 return
         self.store.update_attempt(self.job_id, attempt.n, handle=handle)
-
-    def _launch_sized(self, req: LaunchRequest) -> Handle:
-        """Launch on the job's ``nodes``, or, with ``min_nodes``, on the most machines the
-        market has right now (the run resumes at the smaller world size)."""
-        fewest = self.spec.min_nodes or req.nodes
-        nodes = req.nodes
-        while True:
-            try:
-                handle = self.provider.launch(replace(req, nodes=nodes))
-            except CapacityError as exc:
-                if nodes <= fewest:
-                    raise
-                self.store.event(self.job_id, "capacity", f"{exc.message}; trying {nodes - 1}")
-                nodes -= 1
-                continue
-            if nodes < req.nodes:
-                pricing = self.provider.prices.of(req.placement)
-                self.store.update_attempt(
-                    self.job_id,
-                    req.n,
-                    usd_per_hour=pricing.usd_per_hour * nodes,
-                    ondemand_usd_per_hour=pricing.ondemand_usd_per_hour * nodes,
-                )
-                self.store.event(
-                    self.job_id,
-                    "nodes",
-                    f"attempt {req.n} runs on {nodes} of {req.nodes} nodes (min_nodes "
-                    f"{fewest}): the market lacks capacity for {req.nodes}",
-                )
-            return handle
 
     def _request(self, job: Job, attempt: Attempt) -> LaunchRequest:
         return launch_request(
@@ -751,30 +440,17 @@ class Controller:
             + (f" ({detail or status.detail})" if detail or status.detail else ""),
             {"n": attempt.n, "exit_code": status.exit_code, "reason": reason.value},
         )
-        decision = after_attempt(reason, job.errors_used, self.spec.max_restarts)
-        errors_used = job.errors_used + (1 if decision.counts_as_error else 0)
-        if decision.next is Next.SUCCEED:
-            self._set(JobState.SUCCEEDED, decision.message, errors_used=errors_used)
-        elif decision.next is Next.CANCEL:
-            self._set(JobState.CANCELLED, decision.message)
-        elif decision.next is Next.FAIL:
-            self._set(JobState.FAILED, detail or decision.message, errors_used=errors_used)
-        else:
-            blocked = dict(job.blocked)
-            delay = 0.0
-            if reason in (Reason.PREEMPTED, Reason.LOST):
-                if attempt.market == "spot":
-                    blocked[attempt.zone] = now + self.spec.zone_cooldown_s
-                self._set(JobState.PREEMPTED, decision.message, blocked=blocked)
-            elif reason is not Reason.SWITCHED:
-                delay = self.spec.restart_backoff_s * 2 ** max(0, errors_used - 1)
-            self._set(
-                JobState.RECOVERING,
-                decision.message,
-                errors_used=errors_used,
-                next_launch_at=now + delay,
-                stop_reason="",
-            )
+        for state, message, fields in job_after_attempt(
+            reason,
+            attempt,
+            job,
+            now,
+            max_restarts=self.spec.max_restarts,
+            zone_cooldown_s=self.spec.zone_cooldown_s,
+            restart_backoff_s=self.spec.restart_backoff_s,
+            detail=detail,
+        ):
+            self._set(state, message, **fields)
 
     def _control_plane_error(self, job: Job, exc: TransientProviderError) -> None:
         now = self.clock()
@@ -810,159 +486,6 @@ class Controller:
             self.store, self.job_id, self.spec.name, self.spec.notify, state.value, message
         )
 
-    # --- the job's policy ------------------------------------------------------------------
-    def _tick_wall_s(self) -> float:
-        return self.spec.decision_interval_s or DEFAULT_DECISION_S
-
-    def _boundary_wall(self, job: Job, tick: int) -> float:
-        return job.created_at + tick * self._tick_wall_s()
-
-    def _checkpoint_dir(self, job: Job) -> str:
-        """Where the job's progress is read: its machines' checkpoints, where this host can
-        reach them (its own disk, an object store; not a pod's volume)."""
-        ckpt = job_checkpoint_dir(self.spec, self.provider, job.id, job.dir)
-        reachable = self.provider.features.same_host or "://" in ckpt
-        return ckpt if reachable else str(job.dir / "checkpoint")
-
-    def _load_driver(self, job: Job) -> PolicyDriver | None:
-        """The job's one policy object: restored from the store, else created once the job's
-        compute time is known; None when no policy plans this job."""
-        if self._driver is None and job.policy is not None:
-            self._driver = PolicyDriver.from_json(job.policy)
-        if self._driver is not None or not plans(self.spec, self.provider):
-            return self._driver
-        done = self.read_progress(self._checkpoint_dir(job))
-        total = compute_s(self.spec.steps, self.spec.expected_runtime_s, done.step_rate)
-        if total > 0:
-            ranked = self._rank_zones(job, total)
-            self._driver = build_driver(
-                self.spec,
-                self.provider,
-                total,
-                tuple(r.zone for r in ranked),
-                tuple(r.interruption_rate_per_h for r in ranked),
-            )
-        return self._driver
-
-    def _rank_zones(self, job: Job, compute_wall_s: float) -> list[RankedZone]:
-        """The zones the job's policy plans over, for its whole life: the advisor's best
-        ``RANKED_ZONES`` of the provider's (in every region it offers), by expected cost for
-        the job's terms, from the provider's spot prices, the interruption model's estimates
-        and the job's own record so far (docs/control.md); their rates are the policy's prior.
-        Recorded as a ``zones`` event."""
-        features, prices = self.provider.features, self.provider.prices
-        problem, _ = job_terms(self.spec, self.provider, compute_wall_s, features.zones[0])
-        model = self._interruptions or load_interruption_model()
-        # the advisor's name for the machine: what the provider runs (sim, aws), else the job's
-        itype = getattr(self.provider, "instance_type", None) or self.spec.resources.instance_type
-        offers = zone_offers(
-            features.zones,
-            [prices.of(Placement("spot", z)).usd_per_hour for z in features.zones],
-            zone_interruption_rates(model, itype, features.zones),
-            self.store.attempts(self.job_id),
-            self.clock(),
-        )
-        ranked = ranked_zones(offers, problem, features.notice is not NoticeKind.NONE)
-        self.store.event(
-            self.job_id,
-            "zones",
-            f"policy {self.spec.policy} plans over "
-            + ", ".join(
-                f"{r.zone} (${r.usd_per_hour:.4g}/h, {r.interruption_rate_per_h:.3g}/h "
-                f"interrupted, expected ${r.expected_cost_usd:.4g})"
-                for r in ranked
-            ),
-            {"zones": [r.zone for r in ranked], "ranked": [r.to_dict() for r in ranked]},
-        )
-        return ranked
-
-    def _decide(self, job: Job, attempt: Attempt | None, now: float) -> None:
-        """At each tick boundary ask the job's policy, once, with what is known now (the
-        simulator's observation: placement, changeover left, committed progress, availability
-        and prices per zone, a preemption since the last boundary). When it wants another
-        placement, stop the attempt (notice: it saves and exits 75); the new placement is
-        launched as soon as that attempt has ended. The policy prices the changeover a switch
-        costs (Uniform Progress's hysteresis, the spotwise plan's expected cost), so a switch
-        happens only when the policy expects it to pay."""
-        driver = self._load_driver(job)
-        if driver is None:
-            return
-        tick = int((now - job.created_at) // self._tick_wall_s())
-        if tick <= driver.tick:
-            return
-        zones = driver.zones
-        prices = [self.provider.prices.of(Placement("spot", z)) for z in zones]
-        scale = prices[0].time_scale
-        here = None if attempt is None else Placement(attempt.market, attempt.zone)
-        market, zone, left = Market.IDLE, None, 0.0
-        # an attempt placed before the policy existed, in a zone outside its plan, is seen as
-        # idle: the policy's decision then moves the job into its own zones
-        if here is not None and (here.market != "spot" or here.zone in zones):
-            assert attempt is not None
-            market = Market.SPOT if here.market == "spot" else Market.ONDEMAND
-            zone = zones.index(here.zone) if market is Market.SPOT else None
-            left = max(0.0, driver.problem.changeover_s - (now - attempt.started_at) * scale)
-        prices_now = self.provider.prices
-        available = tuple(
-            (prices_now.has_capacity(z, now) and job.blocked.get(z, 0.0) <= now) or z_i == zone
-            for z_i, z in enumerate(zones)
-        )
-        last = self._boundary_wall(job, driver.tick)
-        preempted = attempt is None and any(
-            a.reason in (Reason.PREEMPTED.value, Reason.LOST.value) and (a.ended_at or 0) > last
-            for a in self.store.attempts(self.job_id)
-        )
-        done = self.read_progress(self._checkpoint_dir(job))
-        total_wall = driver.problem.compute_s / scale
-        progress = min(
-            driver.problem.compute_s, progress_s(done, self.spec.steps, total_wall) * scale
-        )
-        before = driver.decision
-        decision = driver.decide(
-            tick,
-            progress,
-            market,
-            zone,
-            left,
-            available,
-            tuple(p.usd_per_hour for p in prices),
-            prices[0].ondemand_usd_per_hour,
-            preempted,
-        )
-        event = None
-        if decision != before:
-            event = (
-                "decision",
-                f"policy {driver.name} at tick {tick}: {decision} "
-                f"(progress {progress / 3600:.2f} of {driver.problem.compute_h:.2f} h)",
-            )
-        self.store.update_job(self.job_id, policy=driver.to_json(), event=event)
-        want = decision_placement(decision, zones)
-        if attempt is None or here is None or _same_place(here, want):
-            return
-        moving = f"{want.market} {want.zone}".rstrip() if want else "idle"
-        self.store.update_job(
-            self.job_id,
-            stop_reason="switch",
-            event=(
-                "switch",
-                f"attempt {attempt.n}: {here.market} {here.zone} -> {moving} "
-                f"(policy {driver.name}, tick {tick}): saving and stopping it",
-            ),
-        )
-        job.stop_reason = "switch"
-
-    def _stale(self, job: Job, attempts: list[Attempt]) -> bool:
-        """Whether the policy's last decision predates the end of the last attempt (a
-        preemption or an error after it): then the next boundary decides again."""
-        assert self._driver is not None
-        last = attempts[-1] if attempts else None
-        return (
-            last is not None
-            and last.reason != Reason.SWITCHED.value
-            and (last.ended_at or 0.0) > self._boundary_wall(job, self._driver.tick)
-        )
-
     def _cleanup(self, job: Job) -> None:
         """A finished job leaves nothing running: end any attempt still open, sweep the rest."""
         attempt = self._open_attempt()
@@ -979,119 +502,11 @@ class Controller:
         self._sweep(job)
 
     def _terminate_and_wait(self, handle: Handle) -> None:
-        """Terminate a machine and wait (up to a minute) until the provider reports it ended."""
-        self._terminate(handle)
-        for _ in range(600):
-            if self.provider.status(handle).phase in (Phase.EXITED, Phase.LOST):
-                return
-            self.sleep(0.1)
-
-    def _attempts_dir(self, job: Job) -> Path:
-        return attempts_dir(job.dir)
+        terminate_and_wait(self.provider, handle, self._terminate, self.sleep)
 
     def _sweep(self, job: Job) -> None:
-        """Terminate every machine of the job that no open attempt owns (found by the
-        provider's own bookkeeping: tags, job names, attempt directories)."""
+        """Terminate every machine of the job that no open attempt owns."""
         attempt = None if job.state.terminal else self._open_attempt()
-        try:
-            found = self.provider.find(job.id, self._attempts_dir(job))
-        except TransientProviderError as exc:  # the next start or the job's end sweeps again
-            self.store.event(
-                self.job_id, "control-plane", f"orphan sweep not possible now: {exc.message}"
-            )
-            return
-        for handle in orphans(
-            found, attempt.n if attempt else None, attempt.handle if attempt else None
-        ):
-            if self.provider.status(handle).phase not in (Phase.EXITED, Phase.LOST):
-                self.store.event(
-                    self.job_id,
-                    "orphan",
-                    f"terminating {handle['id']} "
-                    f"(attempt {handle['n']}), which no live attempt owns",
-                )
-                self._terminate_and_wait(handle)
-
-
-def job_summary(store: Store, job: Job, now: float | None = None) -> dict[str, Any]:
-    """The ``spotwise status --json`` document."""
-    return job_summaries(store, [job], now)[0]
-
-
-def job_summaries(
-    store: Store, jobs: Sequence[Job], now: float | None = None
-) -> list[dict[str, Any]]:
-    """``job_summary`` of each job, reading the store a few times for all of them (not per job:
-    a listing of thousands of jobs must answer in well under a second)."""
-    now = time.time() if now is None else now
-    ids = [job.id for job in jobs]
-    attempts = store.attempts_by_job(ids)
-    placements = store.last_event_data(ids, "placement")
-    return [_summary(job, attempts[job.id], placements.get(job.id), now) for job in jobs]
-
-
-def _shown_spec(stored: dict[str, Any]) -> dict[str, Any]:
-    """What a listing shows of a job's stored spec, read as stored (validating 10,000 specs
-    would dominate a listing, and a job recorded by an older spotwise must still be listed)."""
-    provider = stored.get("provider")
-    budget = stored.get("budget_usd")
-    return {
-        "command": shlex.join(str(w) for w in stored.get("command") or []),
-        "provider": provider.get("name") if isinstance(provider, dict) else None,
-        "market": stored.get("market"),
-        "budget_usd": float(budget) if isinstance(budget, (int, float)) else None,
-    }
-
-
-def _summary(
-    job: Job, attempts: list[Attempt], placement: dict[str, Any] | None, now: float
-) -> dict[str, Any]:
-    shown = _shown_spec(job.spec)
-    cost = sum(a.cost_usd(now) for a in attempts)
-    ondemand = sum(a.ondemand_cost_usd(now) for a in attempts)
-    return {
-        "id": job.id,
-        "name": job.name,
-        "state": job.state.value,
-        "message": job.message,
-        "command": shown["command"],
-        "provider": shown["provider"],
-        "market": shown["market"],
-        "created_at": job.created_at,
-        "updated_at": job.updated_at,
-        "attempts": [a.as_dict(now) for a in attempts],
-        "preemptions": sum(
-            a.reason in (Reason.PREEMPTED.value, Reason.LOST.value) for a in attempts
-        ),
-        "switches": sum(a.reason == Reason.SWITCHED.value for a in attempts),
-        "policy": _policy_summary(job.policy),
-        "errors": job.errors_used,
-        "cost_usd": round(cost, 6),
-        "ondemand_cost_usd": round(ondemand, 6),
-        "savings_usd": round(ondemand - cost, 6),
-        "budget_usd": shown["budget_usd"],
-        "log": str(job.log_path),
-        "controller_alive": controller_alive(job),
-        "placement": placement,  # where the provider chose to run, and why (aws advises one)
-    }
-
-
-def _same_place(here: Placement, want: Placement | None) -> bool:
-    return (
-        want is not None
-        and here.market == want.market
-        and (want.market != "spot" or want.zone == here.zone)
-    )
-
-
-def _policy_summary(doc: dict[str, Any] | None) -> dict[str, Any] | None:
-    """The job's policy in ``status --json``: name, last boundary decided and its decision."""
-    if doc is None:
-        return None
-    return {
-        "name": doc["policy"],
-        "tick": doc["tick"],
-        "gap_s": doc["gap_s"],
-        "zones": doc["zones"],
-        "decision": doc["decision"],
-    }
+        sweep(
+            self.store, self.provider, job, attempts_dir(job.dir), attempt, self._terminate_and_wait
+        )

@@ -9,9 +9,10 @@ from __future__ import annotations
 import enum
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from spotwise.control.providers.base import AttemptStatus, Phase, Placement, Pricing
-from spotwise.control.store import Attempt
+from spotwise.control.store import Attempt, Job, JobState
 from spotwise.exitcode import EXIT_INTERRUPTED
 from spotwise.market.advisor import RankedZone, ZoneOffer, rank_zones
 from spotwise.market.policies.base import Decision, Market, Problem
@@ -91,6 +92,42 @@ def after_attempt(reason: Reason, errors_used: int, max_restarts: int) -> AfterA
         counts_as_error=True,
         message=f"command failed and max_restarts={max_restarts} is used up",
     )
+
+
+def job_after_attempt(
+    reason: Reason,
+    attempt: Attempt,
+    job: Job,
+    now: float,
+    *,
+    max_restarts: int,
+    zone_cooldown_s: float,
+    restart_backoff_s: float,
+    detail: str = "",
+) -> list[tuple[JobState, str, dict[str, Any]]]:
+    """The job's state changes, in order, once ``attempt`` ended for ``reason``: (state,
+    message, other fields). A preemption shows as PREEMPTED (its spot zone cooling down), then
+    RECOVERING; an error waits its exponential backoff; a switch relaunches at once."""
+    decision = after_attempt(reason, job.errors_used, max_restarts)
+    errors_used = job.errors_used + (1 if decision.counts_as_error else 0)
+    if decision.next is Next.SUCCEED:
+        return [(JobState.SUCCEEDED, decision.message, {"errors_used": errors_used})]
+    if decision.next is Next.CANCEL:
+        return [(JobState.CANCELLED, decision.message, {})]
+    if decision.next is Next.FAIL:
+        return [(JobState.FAILED, detail or decision.message, {"errors_used": errors_used})]
+    changes: list[tuple[JobState, str, dict[str, Any]]] = []
+    blocked = dict(job.blocked)
+    delay = 0.0
+    if reason in (Reason.PREEMPTED, Reason.LOST):
+        if attempt.market == "spot":
+            blocked[attempt.zone] = now + zone_cooldown_s
+        changes.append((JobState.PREEMPTED, decision.message, {"blocked": blocked}))
+    elif reason is not Reason.SWITCHED:
+        delay = restart_backoff_s * 2 ** max(0, errors_used - 1)
+    recovering = {"errors_used": errors_used, "next_launch_at": now + delay, "stop_reason": ""}
+    changes.append((JobState.RECOVERING, decision.message, recovering))
+    return changes
 
 
 def stop_for_budget(

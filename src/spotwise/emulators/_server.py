@@ -251,88 +251,91 @@ class _HttpServer(http.server.ThreadingHTTPServer):
         super().handle_error(request, client_address)
 
 
-def _make_handler(server: LoopbackServer) -> type[http.server.BaseHTTPRequestHandler]:
-    class Handler(http.server.BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-        server_version = server.server_name
-        sys_version = ""
+class _Handler(http.server.BaseHTTPRequestHandler):
+    """One connection to a loopback server: requests as ``Request``, answered by its ``serve``."""
 
-        def log_message(self, format: str, *args: Any) -> None:  # quiet by default
-            return
+    protocol_version = "HTTP/1.1"
+    loopback: LoopbackServer  # set per server by _make_handler
+    sys_version = ""
 
-        def _dispatch(self) -> None:
-            parts = urlsplit(self.path)
-            query = {k: v[-1] for k, v in parse_qs(parts.query, keep_blank_values=True).items()}
-            headers = dict(self.headers.items())
-            request = Request(self.command, parts.path, query, headers, self._body(), self.path)
-            answer = server.serve(request)
-            if answer == "reset":
-                self._reset()
-            elif answer == "close":
-                self.close_connection = True
-            elif answer.stream is not None:
-                self._stream(answer)
-            else:
-                self._send(answer)
+    def log_message(self, format: str, *args: Any) -> None:  # quiet by default
+        return
 
-        def _body(self) -> bytes:
-            if self.headers.get("Transfer-Encoding", "").lower() != "chunked":
-                length = int(self.headers.get("Content-Length") or 0)
-                return self.rfile.read(length) if length else b""
-            out = bytearray()
-            while size := int(self.rfile.readline().split(b";")[0].strip() or b"0", 16):
-                out += self.rfile.read(size)
-                self.rfile.readline()
-            while self.rfile.readline() not in (b"\r\n", b"\n", b""):  # trailers
-                pass
-            return bytes(out)
-
-        def _head(self, response: Response) -> None:
-            if server.stamp_headers:
-                self.send_response(response.status)
-            else:
-                self.send_response_only(response.status)
-            for key, value in response.headers.items():
-                self.send_header(key, value)
-
-        def _send(self, response: Response) -> None:
-            self._head(response)
-            if "Content-Length" not in response.headers:  # a HEAD states the GET's length
-                self.send_header("Content-Length", str(len(response.body)))
-            self.end_headers()
-            if self.command == "HEAD":
-                return
-            if response.reset_after is None:
-                self.wfile.write(response.body)
-                return
-            self.wfile.write(response.body[: response.reset_after])
-            self.wfile.flush()
+    def _dispatch(self) -> None:
+        parts = urlsplit(self.path)
+        query = {k: v[-1] for k, v in parse_qs(parts.query, keep_blank_values=True).items()}
+        headers = dict(self.headers.items())
+        request = Request(self.command, parts.path, query, headers, self._body(), self.path)
+        answer = self.loopback.serve(request)
+        if answer == "reset":
             self._reset()
-
-        def _stream(self, response: Response) -> None:
-            assert response.stream is not None
-            self._head(response)
-            self.send_header("Transfer-Encoding", "chunked")
-            self.end_headers()
-
-            def chunk(data: bytes) -> None:
-                self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
-                self.wfile.flush()
-
-            try:
-                response.stream(chunk)
-                self.wfile.write(b"0\r\n\r\n")
-            except (BrokenPipeError, ConnectionResetError):
-                pass
+        elif answer == "close":
             self.close_connection = True
+        elif answer.stream is not None:
+            self._stream(answer)
+        else:
+            self._send(answer)
 
-        def _reset(self) -> None:
-            """Close with RST (SO_LINGER 0), as a dying load balancer or a network cut does."""
-            linger = struct.pack("ii", 1, 0)
-            self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, linger)
-            self.close_connection = True
-            self.connection.close()
+    def _body(self) -> bytes:
+        if self.headers.get("Transfer-Encoding", "").lower() != "chunked":
+            length = int(self.headers.get("Content-Length") or 0)
+            return self.rfile.read(length) if length else b""
+        out = bytearray()
+        while size := int(self.rfile.readline().split(b";")[0].strip() or b"0", 16):
+            out += self.rfile.read(size)
+            self.rfile.readline()
+        while self.rfile.readline() not in (b"\r\n", b"\n", b""):  # trailers
+            pass
+        return bytes(out)
 
-        do_GET = do_PUT = do_POST = do_HEAD = do_DELETE = _dispatch
+    def _head(self, response: Response) -> None:
+        if self.loopback.stamp_headers:
+            self.send_response(response.status)
+        else:
+            self.send_response_only(response.status)
+        for key, value in response.headers.items():
+            self.send_header(key, value)
 
-    return Handler
+    def _send(self, response: Response) -> None:
+        self._head(response)
+        if "Content-Length" not in response.headers:  # a HEAD states the GET's length
+            self.send_header("Content-Length", str(len(response.body)))
+        self.end_headers()
+        if self.command == "HEAD":
+            return
+        if response.reset_after is None:
+            self.wfile.write(response.body)
+            return
+        self.wfile.write(response.body[: response.reset_after])
+        self.wfile.flush()
+        self._reset()
+
+    def _stream(self, response: Response) -> None:
+        assert response.stream is not None
+        self._head(response)
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+
+        def chunk(data: bytes) -> None:
+            self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+            self.wfile.flush()
+
+        try:
+            response.stream(chunk)
+            self.wfile.write(b"0\r\n\r\n")
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        self.close_connection = True
+
+    def _reset(self) -> None:
+        """Close with RST (SO_LINGER 0), as a dying load balancer or a network cut does."""
+        linger = struct.pack("ii", 1, 0)
+        self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, linger)
+        self.close_connection = True
+        self.connection.close()
+
+    do_GET = do_PUT = do_POST = do_HEAD = do_DELETE = _dispatch
+
+
+def _make_handler(server: LoopbackServer) -> type[http.server.BaseHTTPRequestHandler]:
+    return type("Handler", (_Handler,), {"loopback": server, "server_version": server.server_name})

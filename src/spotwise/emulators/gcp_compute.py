@@ -51,6 +51,7 @@ from spotwise.emulators import machine_root
 from spotwise.emulators._faults import Fault, take
 from spotwise.emulators._server import LoopbackEmulator, Request, Response, json_body
 from spotwise.emulators.gcp import GcpMetadataEmulator
+from spotwise.market.catalog import GCP_ACCELERATORS
 
 API = "/compute/v1/projects/"
 GENERAL_TYPES = tuple(f"n1-standard-{n}" for n in (1, 2, 4, 8, 16, 32, 64, 96)) + tuple(
@@ -68,9 +69,7 @@ WAIT_MAX_S = 120.0  # zoneOperations.wait answers within two minutes, done or no
 
 def accelerator_name(gpu: str) -> str:
     """The catalog's GPU name -> Compute Engine's accelerator type."""
-    from spotwise.control.providers.gcp import ACCELERATORS
-
-    return ACCELERATORS.get(gpu, f"nvidia-{gpu.lower()}")
+    return GCP_ACCELERATORS.get(gpu, f"nvidia-{gpu.lower()}")
 
 
 def _catalog_places() -> dict[str, tuple[set[str], set[str]]]:
@@ -218,14 +217,7 @@ class GcpComputeEmulator(LoopbackEmulator):
 
         method = request.method
         if rest[:3] == ["global", "images", "family"] and len(rest) == 4 and method == "GET":
-            if rest[3] not in IMAGE_FAMILIES.get(project, ()):
-                raise _ApiError(
-                    404,
-                    "notFound",
-                    f"The resource '{API[1:]}{project}/global/"
-                    f"images/family/{rest[3]}' was not found",
-                )
-            return _ok(gce.Image(name=f"{rest[3]}-v20261201", family=rest[3], status="READY"))
+            return _image_family(project, rest[3])
         if project != self.project:
             raise _ApiError(404, "notFound", f"The resource 'projects/{project}' was not found")
         if rest[:1] != ["zones"] or len(rest) < 2:
@@ -255,36 +247,53 @@ class GcpComputeEmulator(LoopbackEmulator):
             if kind == "machineTypes":
                 return _ok(gce.MachineType(name=name, zone=zone, kind="compute#machineType"))
             return _ok(gce.AcceleratorType(name=name, zone=zone, maximum_cards_per_instance=8))
+        answer = None
         if kind == "instances":
-            if method == "POST" and not name:
-                return self._insert(request, zone)
-            if method == "GET" and not name:
-                found = [v.doc for (z, _), v in sorted(self.vms.items()) if z == zone]
-                matched = [d for d in found if _matches(d, request.query.get("filter", ""))]
-                return _ok(gce.InstanceList(items=matched, kind="compute#instanceList"))
-            vm = self.vms.get((zone, name))
-            if vm is None:
-                where = f"{self._link(zone)}/instances/{name}"
-                raise _ApiError(404, "notFound", f"The resource '{where}' was not found")
-            if method == "GET":
-                return _ok(vm.doc)
-            if method == "DELETE":
-                return _ok(self._delete(vm, name))
-        if kind == "operations":
-            if not name and method == "GET":
-                ops = [o for z, o in self.operations.values() if z == zone]
-                matched = [o for o in ops if _matches(o, request.query.get("filter", ""))]
-                return _ok(gce.OperationList(items=matched, kind="compute#operationList"))
-            if name not in self.operations:
-                where = f"{self._link(zone)}/operations/{name}"
-                raise _ApiError(404, "notFound", f"The resource '{where}' was not found")
-            if method == "POST" and rest[4:] == ["wait"]:
-                end = time.monotonic() + WAIT_MAX_S
-                while self.operations[name][1].status != gce.Operation.Status.DONE:
-                    if self._stopping.is_set() or not self._changed.wait(end - time.monotonic()):
-                        break
-            return _ok(self.operations[name][1])
+            answer = self._instances(request, zone, name)
+        elif kind == "operations":
+            answer = self._operations(request, zone, name, rest[4:] == ["wait"])
+        if answer is not None:
+            return answer
         raise _ApiError(400, "badRequest", f"{method} {request.path} is not served by this double")
+
+    def _instances(self, request: Request, zone: str, name: str) -> Response | None:
+        """instances.insert, list (filtered), get and delete; None: not served."""
+        from google.cloud import compute_v1 as gce
+
+        method = request.method
+        if method == "POST" and not name:
+            return self._insert(request, zone)
+        if method == "GET" and not name:
+            found = [v.doc for (z, _), v in sorted(self.vms.items()) if z == zone]
+            matched = [d for d in found if _matches(d, request.query.get("filter", ""))]
+            return _ok(gce.InstanceList(items=matched, kind="compute#instanceList"))
+        vm = self.vms.get((zone, name))
+        if vm is None:
+            where = f"{self._link(zone)}/instances/{name}"
+            raise _ApiError(404, "notFound", f"The resource '{where}' was not found")
+        if method == "GET":
+            return _ok(vm.doc)
+        if method == "DELETE":
+            return _ok(self._delete(vm, name))
+        return None
+
+    def _operations(self, request: Request, zone: str, name: str, wait: bool) -> Response:
+        """zoneOperations.list (filtered), get, and wait (until done, or two minutes)."""
+        from google.cloud import compute_v1 as gce
+
+        if not name and request.method == "GET":
+            ops = [o for z, o in self.operations.values() if z == zone]
+            matched = [o for o in ops if _matches(o, request.query.get("filter", ""))]
+            return _ok(gce.OperationList(items=matched, kind="compute#operationList"))
+        if name not in self.operations:
+            where = f"{self._link(zone)}/operations/{name}"
+            raise _ApiError(404, "notFound", f"The resource '{where}' was not found")
+        if request.method == "POST" and wait:
+            end = time.monotonic() + WAIT_MAX_S
+            while self.operations[name][1].status != gce.Operation.Status.DONE:
+                if self._stopping.is_set() or not self._changed.wait(end - time.monotonic()):
+                    break
+        return _ok(self.operations[name][1])
 
     def _api_fault(self, kind: str, op: str, zone: str) -> None:
         if kind != "instances":
@@ -596,3 +605,16 @@ def _killpg(pgid: int, sig: int) -> None:
         os.killpg(pgid, sig)
     except (ProcessLookupError, PermissionError):
         return
+
+
+def _image_family(project: str, family: str) -> Response:
+    """images.getFromFamily of the public image projects the provider boots from."""
+    from google.cloud import compute_v1 as gce
+
+    if family not in IMAGE_FAMILIES.get(project, ()):
+        raise _ApiError(
+            404,
+            "notFound",
+            f"The resource '{API[1:]}{project}/global/images/family/{family}' was not found",
+        )
+    return _ok(gce.Image(name=f"{family}-v20261201", family=family, status="READY"))

@@ -92,15 +92,13 @@ def start(
     command starts (created empty if the image lacks it, as a container runtime does; default
     the machine's HOME). ``volumes``: path on the machine -> host directory (isolated only; the
     fallback has the host's paths)."""
-    from spotwise.control.store import spotwise_home  # (hidden too, were it in the image)
+    from spotwise.settings import home as spotwise_home  # (hidden too, were it in the image)
 
     machine_dir.mkdir(parents=True, exist_ok=True)
     env = dict(env)
     if isolated():
         env.setdefault("HOME", MACHINE_HOME)
-        booted, booted_fd = os.pipe()
         spec: dict[str, Any] = {
-            "booted_fd": booted_fd,
             "root": str(machine_dir / "root"),
             "layers": str(machine_dir / "layers"),
             "image": list(image),
@@ -111,27 +109,7 @@ def start(
         }
         for name in ("root", "layers"):
             (machine_dir / name).mkdir(exist_ok=True)
-        # returns once the command runs (as Popen does): a notice sent before would find the
-        # machine still building its root, not the command (the pipe closes on its exec)
-        try:
-            wrapped = [sys.executable, "-I", "-S", __file__, json.dumps(spec), "--", *argv]
-            proc = subprocess.Popen(
-                wrapped,
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=stdout,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                pass_fds=(booted_fd,),
-            )
-        except BaseException:
-            os.close(booted)
-            raise
-        finally:
-            os.close(booted_fd)
-        with os.fdopen(booted, "rb") as pipe:
-            pipe.read()
-        return proc
+        return _start_isolated(argv, spec, env, stdout)
     home = machine_dir / "home"
     home.mkdir(exist_ok=True)
     env.setdefault("HOME", str(home))
@@ -146,6 +124,35 @@ def start(
         stderr=subprocess.STDOUT,
         start_new_session=True,
     )
+
+
+def _start_isolated(
+    argv: Sequence[str], spec: dict[str, Any], env: dict[str, str], stdout: IO[bytes] | int | None
+) -> subprocess.Popen[bytes]:
+    """Start this file as the machine's root (``spec``), which then runs ``argv``; returns once
+    the command runs (as Popen does): a notice sent before would find the machine still building
+    its root, not the command (the pipe closes on its exec)."""
+    booted, booted_fd = os.pipe()
+    spec = {"booted_fd": booted_fd, **spec}
+    try:
+        wrapped = [sys.executable, "-I", "-S", __file__, json.dumps(spec), "--", *argv]
+        proc = subprocess.Popen(
+            wrapped,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=stdout,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            pass_fds=(booted_fd,),
+        )
+    except BaseException:
+        os.close(booted)
+        raise
+    finally:
+        os.close(booted_fd)
+    with os.fdopen(booted, "rb") as pipe:
+        pipe.read()
+    return proc
 
 
 def discard(machine_dir: Path) -> None:

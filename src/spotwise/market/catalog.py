@@ -49,6 +49,19 @@ _GCP_VM_GPU = (
 )  # fmt: skip
 _G2_GPUS = {4: 1, 8: 1, 12: 1, 16: 1, 32: 1, 24: 2, 48: 4, 96: 8}
 
+# The catalog's GPU names -> Compute Engine accelerator types (N1 guest accelerators), which
+# the GCP provider asks for and the GCE double answers with.
+GCP_ACCELERATORS = {
+    "T4": "nvidia-tesla-t4",
+    "P4": "nvidia-tesla-p4",
+    "P100": "nvidia-tesla-p100",
+    "V100": "nvidia-tesla-v100",
+    "L4": "nvidia-l4",
+    "A100": "nvidia-tesla-a100",
+    "A100-80GB": "nvidia-a100-80gb",
+    "H100": "nvidia-h100-80gb",
+}
+
 
 def canonical_gpu(name: str, mem_gb_per_gpu: float | None = None) -> str:
     """Map a vendor GPU spelling ('NVIDIA V100', 'nvidia-tesla-v100') to one canonical name."""

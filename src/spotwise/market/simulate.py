@@ -130,33 +130,14 @@ def simulate_run(
     gap = markets.gap_s
     c_s, r_s, d_s = problem.compute_s, problem.deadline_s, problem.changeover_s
     ticks = run_ticks(problem, gap)
-    if start < 0 or start + ticks > markets.n_ticks:
-        raise ConfigError(
-            f"a run from tick {start} needs {ticks} ticks; the traces have {markets.n_ticks}",
-            hint="choose an earlier --start-h or a shorter --deadline-h",
-        )
-    avail = markets.available[:, start : start + ticks]
-    prices = markets.prices(problem, start, ticks)
-    driver = PolicyDriver(
-        policy,
-        problem,
-        gap,
-        markets.zone_names,
-        markets.available[:, :start],
-        prior_rates_per_h=markets.prior_rates_per_h,
-    )
-    plan = getattr(policy, "plan", None)
-    if callable(plan):  # the omniscient optimum alone is shown the future
-        plan(avail, prices)
+    driver, avail, prices = _start(policy, problem, markets, start, ticks)
     avail_rows = [tuple(r) for r in avail.T.tolist()]
     price_rows = [tuple(r) for r in prices.T.tolist()]
     od_price = problem.ondemand_price_usd_per_hour
     timeline = Timeline(gap_s=gap, available=avail) if record else None
 
-    progress = 0.0
+    tally = _Tally()
     market, zone, changeover_left = Market.IDLE, -1, 0.0
-    spot_paid = od_paid = spot_work = od_work = cost = 0.0
-    changeovers = preemptions = 0
     finish: float | None = None
     for k in range(ticks):
         now = k * gap
@@ -164,10 +145,10 @@ def simulate_run(
         preempted = market is Market.SPOT and not here[zone]
         if preempted:
             market, zone, changeover_left = Market.IDLE, -1, 0.0
-            preemptions += 1
+            tally.preemptions += 1
         decision = driver.decide(
             k,
-            progress,
+            tally.progress,
             market,
             zone if zone >= 0 else None,
             changeover_left,
@@ -180,45 +161,101 @@ def simulate_run(
         if decision.market is not market or new_zone != zone:
             market, zone = decision.market, new_zone
             changeover_left = d_s if market is not Market.IDLE else 0.0
-            changeovers += market is not Market.IDLE
+            tally.changeovers += market is not Market.IDLE
         if market is not Market.IDLE:
-            length = min(gap, r_s - now)
-            paying = min(changeover_left, length)
+            price = price_rows[k][zone] if market is Market.SPOT else od_price
+            paying, work = tally.run(market, price, min(gap, r_s - now), changeover_left, c_s)
             changeover_left -= paying
-            work = min(length - paying, c_s - progress)
-            progress += work
-            paid = paying + work
-            if market is Market.SPOT:
-                spot_paid += paid
-                spot_work += work
-                cost += paid * price_rows[k][zone] / 3600.0
-            else:
-                od_paid += paid
-                od_work += work
-                cost += paid * od_price / 3600.0
-            if progress >= c_s - 1e-6:
+            if tally.progress >= c_s - 1e-6:
                 finish = now + paying + work
         if timeline is not None:
             timeline.market.append(MARKET_CODE[market])
             timeline.zone.append(zone)
-            timeline.progress_s.append(progress)
-            timeline.cost_usd.append(cost * problem.nodes)
+            timeline.progress_s.append(tally.progress)
+            timeline.cost_usd.append(tally.cost * problem.nodes)
         if finish is not None:
             break
-    met = finish is not None and finish <= r_s + 1e-6
-    return RunResult(
-        start_h=start * gap / 3600.0,
-        cost_usd=cost * problem.nodes,
-        spot_hours=spot_paid / 3600.0,
-        ondemand_hours=od_paid / 3600.0,
-        spot_compute_h=spot_work / 3600.0,
-        ondemand_compute_h=od_work / 3600.0,
-        finish_h=finish / 3600.0 if finish is not None else None,
-        deadline_met=met,
-        changeovers=changeovers,
-        preemptions=preemptions,
-        timeline=timeline,
+    return tally.result(start * gap / 3600.0, finish, r_s, problem.nodes, timeline)
+
+
+def _start(
+    policy: Policy, problem: Problem, markets: Markets, start: int, ticks: int
+) -> tuple[PolicyDriver, np.ndarray, np.ndarray]:
+    """The run's policy, told the traces' past, and its window of availability and prices
+    (zones x ticks); only the omniscient optimum is shown that window in advance."""
+    if start < 0 or start + ticks > markets.n_ticks:
+        raise ConfigError(
+            f"a run from tick {start} needs {ticks} ticks; the traces have {markets.n_ticks}",
+            hint="choose an earlier --start-h or a shorter --deadline-h",
+        )
+    avail = markets.available[:, start : start + ticks]
+    prices = markets.prices(problem, start, ticks)
+    driver = PolicyDriver(
+        policy,
+        problem,
+        markets.gap_s,
+        markets.zone_names,
+        markets.available[:, :start],
+        prior_rates_per_h=markets.prior_rates_per_h,
     )
+    plan = getattr(policy, "plan", None)
+    if callable(plan):
+        plan(avail, prices)
+    return driver, avail, prices
+
+
+@dataclass
+class _Tally:
+    """What one run has done and paid so far (seconds, usd of one node)."""
+
+    progress: float = 0.0
+    spot_paid: float = 0.0
+    od_paid: float = 0.0
+    spot_work: float = 0.0
+    od_work: float = 0.0
+    cost: float = 0.0
+    changeovers: int = 0  # starts of spot or on-demand
+    preemptions: int = 0
+
+    def run(
+        self, market: Market, usd_per_hour: float, length: float, changeover_left: float, c_s: float
+    ) -> tuple[float, float]:
+        """``length`` seconds on ``market``: the changeover left is paid first, then work up to
+        ``c_s`` of progress. Returns (changeover paid, work done) in seconds."""
+        paying = min(changeover_left, length)
+        work = min(length - paying, c_s - self.progress)
+        self.progress += work
+        paid = paying + work
+        if market is Market.SPOT:
+            self.spot_paid += paid
+            self.spot_work += work
+        else:
+            self.od_paid += paid
+            self.od_work += work
+        self.cost += paid * usd_per_hour / 3600.0
+        return paying, work
+
+    def result(
+        self,
+        start_h: float,
+        finish: float | None,
+        r_s: float,
+        nodes: int,
+        timeline: Timeline | None,
+    ) -> RunResult:
+        return RunResult(
+            start_h=start_h,
+            cost_usd=self.cost * nodes,
+            spot_hours=self.spot_paid / 3600.0,
+            ondemand_hours=self.od_paid / 3600.0,
+            spot_compute_h=self.spot_work / 3600.0,
+            ondemand_compute_h=self.od_work / 3600.0,
+            finish_h=finish / 3600.0 if finish is not None else None,
+            deadline_met=finish is not None and finish <= r_s + 1e-6,
+            changeovers=self.changeovers,
+            preemptions=self.preemptions,
+            timeline=timeline,
+        )
 
 
 def _check(decision: Decision, available: tuple[bool, ...], policy: Policy) -> int:

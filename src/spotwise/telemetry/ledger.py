@@ -124,6 +124,23 @@ def _sessions(events: Sequence[Mapping[str, Any]]) -> list[_Session]:
     return sessions
 
 
+def _owners(
+    attempts: Sequence[AttemptLike], sessions: list[_Session], end: float
+) -> dict[int, list[_Session]]:
+    """Each process (session) belongs to the attempt whose window is nearest its start."""
+    owner: dict[int, list[_Session]] = {}
+    for s in sessions:
+        t = float(s.start["time"])
+
+        def distance(a: AttemptLike, t: float = t) -> float:
+            a_end = a.ended_at if a.ended_at is not None else end
+            return max(a.started_at - t, t - a_end, 0.0)
+
+        if attempts:
+            owner.setdefault(min(attempts, key=distance).n, []).append(s)
+    return owner
+
+
 def goodput(
     attempts: Sequence[AttemptLike],
     events: Sequence[Mapping[str, Any]],
@@ -138,17 +155,7 @@ def goodput(
     billed until ``end``).
     """
     attempts = sorted(attempts, key=lambda a: a.started_at)
-    sessions = _sessions(events)
-    owner: dict[int, list[_Session]] = {}
-    for s in sessions:  # each process belongs to the attempt whose window is nearest its start
-        t = float(s.start["time"])
-
-        def distance(a: AttemptLike, t: float = t) -> float:
-            a_end = a.ended_at if a.ended_at is not None else end
-            return max(a.started_at - t, t - a_end, 0.0)
-
-        if attempts:
-            owner.setdefault(min(attempts, key=distance).n, []).append(s)
+    owner = _owners(attempts, _sessions(events), end)
     ordered = [s for a in attempts for s in owner.get(a.n, [])]
     resumed_by = {id(s): nxt.step for s, nxt in itertools.pairwise(ordered)}
 

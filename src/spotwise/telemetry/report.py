@@ -55,17 +55,61 @@ def png_report(view: JobView, directory: Path) -> list[Path]:
 def _draw(view: JobView, directory: Path, plt: Any) -> list[Path]:
     directory.mkdir(parents=True, exist_ok=True)
     d = finite(job_detail(view))  # as the page gets it: NaN and Infinity as gaps
-    written: list[Path] = []
+    figs = _Figures(directory, plt)
+    _timeline(figs, d, view.job.id)
+    _goodput(figs, d["ledger"])
+    _cost(figs, d)
+    if d["metrics"]["t"]:
+        figs.lines("metrics.png", d["metrics"]["t"], d["metrics"]["values"], "run.log values")
+    if d["gpu"]["t"]:
+        figs.lines(
+            "gpu.png",
+            d["gpu"]["t"],
+            {f"GPU {i}": v for i, v in d["gpu"]["util_pct"].items()},
+            "utilisation %",
+            100,
+        )
+    return figs.written
 
-    def save(fig: Any, name: str) -> None:
-        path = directory / name
+
+class _Figures:
+    """The report's pictures, each saved as a PNG into one directory."""
+
+    def __init__(self, directory: Path, plt: Any) -> None:
+        self.directory, self.plt = directory, plt
+        self.written: list[Path] = []
+
+    def save(self, fig: Any, name: str) -> None:
+        path = self.directory / name
         fig.tight_layout()
         fig.savefig(path, dpi=120)
-        plt.close(fig)
-        written.append(path)
+        self.plt.close(fig)
+        self.written.append(path)
 
+    def lines(
+        self,
+        name: str,
+        xs: list[Any],
+        series: dict[str, list[Any]],
+        ylabel: str,
+        top: float | None = None,
+    ) -> None:
+        fig, ax = self.plt.subplots(figsize=(6, 3))
+        for label, values in series.items():
+            ax.plot(xs, values, label=label)
+        ax.set_xlabel("seconds since the job was created")
+        ax.set_ylabel(ylabel)
+        if top is not None:
+            ax.set_ylim(0, top)
+        ax.legend()
+        self.save(fig, name)
+
+
+def _timeline(figs: _Figures, d: dict[str, Any], job_id: str) -> None:
+    """One row per zone: each attempt's bar coloured by market, an x where it was preempted, and
+    beneath it the ledger's kinds of its time."""
     zones = list(dict.fromkeys(a["zone"] for a in d["attempts"]))
-    fig, ax = plt.subplots(figsize=(9, 0.6 * len(zones) + 1.4))
+    fig, ax = figs.plt.subplots(figsize=(9, 0.6 * len(zones) + 1.4))
     row = {z: i for i, z in enumerate(zones)}
     by_n = {a["n"]: a for a in d["attempts"]}
     for a in d["attempts"]:
@@ -87,11 +131,12 @@ def _draw(view: JobView, directory: Path, plt: Any) -> list[Path]:
     ax.set_yticks(range(len(zones)), zones)
     ax.invert_yaxis()
     ax.set_xlabel("seconds since the job was created")
-    ax.set_title(f"job {view.job.id}: attempts (blue spot, orange on-demand, x preemption)")
-    save(fig, "timeline.png")
+    ax.set_title(f"job {job_id}: attempts (blue spot, orange on-demand, x preemption)")
+    figs.save(fig, "timeline.png")
 
-    led = d["ledger"]
-    fig, ax = plt.subplots(figsize=(6, 3))
+
+def _goodput(figs: _Figures, led: dict[str, Any]) -> None:
+    fig, ax = figs.plt.subplots(figsize=(6, 3))
     ax.barh(
         list(KINDS),
         [led["seconds"][k] for k in KINDS],
@@ -103,8 +148,12 @@ def _draw(view: JobView, directory: Path, plt: Any) -> list[Path]:
     ax.invert_yaxis()
     ax.set_xlabel("wall seconds")
     ax.set_title(f"goodput {100 * led['goodput']:.1f}%, cost ${led['cost_usd']:.2f}")
-    save(fig, "goodput.png")
+    figs.save(fig, "goodput.png")
 
+
+def _cost(figs: _Figures, d: dict[str, Any]) -> None:
+    """The job's cost over time beside what the same hours would have cost on demand."""
+    by_n = {a["n"]: a for a in d["attempts"]}
     xs, cost, ondemand = [0.0], [0.0], [0.0]
     for t0, t1, _kind, n in d["segments"]:
         a = by_n.get(n)
@@ -112,33 +161,4 @@ def _draw(view: JobView, directory: Path, plt: Any) -> list[Path]:
         xs.append(t1)
         cost.append(cost[-1] + hours * (a["usd_per_hour"] if a else 0.0))
         ondemand.append(ondemand[-1] + hours * (a["ondemand_usd_per_hour"] if a else 0.0))
-
-    def lines(
-        name: str,
-        xs: list[Any],
-        series: dict[str, list[Any]],
-        ylabel: str,
-        top: float | None = None,
-    ) -> None:
-        fig, ax = plt.subplots(figsize=(6, 3))
-        for label, values in series.items():
-            ax.plot(xs, values, label=label)
-        ax.set_xlabel("seconds since the job was created")
-        ax.set_ylabel(ylabel)
-        if top is not None:
-            ax.set_ylim(0, top)
-        ax.legend()
-        save(fig, name)
-
-    lines("cost.png", xs, {"cost": cost, "on-demand, same hours": ondemand}, "USD")
-    if d["metrics"]["t"]:
-        lines("metrics.png", d["metrics"]["t"], d["metrics"]["values"], "run.log values")
-    if d["gpu"]["t"]:
-        lines(
-            "gpu.png",
-            d["gpu"]["t"],
-            {f"GPU {i}": v for i, v in d["gpu"]["util_pct"].items()},
-            "utilisation %",
-            100,
-        )
-    return written
+    figs.lines("cost.png", xs, {"cost": cost, "on-demand, same hours": ondemand}, "USD")

@@ -17,7 +17,7 @@ Prices are the catalog's cheapest for each type in the job's market (spot or on-
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -94,6 +94,9 @@ def _price(t: InstanceType, market: str) -> float | None:
     return t.cheapest_spot_usd_per_hour if market == "spot" else t.cheapest_on_demand_usd_per_hour
 
 
+Suggest = Callable[[InstanceType, float], Suggestion | None]  # a type for so many hours
+
+
 def rightsize(
     samples: Sequence[Mapping[str, Any]],
     *,
@@ -139,33 +142,11 @@ def rightsize(
     if mean_util < LOW or (peak_mem is not None and peak_mem < LOW):
         out.verdict = "smaller"
         out.reason = f"under-used ({shown}): a smaller or cheaper instance"
-        need_gb = (peak_gb or 0.0) * MEMORY_HEADROOM
-        keep_gpus = max(1, math.ceil(mean_util * current.gpus / TARGET))
-        found = [
-            s
-            for t in types
-            if t.gpus >= keep_gpus
-            and t.gpus <= current.gpus
-            and t.gpu_mem_gb >= need_gb
-            and t.gpu_mem_gb > 0
-            and (s := suggest(t, remaining_h)) is not None
-            and s.difference_usd < 0
-        ]
+        found = _smaller(types, current, mean_util, peak_gb, remaining_h, suggest)
     elif mean_util > HIGH or (peak_mem is not None and peak_mem > HIGH):
         out.verdict = "larger"
         out.reason = f"saturated ({shown}): a larger instance (linear scaling assumed)"
-        more = [t.gpus for t in types if t.gpu == current.gpu and t.gpus > current.gpus]
-        roomier = [t for t in types if t.gpus == current.gpus and t.gpu_mem_gb > current.gpu_mem_gb]
-        found = [
-            s
-            for t in types
-            if t.gpu == current.gpu
-            and more
-            and t.gpus == min(more)
-            and (s := suggest(t, remaining_h * current.gpus / t.gpus)) is not None
-        ]
-        if peak_mem is not None and peak_mem > HIGH:  # more memory per GPU, same speed assumed
-            found += [s for t in roomier if (s := suggest(t, remaining_h)) is not None]
+        found = _larger(types, current, peak_mem, remaining_h, suggest)
     else:
         out.verdict = "keep"
         out.reason = f"well used ({shown}): keep {instance_type}"
@@ -174,3 +155,51 @@ def rightsize(
     if not out.suggestions:
         out.reason += f", but the catalog has none that fits better than {instance_type}"
     return out
+
+
+def _smaller(
+    types: Sequence[InstanceType],
+    current: InstanceType,
+    mean_util: float,
+    peak_gb: float | None,
+    remaining_h: float,
+    suggest: Suggest,
+) -> list[Suggestion]:
+    """Cheaper types with no more GPUs than now, enough of them for the work seen at the
+    target utilisation, and room for the memory peak."""
+    need_gb = (peak_gb or 0.0) * MEMORY_HEADROOM
+    keep_gpus = max(1, math.ceil(mean_util * current.gpus / TARGET))
+    return [
+        s
+        for t in types
+        if t.gpus >= keep_gpus
+        and t.gpus <= current.gpus
+        and t.gpu_mem_gb >= need_gb
+        and t.gpu_mem_gb > 0
+        and (s := suggest(t, remaining_h)) is not None
+        and s.difference_usd < 0
+    ]
+
+
+def _larger(
+    types: Sequence[InstanceType],
+    current: InstanceType,
+    peak_mem: float | None,
+    remaining_h: float,
+    suggest: Suggest,
+) -> list[Suggestion]:
+    """The next count of the same GPU (its hours shrunk by linear scaling), and, when memory
+    ran full, as many GPUs with more memory each (same speed assumed)."""
+    more = [t.gpus for t in types if t.gpu == current.gpu and t.gpus > current.gpus]
+    roomier = [t for t in types if t.gpus == current.gpus and t.gpu_mem_gb > current.gpu_mem_gb]
+    found = [
+        s
+        for t in types
+        if t.gpu == current.gpu
+        and more
+        and t.gpus == min(more)
+        and (s := suggest(t, remaining_h * current.gpus / t.gpus)) is not None
+    ]
+    if peak_mem is not None and peak_mem > HIGH:
+        found += [s for t in roomier if (s := suggest(t, remaining_h)) is not None]
+    return found

@@ -218,21 +218,7 @@ class AwsProvider:
         from spotwise.storage.s3 import parse_s3_uri
 
         self.bucket, self.prefix = parse_s3_uri(self.opts.s3)
-        self.features = Features(
-            zones=zones,
-            spot=True,
-            notice=NoticeKind.AWS_IMDS,
-            poll_s=self.opts.poll_s,
-            grace_s=self.opts.grace_s,
-            same_host=False,
-            multi_node=True,
-            checkpoints=CheckpointHome(
-                default=f"{self.job_uri('{job_id}')}/checkpoint",
-                durable=("s3://",),
-                hint="give checkpoint_dir as an s3:// URI, or leave it out: each job then "
-                f"checkpoints to {self.opts.s3.rstrip('/')}/<job id>/checkpoint",
-            ),
-        )
+        self.features = self._features(zones)
         self.retry = RetryPolicy.from_env()
         self._sleep, self._rand = sleep, random.Random()
         # one EC2 client per region (an instance is launched, watched and found in its zone's
@@ -254,6 +240,24 @@ class AwsProvider:
                 for m in MARKETS
                 for z in self.features.zones
             }
+        )
+
+    def _features(self, zones: tuple[str, ...]) -> Features:
+        """Spot with IMDS notices, remote multi-node machines, checkpoints in the job's bucket."""
+        return Features(
+            zones=zones,
+            spot=True,
+            notice=NoticeKind.AWS_IMDS,
+            poll_s=self.opts.poll_s,
+            grace_s=self.opts.grace_s,
+            same_host=False,
+            multi_node=True,
+            checkpoints=CheckpointHome(
+                default=f"{self.job_uri('{job_id}')}/checkpoint",
+                durable=("s3://",),
+                hint="give checkpoint_dir as an s3:// URI, or leave it out: each job then "
+                f"checkpoints to {self.opts.s3.rstrip('/')}/<job id>/checkpoint",
+            ),
         )
 
     def _price(self, market: str, zone: str, observed: dict[str, float]) -> float:
@@ -667,12 +671,19 @@ class AwsProvider:
                 found.append(
                     {"n": 0, "id": ident, "job": job_id, "region": region, "cluster": kind}
                 )
-        volumes = self._call(
-            "DescribeVolumes",
-            lambda: ec2.describe_volumes(
-                Filters=[*job, {"Name": "status", "Values": ["available"]}]
-            ),
-        )["Volumes"]
+        return found + self._left_volumes(region, job_id)
+
+    def _left_volumes(self, region: str, job_id: str) -> list[Handle]:
+        """The job's volumes no machine holds (a root volume that outlived its instance)."""
+        ec2 = self._ec2[region]
+        filters = [
+            {"Name": f"tag:{JOB_TAG}", "Values": [job_id]},
+            {"Name": "status", "Values": ["available"]},
+        ]
+        volumes = self._call("DescribeVolumes", lambda: ec2.describe_volumes(Filters=filters))[
+            "Volumes"
+        ]
+        found: list[Handle] = []
         for vol in volumes:
             tags = {t["Key"]: t["Value"] for t in vol.get("Tags", [])}
             found.append(
@@ -722,27 +733,10 @@ class AwsProvider:
             args["ImageId"] = image
         else:
             assert o.launch_template is not None
-            args["LaunchTemplate"] = {
-                (
-                    "LaunchTemplateId"
-                    if k == "id"
-                    else "LaunchTemplateName"
-                    if k == "name"
-                    else "Version"
-                ): v
-                for k, v in o.launch_template.items()
-            }
+            args["LaunchTemplate"] = _launch_template(o.launch_template)
         device = o.root_device or (self._root_device(region, image) if image else None)
         if device:
-            ebs: dict[str, Any] = {
-                "VolumeSize": o.root_volume_gb,
-                "VolumeType": "gp3",
-                "DeleteOnTermination": True,
-                "Encrypted": o.encrypted,
-            }
-            if o.kms_key_id:
-                ebs["KmsKeyId"] = o.kms_key_id
-            args["BlockDeviceMappings"] = [{"DeviceName": device, "Ebs": ebs}]
+            args["BlockDeviceMappings"] = [{"DeviceName": device, "Ebs": _root_volume(o)}]
         if zone in o.subnets:
             args["SubnetId"] = o.subnets[zone]
         else:
@@ -758,13 +752,7 @@ class AwsProvider:
         if o.key_name:
             args["KeyName"] = o.key_name
         if market == "spot":
-            spot: dict[str, Any] = {
-                "SpotInstanceType": "one-time",
-                "InstanceInterruptionBehavior": "terminate",
-            }
-            if o.spot_max_usd_per_hour is not None:
-                spot["MaxPrice"] = f"{o.spot_max_usd_per_hour:.4f}"
-            args["InstanceMarketOptions"] = {"MarketType": "spot", "SpotOptions": spot}
+            args["InstanceMarketOptions"] = {"MarketType": "spot", "SpotOptions": _spot(o)}
         return args
 
     def _root_device(self, region: str, image: str) -> str:
@@ -840,3 +828,34 @@ class AwsProvider:
             node = handle.get("node")
             where = f"aws {handle['id']}" + ("" if node is None else f" (node {node})")
             copy_log(self._attempt_store(handle), Path(handle["log"]), handle["n"], where, node)
+
+
+def _launch_template(template: dict[str, str]) -> dict[str, str]:
+    """``launch_template: {id|name, version}`` as RunInstances names its fields."""
+    names = {"id": "LaunchTemplateId", "name": "LaunchTemplateName"}
+    return {names.get(k, "Version"): v for k, v in template.items()}
+
+
+def _root_volume(o: AwsOptions) -> dict[str, Any]:
+    """The root EBS volume: gp3 of ``root_volume_gb``, deleted with the machine, encrypted as
+    configured."""
+    ebs: dict[str, Any] = {
+        "VolumeSize": o.root_volume_gb,
+        "VolumeType": "gp3",
+        "DeleteOnTermination": True,
+        "Encrypted": o.encrypted,
+    }
+    if o.kms_key_id:
+        ebs["KmsKeyId"] = o.kms_key_id
+    return ebs
+
+
+def _spot(o: AwsOptions) -> dict[str, Any]:
+    """A one-time spot request, terminated when taken back, capped at ``spot_max_usd_per_hour``."""
+    spot: dict[str, Any] = {
+        "SpotInstanceType": "one-time",
+        "InstanceInterruptionBehavior": "terminate",
+    }
+    if o.spot_max_usd_per_hour is not None:
+        spot["MaxPrice"] = f"{o.spot_max_usd_per_hour:.4f}"
+    return spot

@@ -130,6 +130,88 @@ def _per_zone(offers: Sequence[Offer], zones: dict[str, list[str]]) -> list[Offe
     return out
 
 
+def _allowed_regions(
+    region: str | None, regions: Sequence[str], zones: Sequence[str]
+) -> tuple[tuple[str, ...], str]:
+    """The regions a job may run in and the setting that named them; the zones written must
+    lie in them."""
+    if region is not None and regions:
+        raise ConfigError(
+            "provider.aws: both region and regions are given",
+            hint="keep region for one region, or list them all under regions",
+        )
+    allowed = (region,) if region is not None else tuple(dict.fromkeys(regions))
+    key = "provider.aws.regions" if regions else "provider.aws.region"
+    if zones and not allowed:
+        raise ConfigError(
+            "provider.aws.zones: zones are given but no region",
+            hint="set provider.aws.region to the zones' region (e.g. us-east-1), or "
+            "provider.aws.regions to theirs",
+        )
+    stray = [z for z in zones if region_of(z) not in allowed]
+    if stray:
+        raise ConfigError(
+            f"provider.aws.zones: {stray} are in no region of {key} ({', '.join(allowed)})",
+            hint=f"zones of those regions are named <region><letter>, e.g. {allowed[0]}a",
+        )
+    return allowed, key
+
+
+def _no_offer(what: str, cpus: int, allowed: tuple[str, ...], market: str, key: str) -> ConfigError:
+    want = " ".join(
+        p
+        for p in (
+            what,
+            f"with >= {cpus} CPUs" if cpus > 1 else "",
+            f"in {', '.join(allowed)}" if allowed else "",
+            f"({market})",
+        )
+        if p
+    )
+    return ConfigError(
+        f"resources: no AWS offer has {want}",
+        hint="change resources.gpu, resources.gpu_count or resources.cpus"
+        + (f", or {key}" if allowed else "")
+        + " (spotwise gpus --cloud aws lists what exists)",
+    )
+
+
+def _pool(
+    catalog: Catalog,
+    model: InterruptionModel,
+    cpus: int,
+    instance_type: str | None,
+    allowed: tuple[str, ...],
+    gpu: str | None,
+    gpu_count: int,
+    zones: Sequence[str],
+    compute_hours: float,
+) -> list[Offer]:
+    """The AWS offers that fit the request, once per zone it may run in: the zones written,
+    else the zones known to offer the type (the interruption model's), else ``<region>a``."""
+    aws = [
+        o
+        for o in _regional(catalog.offers)
+        if o.cloud == "aws"
+        and o.vcpus >= cpus
+        and (instance_type is None or o.instance_type == instance_type)
+        and (not allowed or o.region in allowed)
+    ]
+    if gpu is not None:
+        request = JobRequest(compute_hours, gpu=gpu, gpus=max(gpu_count, 1), clouds=("aws",))
+        try:
+            aws = matching_offers(request, aws, catalog)
+        except UnknownGPUError as exc:
+            raise ConfigError(f"resources.gpu: {exc.message}", hint=exc.hint) from None
+    offered = {o.region for o in aws}
+    model_zones = model.zones("aws")
+    if zones:
+        places = {r: [z for z in zones if region_of(z) == r] for r in offered}
+    else:
+        places = {r: _known_zones(r, aws, model_zones.get(r, [])) or [f"{r}a"] for r in offered}
+    return _per_zone(aws, places)
+
+
 def choose_placement(
     *,
     gpu: str | None,
@@ -152,25 +234,7 @@ def choose_placement(
     neither, the best region alone). ``market``: "spot" or "on-demand", the market the ranking
     prices. Raises ``ConfigError`` naming the setting when no AWS offer satisfies the request.
     """
-    if region is not None and regions:
-        raise ConfigError(
-            "provider.aws: both region and regions are given",
-            hint="keep region for one region, or list them all under regions",
-        )
-    allowed = (region,) if region is not None else tuple(dict.fromkeys(regions))
-    key = "provider.aws.regions" if regions else "provider.aws.region"
-    if zones and not allowed:
-        raise ConfigError(
-            "provider.aws.zones: zones are given but no region",
-            hint="set provider.aws.region to the zones' region (e.g. us-east-1), or "
-            "provider.aws.regions to theirs",
-        )
-    stray = [z for z in zones if region_of(z) not in allowed]
-    if stray:
-        raise ConfigError(
-            f"provider.aws.zones: {stray} are in no region of {key} ({', '.join(allowed)})",
-            hint=f"zones of those regions are named <region><letter>, e.g. {allowed[0]}a",
-        )
+    allowed, key = _allowed_regions(region, regions, zones)
     if instance_type and allowed:
         first = tuple(zones) or tuple(f"{r}a" for r in allowed)
         return AwsPlacement(instance_type, region_of(first[0]), first, advised=False)
@@ -180,27 +244,7 @@ def choose_placement(
             hint="set resources.gpu (e.g. T4) and resources.gpu_count, or pin "
             "provider.aws.instance_type (e.g. g4dn.xlarge)",
         )
-    aws = [
-        o
-        for o in _regional(catalog.offers)
-        if o.cloud == "aws"
-        and o.vcpus >= cpus
-        and (instance_type is None or o.instance_type == instance_type)
-        and (not allowed or o.region in allowed)
-    ]
-    if gpu is not None:
-        request = JobRequest(compute_hours, gpu=gpu, gpus=max(gpu_count, 1), clouds=("aws",))
-        try:
-            aws = matching_offers(request, aws, catalog)
-        except UnknownGPUError as exc:
-            raise ConfigError(f"resources.gpu: {exc.message}", hint=exc.hint) from None
-    offered = {o.region for o in aws}
-    model_zones = model.zones("aws")
-    if zones:
-        places = {r: [z for z in zones if region_of(z) == r] for r in offered}
-    else:
-        places = {r: _known_zones(r, aws, model_zones.get(r, [])) or [f"{r}a"] for r in offered}
-    pool = _per_zone(aws, places)
+    pool = _pool(catalog, model, cpus, instance_type, allowed, gpu, gpu_count, zones, compute_hours)
     gpus = max(gpu_count, 1) if gpu is not None else (pool[0].gpus if pool else 1)
     job = JobRequest(
         compute_hours,
@@ -216,31 +260,23 @@ def choose_placement(
     except NoPlacementError:
         ranked = []
     if not ranked:
-        want = " ".join(
-            p
-            for p in (
-                f"{max(gpu_count, 1)} x {gpu}" if gpu else f"instance type {instance_type}",
-                f"with >= {cpus} CPUs" if cpus > 1 else "",
-                f"in {', '.join(allowed)}" if allowed else "",
-                f"({market})",
-            )
-            if p
-        )
-        raise ConfigError(
-            f"resources: no AWS offer has {want}",
-            hint="change resources.gpu, resources.gpu_count or resources.cpus"
-            + (f", or {key}" if allowed else "")
-            + " (spotwise gpus --cloud aws lists what exists)",
-        )
+        what = f"{max(gpu_count, 1)} x {gpu}" if gpu else f"instance type {instance_type}"
+        raise _no_offer(what, cpus, allowed, market, key)
+    return _best_type(ranked, len(allowed) > 1, zones)
+
+
+def _best_type(ranked: list[Placement], several: bool, zones: Sequence[str]) -> AwsPlacement:
+    """The best-ranked type in every zone it was ranked in, best first: across the job's
+    regions when it spans ``several``, else in the best region alone; zones written keep the
+    order written (across regions, those the chosen type has)."""
     best = ranked[0]
-    several = len(allowed) > 1  # the job spans its regions; else the best region alone
     mine = tuple(
         p
         for p in ranked
         if p.instance_type == best.instance_type and (several or p.region == best.region)
     )
     order = tuple(dict.fromkeys(p.zone for p in mine))
-    if zones:  # pinned: in the order written (across regions, those the chosen type has)
+    if zones:
         order = tuple(z for z in zones if z in order or not several)
     return AwsPlacement(best.instance_type, region_of(order[0]), order, advised=True, ranked=mine)
 

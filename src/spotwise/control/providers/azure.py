@@ -540,48 +540,11 @@ class AzureProvider:
         tags = {JOB_TAG: req.job_id, ATTEMPT_TAG: str(req.n), **(node_tags or {})}
         script = self.custom_data(req) if script is None else script
         custom = base64.b64encode(script.encode()).decode()
-        os_disk: dict[str, Any] = {
-            "createOption": "FromImage",
-            "diskSizeGB": o.os_disk_gb,
-            "deleteOption": "Delete",
-            "managedDisk": {"storageAccountType": o.disk_type},
-        }
-        if o.disk_encryption_set_id:
-            os_disk["managedDisk"]["diskEncryptionSet"] = {"id": o.disk_encryption_set_id}
         props: dict[str, Any] = {
             "hardwareProfile": {"vmSize": self.vm_size},
-            "storageProfile": {"imageReference": _image(o.image), "osDisk": os_disk},
-            "osProfile": {
-                "computerName": req.key[-15:].strip("-") or "spotwise",
-                "adminUsername": o.admin_username,
-                "customData": custom,
-                "linuxConfiguration": {
-                    "disablePasswordAuthentication": True,
-                    "ssh": {
-                        "publicKeys": [
-                            {
-                                "path": f"/home/{o.admin_username}/.ssh/authorized_keys",
-                                "keyData": o.ssh_public_key,
-                            }
-                        ]
-                    },
-                },
-            },
-            "networkProfile": {
-                "networkApiVersion": "2020-11-01",
-                "networkInterfaceConfigurations": [
-                    {
-                        "name": "nic",
-                        "properties": {
-                            "primary": True,
-                            "deleteOption": "Delete",
-                            "ipConfigurations": [
-                                {"name": "ip", "properties": {"subnet": {"id": o.subnet_id}}}
-                            ],
-                        },
-                    }
-                ],
-            },
+            "storageProfile": {"imageReference": _image(o.image), "osDisk": _os_disk(o)},
+            "osProfile": _os_profile(o, req.key[-15:].strip("-") or "spotwise", custom),
+            "networkProfile": _network_profile(o.subnet_id),
             "securityProfile": {"encryptionAtHost": o.encryption_at_host},
         }
         if req.placement.market == "spot":
@@ -665,3 +628,55 @@ def _image(image: str) -> dict[str, str]:
             hint="e.g. microsoft-dsvm:ubuntu-hpc:2204:latest",
         )
     return dict(zip(("publisher", "offer", "sku", "version"), parts, strict=True))
+
+
+def _os_disk(o: AzureOptions) -> dict[str, Any]:
+    """The OS disk, deleted with the VM, encrypted with the disk encryption set if one is set."""
+    os_disk: dict[str, Any] = {
+        "createOption": "FromImage",
+        "diskSizeGB": o.os_disk_gb,
+        "deleteOption": "Delete",
+        "managedDisk": {"storageAccountType": o.disk_type},
+    }
+    if o.disk_encryption_set_id:
+        os_disk["managedDisk"]["diskEncryptionSet"] = {"id": o.disk_encryption_set_id}
+    return os_disk
+
+
+def _os_profile(o: AzureOptions, computer_name: str, custom_data: str) -> dict[str, Any]:
+    """Linux with its boot script as custom data, SSH keys only."""
+    return {
+        "computerName": computer_name,
+        "adminUsername": o.admin_username,
+        "customData": custom_data,
+        "linuxConfiguration": {
+            "disablePasswordAuthentication": True,
+            "ssh": {
+                "publicKeys": [
+                    {
+                        "path": f"/home/{o.admin_username}/.ssh/authorized_keys",
+                        "keyData": o.ssh_public_key,
+                    }
+                ]
+            },
+        },
+    }
+
+
+def _network_profile(subnet_id: str) -> dict[str, Any]:
+    """One NIC in the subnet, deleted with the VM."""
+    return {
+        "networkApiVersion": "2020-11-01",
+        "networkInterfaceConfigurations": [
+            {
+                "name": "nic",
+                "properties": {
+                    "primary": True,
+                    "deleteOption": "Delete",
+                    "ipConfigurations": [
+                        {"name": "ip", "properties": {"subnet": {"id": subnet_id}}}
+                    ],
+                },
+            }
+        ],
+    }

@@ -65,6 +65,7 @@ from spotwise.errors import (
     SpotwiseError,
     TransientProviderError,
 )
+from spotwise.market.catalog import GCP_ACCELERATORS
 from spotwise.registry import require
 from spotwise.retry import RetryPolicy
 from spotwise.settings import GCP_COMPUTE_ENDPOINT
@@ -84,17 +85,6 @@ CAPACITY_CODES = frozenset({
     "resourcePoolExhausted",
 })  # fmt: skip
 PREEMPTED_OP = "compute.instances.preempted"
-# the catalog's GPU names -> Compute Engine accelerator types (N1 guest accelerators)
-ACCELERATORS = {
-    "T4": "nvidia-tesla-t4",
-    "P4": "nvidia-tesla-p4",
-    "P100": "nvidia-tesla-p100",
-    "V100": "nvidia-tesla-v100",
-    "L4": "nvidia-l4",
-    "A100": "nvidia-tesla-a100",
-    "A100-80GB": "nvidia-a100-80gb",
-    "H100": "nvidia-h100-80gb",
-}
 BUNDLED_GPU = ("a2-", "a3-", "a4-", "g2-")  # machine types with their GPUs built in
 STORAGE_SCOPE = "https://www.googleapis.com/auth/devstorage.read_write"
 LOGGING_SCOPE = "https://www.googleapis.com/auth/logging.write"
@@ -222,11 +212,11 @@ class GcpProvider:
             return None, 0
         gpu = o.accelerator_type
         if gpu is None and resources is not None and resources.gpu and resources.gpu_count:
-            gpu = ACCELERATORS.get(resources.gpu)
+            gpu = GCP_ACCELERATORS.get(resources.gpu)
             if gpu is None:
                 raise ConfigError(
                     f"resources.gpu: {resources.gpu!r} is not a GPU Compute Engine attaches",
-                    hint=f"one of {', '.join(ACCELERATORS)}, or a machine type with built-in "
+                    hint=f"one of {', '.join(GCP_ACCELERATORS)}, or a machine type with built-in "
                     "GPUs (a2-, a3-, g2-) in provider.gcp.machine_type",
                 )
         count = o.accelerator_count or (resources.gpu_count if resources else 0) or 1
@@ -240,7 +230,7 @@ class GcpProvider:
             return given
         key = self.machine_type
         if self.gpu:
-            gpu = next((k for k, v in ACCELERATORS.items() if v == self.gpu), self.gpu)
+            gpu = next((k for k, v in GCP_ACCELERATORS.items() if v == self.gpu), self.gpu)
             key = f"n1+{gpu}:{self.gpus}"
         try:
             return catalog_usd_per_hour(key, zone, market, cloud="gcp")
@@ -606,18 +596,13 @@ class GcpProvider:
         )
         if o.kms_key:
             disk.disk_encryption_key = g.CustomerEncryptionKey(kms_key_name=o.kms_key)
-        nic = g.NetworkInterface(network=o.network)
-        if o.subnetwork:
-            nic.subnetwork = o.subnetwork
-        if o.external_ip:
-            nic.access_configs = [g.AccessConfig(name="External NAT", type_="ONE_TO_ONE_NAT")]
         body = g.Instance(
             name=name,
             machine_type=f"zones/{zone}/machineTypes/{self.machine_type}",
             labels=labels,
             scheduling=scheduling,
             disks=[disk],
-            network_interfaces=[nic],
+            network_interfaces=[self._nic()],
             service_accounts=[
                 g.ServiceAccount(email=o.service_account or "default", scopes=list(o.scopes))
             ],
@@ -636,6 +621,17 @@ class GcpProvider:
                 )
             ]
         return body
+
+    def _nic(self) -> Any:
+        """The VM's network interface: the network (and subnetwork) set, an external IP only
+        when asked."""
+        g, o = self._gce, self.opts
+        nic = g.NetworkInterface(network=o.network)
+        if o.subnetwork:
+            nic.subnetwork = o.subnetwork
+        if o.external_ip:
+            nic.access_configs = [g.AccessConfig(name="External NAT", type_="ONE_TO_ONE_NAT")]
+        return nic
 
     def _labels(self, req: LaunchRequest) -> dict[str, str]:
         return {JOB_LABEL: label_value(req.job_id), ATTEMPT_LABEL: str(req.n)}

@@ -194,45 +194,12 @@ def job_manifest(
     the container's working directory, unless ``working_dir`` says; None for none. With
     ``nodes`` > 1 an Indexed Job of that many pods in the subdomain of :func:`service`."""
     labels = attempt_labels(job_id, n)
-    resources: dict[str, Any] = {"requests": {"cpu": str(cpus)}}
-    if opts.memory:
-        resources["requests"]["memory"] = opts.memory
-        resources["limits"] = {"memory": opts.memory}
-    pod: dict[str, Any] = {
-        "restartPolicy": "Never",
-        "terminationGracePeriodSeconds": round(opts.grace),
-        "automountServiceAccountToken": False,
-        **placement(opts, market),
-    }
-    if gpu_count:
-        resources["requests"][GPU] = str(gpu_count)
-        resources.setdefault("limits", {})[GPU] = str(gpu_count)
-        pod.setdefault("tolerations", []).append(
-            {"key": GPU, "operator": "Exists", "effect": "NoSchedule"}
-        )
-    env_list: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in sorted(env.items())]
-    for var, ref in sorted(opts.secret_env.items()):
-        secret, key = ref.split("/", 1)
-        env_list.append({"name": var, "valueFrom": {"secretKeyRef": {"name": secret, "key": key}}})
-    container: dict[str, Any] = {
-        "name": CONTAINER,
-        "image": opts.image,
-        "command": list(argv),
-        "env": env_list,
-        "resources": resources,
-    }
-    if workdir is not None:  # (None: the command unpacks the job's code and enters it)
-        container["workingDir"] = opts.working_dir or workdir
-    if opts.checkpoint_pvc:
-        container["volumeMounts"] = [{"name": "checkpoints", "mountPath": opts.checkpoint_mount}]
-        pod["volumes"] = [
-            {"name": "checkpoints", "persistentVolumeClaim": {"claimName": opts.checkpoint_pvc}}
-        ]
-    pod["containers"] = [container]
-    if opts.service_account:
-        pod["serviceAccountName"] = opts.service_account
-    if opts.image_pull_secrets:
-        pod["imagePullSecrets"] = [{"name": s} for s in opts.image_pull_secrets]
+    pod = _pod(
+        opts,
+        market,
+        gpu_count,
+        _container(opts, argv, env, workdir, _resources(opts, cpus, gpu_count)),
+    )
     spec: dict[str, Any] = {}
     # no retry by Kubernetes; one pod: its end is the Job's. Several: a pod's end fails its
     # index only, never retried, and the Job ends when every index has: the other pods are
@@ -255,24 +222,94 @@ def job_manifest(
             **spec,
             **limits,
             "podReplacementPolicy": "Failed",
-            "podFailurePolicy": {
-                "rules": [
-                    {
-                        "action": action,
-                        "onExitCodes": {
-                            "containerName": CONTAINER,
-                            "operator": "In",
-                            "values": [EXIT_INTERRUPTED],
-                        },
-                    },
-                    {
-                        "action": action,
-                        "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}],
-                    },
-                ]
-            },
+            "podFailurePolicy": _failure_policy(action),
             "template": {"metadata": {"labels": dict(labels)}, "spec": pod},
         },
+    }
+
+
+def _pod(
+    opts: KubernetesOptions, market: str, gpu_count: int, container: dict[str, Any]
+) -> dict[str, Any]:
+    """The attempt's pod: never restarted in place, placed on the market's nodes (and GPU
+    nodes' taint tolerated), the checkpoint volume, the service account and pull secrets."""
+    pod: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "terminationGracePeriodSeconds": round(opts.grace),
+        "automountServiceAccountToken": False,
+        **placement(opts, market),
+    }
+    if gpu_count:
+        pod.setdefault("tolerations", []).append(
+            {"key": GPU, "operator": "Exists", "effect": "NoSchedule"}
+        )
+    if opts.checkpoint_pvc:
+        pod["volumes"] = [
+            {"name": "checkpoints", "persistentVolumeClaim": {"claimName": opts.checkpoint_pvc}}
+        ]
+    pod["containers"] = [container]
+    if opts.service_account:
+        pod["serviceAccountName"] = opts.service_account
+    if opts.image_pull_secrets:
+        pod["imagePullSecrets"] = [{"name": s} for s in opts.image_pull_secrets]
+    return pod
+
+
+def _resources(opts: KubernetesOptions, cpus: int, gpu_count: int) -> dict[str, Any]:
+    resources: dict[str, Any] = {"requests": {"cpu": str(cpus)}}
+    if opts.memory:
+        resources["requests"]["memory"] = opts.memory
+        resources["limits"] = {"memory": opts.memory}
+    if gpu_count:
+        resources["requests"][GPU] = str(gpu_count)
+        resources.setdefault("limits", {})[GPU] = str(gpu_count)
+    return resources
+
+
+def _container(
+    opts: KubernetesOptions,
+    argv: list[str],
+    env: dict[str, str],
+    workdir: str | None,
+    resources: dict[str, Any],
+) -> dict[str, Any]:
+    """The attempt's one container: the command, its environment (values, then the secrets'
+    references), resources, working directory and the checkpoint volume's mount."""
+    env_list: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in sorted(env.items())]
+    for var, ref in sorted(opts.secret_env.items()):
+        secret, key = ref.split("/", 1)
+        env_list.append({"name": var, "valueFrom": {"secretKeyRef": {"name": secret, "key": key}}})
+    container: dict[str, Any] = {
+        "name": CONTAINER,
+        "image": opts.image,
+        "command": list(argv),
+        "env": env_list,
+        "resources": resources,
+    }
+    if workdir is not None:  # (None: the command unpacks the job's code and enters it)
+        container["workingDir"] = opts.working_dir or workdir
+    if opts.checkpoint_pvc:
+        container["volumeMounts"] = [{"name": "checkpoints", "mountPath": opts.checkpoint_mount}]
+    return container
+
+
+def _failure_policy(action: str) -> dict[str, Any]:
+    """``action`` (fail the Job, or one index) on exit 75 and on a disruption of the pod."""
+    return {
+        "rules": [
+            {
+                "action": action,
+                "onExitCodes": {
+                    "containerName": CONTAINER,
+                    "operator": "In",
+                    "values": [EXIT_INTERRUPTED],
+                },
+            },
+            {
+                "action": action,
+                "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}],
+            },
+        ]
     }
 
 

@@ -344,16 +344,7 @@ class KubeApiServer(LoopbackServer):
     ) -> Any:
         kind = RESOURCES[resource][1]
         if method == "POST" and name is None:
-            try:
-                doc = json.loads(body or b"{}")
-            except json.JSONDecodeError as exc:
-                raise ApiError(400, "BadRequest", f"invalid JSON body: {exc}") from None
-            if not isinstance(doc, dict) or doc.get("kind", kind) != kind:
-                raise ApiError(400, "BadRequest", f"the body is not a {kind}")
-            if resource == "secrets":  # stringData is write-only: stored base64 in data
-                data = doc.setdefault("data", {})
-                for key, value in (doc.pop("stringData", None) or {}).items():
-                    data[key] = base64.b64encode(str(value).encode()).decode()
+            doc = _created(resource, kind, body)
             if query.get("dryRun") == "All":
                 return _ok(doc, 201)
             return _ok(self.store.create(resource, ns, doc), 201)
@@ -383,24 +374,31 @@ class KubeApiServer(LoopbackServer):
         if method == "GET":
             return _ok(obj)
         if method == "DELETE":
-            options = json.loads(body) if body.strip() else {}
-            for key in ("gracePeriodSeconds", "propagationPolicy"):
-                if key in query:
-                    options[key] = int(query[key]) if key == "gracePeriodSeconds" else query[key]
-            if self.on_delete is not None:
-                self.on_delete(resource, ns, name, options)
-            else:
-                self.store.remove(resource, ns, name)
-            return _ok(
-                {
-                    "kind": "Status",
-                    "apiVersion": "v1",
-                    "metadata": {},
-                    "status": "Success",
-                    "details": {"name": name, "kind": resource, "uid": obj["metadata"]["uid"]},
-                }
-            )
+            return self._delete(resource, ns, name, obj, query, body)
         raise ApiError(405, "MethodNotAllowed", f"{method} is not supported on {resource}")
+
+    def _delete(
+        self, resource: str, ns: str, name: str, obj: Obj, query: dict[str, str], body: bytes
+    ) -> Any:
+        """A delete with its options (grace period, propagation) from the body or the query;
+        the cluster's ``on_delete`` carries it out where one is set (a pod's graceful stop)."""
+        options = json.loads(body) if body.strip() else {}
+        for key in ("gracePeriodSeconds", "propagationPolicy"):
+            if key in query:
+                options[key] = int(query[key]) if key == "gracePeriodSeconds" else query[key]
+        if self.on_delete is not None:
+            self.on_delete(resource, ns, name, options)
+        else:
+            self.store.remove(resource, ns, name)
+        return _ok(
+            {
+                "kind": "Status",
+                "apiVersion": "v1",
+                "metadata": {},
+                "status": "Success",
+                "details": {"name": name, "kind": resource, "uid": obj["metadata"]["uid"]},
+            }
+        )
 
     def _watch(
         self, resource: str, ns: str | None, query: dict[str, str]
@@ -445,3 +443,19 @@ def _event(kind: str, obj: Obj) -> bytes:
 
 def _ok(doc: Obj, code: int = 200) -> tuple[int, str, bytes]:
     return code, "application/json", json.dumps(doc).encode()
+
+
+def _created(resource: str, kind: str, body: bytes) -> Obj:
+    """A create's body as the object to store: JSON of the resource's kind, a Secret's
+    write-only ``stringData`` stored base64 in ``data``."""
+    try:
+        doc = json.loads(body or b"{}")
+    except json.JSONDecodeError as exc:
+        raise ApiError(400, "BadRequest", f"invalid JSON body: {exc}") from None
+    if not isinstance(doc, dict) or doc.get("kind", kind) != kind:
+        raise ApiError(400, "BadRequest", f"the body is not a {kind}")
+    if resource == "secrets":
+        data = doc.setdefault("data", {})
+        for key, value in (doc.pop("stringData", None) or {}).items():
+            data[key] = base64.b64encode(str(value).encode()).decode()
+    return doc

@@ -244,40 +244,39 @@ class Kubelet:
 
         return lambda text: pattern.sub(loopback, text)
 
+    def _command(
+        self, namespace: str, spec: Obj, env: dict[str, str], mounts: dict[str, Path]
+    ) -> tuple[list[str], dict[str, str], str | None]:
+        """The container's argv, environment and working directory as its machine sees them:
+        ``$(VAR)`` expanded, cluster DNS names on loopback, and without a mount namespace the
+        volumes' host paths."""
+        argv = [_expand(a, env) for a in [*(spec.get("command") or []), *(spec.get("args") or [])]]
+        resolve = self._cluster_dns(namespace)
+        if resolve is not None:
+            argv = [resolve(a) for a in argv]
+            env = {k: resolve(v) for k, v in env.items()}
+        cwd = spec.get("workingDir")
+        if not machine_root.isolated():
+            env = {k: _remap(v, mounts) for k, v in env.items()}
+            argv = [_remap(a, mounts) for a in argv]
+            cwd = cwd and _remap(cwd, mounts)
+        return argv, env, cwd
+
     def _start(self, pod: Obj) -> None:
         meta = pod["metadata"]
         spec = pod["spec"]["containers"][0]
         env, missing = self._env(pod, spec)
         if missing is not None:
+            waiting = {"waiting": {"reason": "CreateContainerConfigError", "message": missing}}
 
-            def waiting(p: Obj) -> None:
-                p["status"]["containerStatuses"] = [
-                    {
-                        "name": spec["name"],
-                        "image": spec.get("image", ""),
-                        "ready": False,
-                        "restartCount": 0,
-                        "imageID": "",
-                        "state": {
-                            "waiting": {"reason": "CreateContainerConfigError", "message": missing}
-                        },
-                    }
-                ]
+            def config_error(p: Obj) -> None:
+                p["status"]["containerStatuses"] = [_container_status(spec, waiting)]
 
-            if self.store.update("pods", meta["namespace"], meta["name"], waiting) != pod:
+            if self.store.update("pods", meta["namespace"], meta["name"], config_error) != pod:
                 record_event(self.store, pod, "Failed", f"Error: {missing}", warning=True)
             return
         mounts = self._volumes(pod)
-        argv = [_expand(a, env) for a in [*(spec.get("command") or []), *(spec.get("args") or [])]]
-        resolve = self._cluster_dns(meta["namespace"])
-        if resolve is not None:
-            argv = [resolve(a) for a in argv]
-            env = {k: resolve(v) for k, v in env.items()}
-        cwd = spec.get("workingDir")
-        if not machine_root.isolated():  # no mount namespace: the volumes' host paths instead
-            env = {k: _remap(v, mounts) for k, v in env.items()}
-            argv = [_remap(a, mounts) for a in argv]
-            cwd = cwd and _remap(cwd, mounts)
+        argv, env, cwd = self._command(meta["namespace"], spec, env, mounts)
         log = self._log_path(pod)
         log.parent.mkdir(parents=True, exist_ok=True)
         with open(log, "ab") as out:
@@ -306,15 +305,7 @@ class Kubelet:
                 phase="Running", hostIP="127.0.0.1", podIP="127.0.0.1", startTime=started
             )
             p["status"]["containerStatuses"] = [
-                {
-                    "name": spec["name"],
-                    "image": spec.get("image", ""),
-                    "imageID": "",
-                    "ready": True,
-                    "restartCount": 0,
-                    "started": True,
-                    "state": {"running": {"startedAt": started}},
-                }
+                _container_status(spec, {"running": {"startedAt": started}}, ready=True)
             ]
             set_condition(p, "Ready", "True", "")
 
@@ -479,3 +470,18 @@ def _signal_group(pid: int, sig: int) -> None:
         os.killpg(pid, sig)
     except (ProcessLookupError, PermissionError):
         return
+
+
+def _container_status(spec: Obj, state: Obj, *, ready: bool = False) -> Obj:
+    """The pod's one container status: waiting (not ready) or running (ready, started)."""
+    status = {
+        "name": spec["name"],
+        "image": spec.get("image", ""),
+        "ready": ready,
+        "restartCount": 0,
+        "imageID": "",
+        "state": state,
+    }
+    if ready:
+        status["started"] = True
+    return status

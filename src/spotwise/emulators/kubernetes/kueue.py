@@ -27,6 +27,7 @@ from __future__ import annotations
 import re
 import secrets
 import threading
+from collections.abc import Callable
 
 from spotwise.emulators.kubernetes.api import Obj, ObjectStore
 from spotwise.emulators.kubernetes.jobs import owned_by
@@ -201,62 +202,13 @@ class Kueue:
         flavor = cq["spec"]["resourceGroups"][0]["flavors"][0]
         quota = {r["name"]: quantity(r["nominalQuota"]) for r in flavor["resources"]}
         pod_set = workload["spec"]["podSets"][0]
-        wanted: dict[str, float] = {}
-        for container in pod_set["template"]["spec"].get("containers") or []:
-            resources = container.get("resources") or {}
-            asked = {**(resources.get("limits") or {}), **(resources.get("requests") or {})}
-            for resource, value in asked.items():
-                wanted[resource] = wanted.get(resource, 0.0) + quantity(value) * pod_set["count"]
-        used = self._usage(cq["metadata"]["name"])
-        for resource, want in sorted(wanted.items()):
-            if resource not in quota:
-                self._pending(
-                    ns,
-                    name,
-                    "Pending",
-                    f"couldn't assign flavors to pod set main: resource {resource} unavailable "
-                    "in ClusterQueue",
-                )
-                return
-            free = quota[resource] - used.get(resource, 0.0)
-            if want > free:
-                self._pending(
-                    ns,
-                    name,
-                    "Pending",
-                    f"couldn't assign flavors to pod set main: insufficient unused quota for "
-                    f"{resource} in flavor {flavor['name']}, {_shown(want - free)} more needed",
-                )
-                return
+        wanted = _requested(pod_set)
         cq_name = cq["metadata"]["name"]
-
-        def admit(w: Obj) -> None:
-            w["status"]["admission"] = {
-                "clusterQueue": cq_name,
-                "podSetAssignments": [
-                    {
-                        "name": "main",
-                        "count": pod_set["count"],
-                        "flavors": dict.fromkeys(wanted, flavor["name"]),
-                        "resourceUsage": {k: _shown(v) for k, v in wanted.items()},
-                    }
-                ],
-            }
-            set_condition(
-                w,
-                "QuotaReserved",
-                "True",
-                "QuotaReserved",
-                f"Quota reserved in ClusterQueue {cq_name}",
-            )
-            set_condition(w, "Admitted", "True", "Admitted", "The workload is admitted")
-            evicted = condition(w, "Evicted")
-            if evicted is not None and evicted["status"] == "True":
-                set_condition(
-                    w, "Evicted", "False", "QuotaReserved", f"Previously: {evicted['message']}"
-                )
-
-        self.store.update("workloads", ns, name, admit)
+        short = _short_of(wanted, quota, self._usage(cq_name), flavor["name"])
+        if short is not None:
+            self._pending(ns, name, "Pending", short)
+            return
+        self.store.update("workloads", ns, name, _admission(cq_name, pod_set, wanted, flavor))
         self._suspend(job, False)
         record_event(
             self.store, job, "Started", f"Admitted by clusterQueue {cq_name}", component=KUEUE
@@ -309,3 +261,65 @@ def _release(w: Obj) -> None:
 
 
 __all__ = ["JOB_UID_LABEL", "PREEMPTED", "QUEUE_LABEL", "Kueue", "quantity", "queues"]
+
+
+def _requested(pod_set: Obj) -> dict[str, float]:
+    """What a pod set asks for in all: each container's limits, overridden by its requests,
+    times the set's count."""
+    wanted: dict[str, float] = {}
+    for container in pod_set["template"]["spec"].get("containers") or []:
+        resources = container.get("resources") or {}
+        asked = {**(resources.get("limits") or {}), **(resources.get("requests") or {})}
+        for resource, value in asked.items():
+            wanted[resource] = wanted.get(resource, 0.0) + quantity(value) * pod_set["count"]
+    return wanted
+
+
+def _short_of(
+    wanted: dict[str, float], quota: dict[str, float], used: dict[str, float], flavor: str
+) -> str | None:
+    """Kueue's message for the first resource the ClusterQueue cannot give; None: it fits."""
+    for resource, want in sorted(wanted.items()):
+        if resource not in quota:
+            return (
+                f"couldn't assign flavors to pod set main: resource {resource} unavailable "
+                "in ClusterQueue"
+            )
+        free = quota[resource] - used.get(resource, 0.0)
+        if want > free:
+            return (
+                f"couldn't assign flavors to pod set main: insufficient unused quota for "
+                f"{resource} in flavor {flavor}, {_shown(want - free)} more needed"
+            )
+    return None
+
+
+def _admission(
+    cq_name: str, pod_set: Obj, wanted: dict[str, float], flavor: Obj
+) -> Callable[[Obj], None]:
+    """The update that admits a Workload: its quota reserved in ``cq_name``, a past eviction
+    cleared."""
+
+    def admit(w: Obj) -> None:
+        w["status"]["admission"] = {
+            "clusterQueue": cq_name,
+            "podSetAssignments": [
+                {
+                    "name": "main",
+                    "count": pod_set["count"],
+                    "flavors": dict.fromkeys(wanted, flavor["name"]),
+                    "resourceUsage": {k: _shown(v) for k, v in wanted.items()},
+                }
+            ],
+        }
+        set_condition(
+            w, "QuotaReserved", "True", "QuotaReserved", f"Quota reserved in ClusterQueue {cq_name}"
+        )
+        set_condition(w, "Admitted", "True", "Admitted", "The workload is admitted")
+        evicted = condition(w, "Evicted")
+        if evicted is not None and evicted["status"] == "True":
+            set_condition(
+                w, "Evicted", "False", "QuotaReserved", f"Previously: {evicted['message']}"
+            )
+
+    return admit

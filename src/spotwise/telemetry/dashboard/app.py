@@ -69,85 +69,86 @@ def _session(request: Request) -> str | None:
     return value if SESSION_SHAPE.fullmatch(value) else None
 
 
-def create_app(
-    store: Store,
-    *,
-    allowed_hosts: list[str] | None = None,
-    on_cancel: Callable[[str], None] | None = None,
-) -> Starlette:
-    """The dashboard app. ``on_cancel(job_id)`` runs after a cancel was recorded (the CLI
-    passes one that restarts a dead controller so that the cancel is carried out)."""
-    secret = secrets.token_bytes(32)
+class _Dashboard:
+    """The dashboard's pages and API over one store; a session token (an HMAC of the session
+    cookie under a per-app secret) guards the one action, cancel."""
 
-    def token_for(session: str) -> str:
-        return hmac.new(secret, session.encode(), hashlib.sha256).hexdigest()
+    def __init__(self, store: Store, on_cancel: Callable[[str], None] | None) -> None:
+        self.store = store
+        self.on_cancel = on_cancel
+        self._secret = secrets.token_bytes(32)
 
-    def html_page(request: Request, **kw: Any) -> HTMLResponse:
+    def token_for(self, session: str) -> str:
+        return hmac.new(self._secret, session.encode(), hashlib.sha256).hexdigest()
+
+    def html_page(self, request: Request, **kw: Any) -> HTMLResponse:
         session = _session(request) or secrets.token_urlsafe(24)
-        response = HTMLResponse(page(live=True, token=token_for(session), **kw))
+        response = HTMLResponse(page(live=True, token=self.token_for(session), **kw))
         response.set_cookie(SESSION_COOKIE, session, httponly=True, samesite="strict")
         return response
 
-    def jobs_doc() -> list[dict[str, Any]]:
-        return [job_row(job_view(store, j)) for j in store.jobs()]
+    def jobs_doc(self) -> list[dict[str, Any]]:
+        return [job_row(job_view(self.store, j)) for j in self.store.jobs()]
 
-    def job_doc(job_id: str) -> dict[str, Any]:
-        return job_detail(job_view(store, store.job(job_id)))
+    def job_doc(self, job_id: str) -> dict[str, Any]:
+        return job_detail(job_view(self.store, self.store.job(job_id)))
 
-    def fingerprint(job_id: str | None) -> tuple[Any, ...]:
+    def fingerprint(self, job_id: str | None) -> tuple[Any, ...]:
         """Cheap: changes whenever anything a page shows may have changed."""
-        jobs = [store.job(job_id)] if job_id else store.jobs()
+        jobs = [self.store.job(job_id)] if job_id else self.store.jobs()
         marks: list[Any] = [len(jobs)]
         for j in jobs:
-            marks += [j.updated_at, len(store.events(j.id)), _size(j.log_path)]
+            marks += [j.updated_at, len(self.store.events(j.id)), _size(j.log_path)]
             directory = run_dir(j, stored_spec(j.id, j.spec))
             marks.append(_size(directory / "events.jsonl") if directory else 0)
-            marks.append(max((a.ended_at or 0 for a in store.attempts(j.id)), default=0))
+            marks.append(max((a.ended_at or 0 for a in self.store.attempts(j.id)), default=0))
         return tuple(marks)
 
-    async def jobs_page(request: Request) -> Response:
-        return html_page(request, kind="jobs", title="spotwise jobs", data=jobs_doc())
+    async def jobs_page(self, request: Request) -> Response:
+        return self.html_page(request, kind="jobs", title="spotwise jobs", data=self.jobs_doc())
 
-    async def job_page(request: Request) -> Response:
+    async def job_page(self, request: Request) -> Response:
         job_id = request.path_params["job_id"]
         try:
-            doc = job_doc(job_id)
+            doc = self.job_doc(job_id)
         except JobNotFoundError as exc:
             return HTMLResponse(f"<p>{html.escape(exc.message)}</p>", status_code=404)
-        return html_page(request, kind="job", title=f"spotwise job {doc['row']['id']}", data=doc)
+        return self.html_page(
+            request, kind="job", title=f"spotwise job {doc['row']['id']}", data=doc
+        )
 
-    async def api_jobs(request: Request) -> Response:
-        return FiniteJSONResponse(jobs_doc())
+    async def api_jobs(self, request: Request) -> Response:
+        return FiniteJSONResponse(self.jobs_doc())
 
-    async def api_job(request: Request) -> Response:
+    async def api_job(self, request: Request) -> Response:
         try:
-            return FiniteJSONResponse(job_doc(request.path_params["job_id"]))
+            return FiniteJSONResponse(self.job_doc(request.path_params["job_id"]))
         except JobNotFoundError as exc:
             return FiniteJSONResponse({"error": exc.message}, status_code=404)
 
-    async def stream(request: Request) -> Response:
+    async def stream(self, request: Request) -> Response:
         job_id = request.query_params.get("job")
         try:
-            job_id = store.job(job_id).id if job_id else None
+            job_id = self.store.job(job_id).id if job_id else None
         except JobNotFoundError as exc:
             return FiniteJSONResponse({"error": exc.message}, status_code=404)
 
         async def updates() -> AsyncIterator[str]:
-            seen = fingerprint(job_id)
+            seen = self.fingerprint(job_id)
             yield ": connected\n\n"
             while not await request.is_disconnected():
                 await asyncio.sleep(POLL_S)
-                now = fingerprint(job_id)
+                now = self.fingerprint(job_id)
                 if now != seen:
                     seen = now
-                    doc = job_doc(job_id) if job_id else jobs_doc()
+                    doc = self.job_doc(job_id) if job_id else self.jobs_doc()
                     yield f"event: update\ndata: {dumps(doc, separators=(',', ':'))}\n\n"
 
         return StreamingResponse(
             updates(), media_type="text/event-stream", headers={"Cache-Control": "no-store"}
         )
 
-    async def cancel(request: Request) -> Response:
+    async def cancel(self, request: Request) -> Response:
         session = _session(request)
         sent = request.headers.get(TOKEN_HEADER, "")
         if session is None or not TOKEN_SHAPE.fullmatch(sent):
@@ -158,34 +159,44 @@ def create_app(
                 },
                 status_code=403,
             )
-        if not hmac.compare_digest(sent, token_for(session)):
+        if not hmac.compare_digest(sent, self.token_for(session)):
             return FiniteJSONResponse(
                 {"error": "wrong session token; reload the page"}, status_code=403
             )
         try:
-            job = store.job(request.path_params["job_id"])
+            job = self.store.job(request.path_params["job_id"])
         except JobNotFoundError as exc:
             return FiniteJSONResponse({"error": exc.message}, status_code=404)
         if not job.state.terminal:
-            store.request_cancel(job.id)
-            if on_cancel is not None:
-                on_cancel(job.id)
+            self.store.request_cancel(job.id)
+            if self.on_cancel is not None:
+                self.on_cancel(job.id)
         return FiniteJSONResponse(
-            {"job": job.id, "state": store.job(job.id).state.value, "cancel_requested": True}
+            {"job": job.id, "state": self.store.job(job.id).state.value, "cancel_requested": True}
         )
 
-    async def metrics(request: Request) -> Response:
-        return Response(render(store), media_type="text/plain; version=0.0.4; charset=utf-8")
+    async def metrics(self, request: Request) -> Response:
+        return Response(render(self.store), media_type="text/plain; version=0.0.4; charset=utf-8")
 
+
+def create_app(
+    store: Store,
+    *,
+    allowed_hosts: list[str] | None = None,
+    on_cancel: Callable[[str], None] | None = None,
+) -> Starlette:
+    """The dashboard app. ``on_cancel(job_id)`` runs after a cancel was recorded (the CLI
+    passes one that restarts a dead controller so that the cancel is carried out)."""
+    app = _Dashboard(store, on_cancel)
     static = Path(__file__).resolve().parent / "static"
     routes = [
-        Route("/", jobs_page),
-        Route("/job/{job_id}", job_page),
-        Route("/api/jobs", api_jobs),
-        Route("/api/jobs/{job_id}", api_job),
-        Route("/api/jobs/{job_id}/cancel", cancel, methods=["POST"]),
-        Route("/api/stream", stream),
-        Route("/metrics", metrics),
+        Route("/", app.jobs_page),
+        Route("/job/{job_id}", app.job_page),
+        Route("/api/jobs", app.api_jobs),
+        Route("/api/jobs/{job_id}", app.api_job),
+        Route("/api/jobs/{job_id}/cancel", app.cancel, methods=["POST"]),
+        Route("/api/stream", app.stream),
+        Route("/metrics", app.metrics),
         Mount("/static", StaticFiles(directory=static), name="static"),
     ]
     hosts = [*LOOPBACK_NAMES, *(allowed_hosts or [])]
