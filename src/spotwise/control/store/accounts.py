@@ -13,6 +13,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from spotwise.control.store.engine import Writer
 from spotwise.control.store.models import Token, User
 from spotwise.control.store.schema import tokens, users
 from spotwise.echo import shown
@@ -59,7 +60,7 @@ def _no_token(token_id: str) -> ConfigError:
 class Accounts:
     """Typed access to the ``users`` and ``tokens`` tables of an open store."""
 
-    def __init__(self, engine: sa.Engine, writer: sa.Engine) -> None:
+    def __init__(self, engine: sa.Engine, writer: Writer) -> None:
         self._engine = engine
         self._writer = writer
 

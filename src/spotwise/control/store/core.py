@@ -22,7 +22,7 @@ import sqlalchemy as sa
 
 from spotwise.control.store.accounts import Accounts
 from spotwise.control.store.engine import (
-    WRITE,
+    Writer,
     database_url,
     open_engine,
     opening,
@@ -142,7 +142,7 @@ class Store:
         try:
             private_dir(self.home)
             self._engine = open_engine(url)
-            self._writer = self._engine.execution_options(**{WRITE: True})
+            self._writer = Writer(self._engine)
             with opening(url):
                 ensure_schema(self._engine, self.where)
         except (sa.exc.SQLAlchemyError, OSError) as exc:

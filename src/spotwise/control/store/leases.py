@@ -29,6 +29,7 @@ import sqlalchemy as sa
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.functions import FunctionElement
 
+from spotwise.control.store.engine import Writer
 from spotwise.control.store.models import JobState
 from spotwise.control.store.schema import jobs
 from spotwise.errors import ControlError
@@ -100,14 +101,16 @@ class Lease:
 class Leases:
     """Acquire, renew and release job leases in an open store (one statement each)."""
 
-    def __init__(self, engine: sa.Engine, writer: sa.Engine) -> None:
+    def __init__(self, engine: sa.Engine, writer: Writer) -> None:
         self._engine = engine
         # PostgreSQL: each statement commits by itself, so a replica frozen right after one
         # holds no row lock that would hold up another's take-over (SQLite: one host, and
         # BEGIN IMMEDIATE as every write)
         postgres = engine.dialect.name == "postgresql"
         self._writer = (
-            engine.execution_options(isolation_level="AUTOCOMMIT") if postgres else writer
+            Writer(engine, engine.execution_options(isolation_level="AUTOCOMMIT"))
+            if postgres
+            else writer
         )
 
     def acquire(self, job_id: str, owner: str, lease_s: float) -> Lease | None:
