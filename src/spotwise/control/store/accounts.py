@@ -57,6 +57,9 @@ def _no_token(token_id: str) -> ConfigError:
     return ConfigError(f"no token {shown(token_id)}", hint="list tokens with: spotwise tokens list")
 
 
+_USER = sa.select(users).where(users.c.name == sa.bindparam("user_name"))  # (each state change)
+
+
 class Accounts:
     """Typed access to the ``users`` and ``tokens`` tables of an open store."""
 
@@ -84,7 +87,7 @@ class Accounts:
 
     def user(self, name: str) -> User:
         with self._engine.connect() as db:
-            row = db.execute(sa.select(users).where(users.c.name == name)).mappings().first()
+            row = db.execute(_USER, {"user_name": name}).mappings().first()
         if row is None:
             raise _no_user(name)
         return _row_user(row)
