@@ -4,8 +4,8 @@ The policy code is the controller's own (:class:`~spotwise.control.controller.Co
 each driven job holds its lease in the store (``control/store/leases.py``: exactly one replica
 drives a job, however many servers share the database; an embedded ``spotwise resume``
 refuses it, and ``status`` shows its controller alive) and has its ``tick`` called by a small
-pool of worker threads, one tick of a job at a time, every ``poll_s`` (a job woken by an event
-ticks on a small pool of its own, never queued behind the others' periodic ticks). Provider
+pool of worker threads (:mod:`~spotwise.server.workers`), one tick of a job at a time, every
+``poll_s`` (a job woken by an event ticks before any periodic tick or adoption queued). Provider
 calls therefore happen on those threads, never on the HTTP request path. A job ticks again
 only after its previous tick returned, so one slow provider holds up its own job and one
 worker, not the others. A job whose machine is running and whose provider tells its end
@@ -32,7 +32,6 @@ import logging
 import resource
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 from sqlalchemy.exc import SQLAlchemyError
 
@@ -47,14 +46,16 @@ from spotwise.control.store.leases import (
 )
 from spotwise.errors import ControlError, JobNotFoundError
 from spotwise.server.ends import Ends
+from spotwise.server.workers import Workers
 
 log = logging.getLogger(__name__)
 _MAX_REASON = 300  # characters of an exception shown on the job
 
 DEFAULT_WORKERS = 8
-# ticks of jobs woken by an event (a machine's end, a cancel, a resume) have workers of their
-# own: measured with 200 jobs on a loaded machine, the periodic ticks of the running jobs kept
-# the shared pool's queue full, and a machine's end waited 17 s (median) behind them
+# ticks of jobs woken by an event (a machine's end, a cancel, a resume) go first, and have these
+# workers besides, which take no other task: measured with 200 jobs on a loaded machine, the
+# periodic ticks of the running jobs kept a shared queue full, and a machine's end waited 17 s
+# (median) behind them
 WOKEN_WORKERS = 4
 MIN_POLL_S = 0.25  # a provider's own poll (sim: 0.05 s) is for one job per process
 # a running job whose machine's end wakes it is ticked this often besides, as a safety net (the
@@ -87,14 +88,13 @@ class Driver:
         self.scan_s = min(scan_s, self.renew_s)  # a lapsed lease is taken within one scan
         self.retry_s = retry_s
         self.replica = replica_id()
-        self._pool = ThreadPoolExecutor(workers, thread_name_prefix="spotwise-job")
-        self._woken_pool = ThreadPoolExecutor(WOKEN_WORKERS, thread_name_prefix="spotwise-woken")
+        self._workers = Workers(workers, WOKEN_WORKERS, "spotwise-job")
         self._cond = threading.Condition()
         self._driven: dict[str, Controller] = {}
         self._busy: set[str] = set()  # a task for the job is queued or running
         self._due: dict[str, float] = {}  # driven job -> when it ticks next
         self._woken: set[str] = set()  # woken while it ticked
-        self._urgent: set[str] = set()  # woken while it waited: its tick goes to the woken pool
+        self._urgent: set[str] = set()  # woken while it waited: its tick is urgent
         self._ended: set[str] = set()  # its machine ended: the next tick, then one more at once
         self._heap: list[tuple[float, int, str]] = []  # (due, seq, job): stale when due differs
         self._seq = itertools.count()
@@ -116,6 +116,7 @@ class Driver:
     def start(self) -> None:
         _raise_open_files_limit()  # many jobs' provider connections, files, end descriptors
         self._ends.start()
+        self._workers.start()
         self._thread.start()
         self._renewer.start()
 
@@ -126,8 +127,7 @@ class Driver:
             self._stopping = True
             self._cond.notify_all()
         self._thread.join()
-        self._pool.shutdown(wait=True, cancel_futures=True)
-        self._woken_pool.shutdown(wait=True, cancel_futures=True)
+        self._workers.shutdown()
         self._ends.stop()
         self._stopped.set()
         self._renewer.join()
@@ -180,7 +180,7 @@ class Driver:
                             and self._not_before.get(job_id, 0.0) <= now
                         ):
                             self._busy.add(job_id)
-                            self._pool.submit(self._adopt, job_id)
+                            self._workers.submit(self._adopt, job_id)
                 while self._heap and self._heap[0][0] <= now:
                     due, _, job_id = heapq.heappop(self._heap)
                     if self._due.get(job_id) == due:
@@ -188,7 +188,7 @@ class Driver:
                         self._busy.add(job_id)
                         urgent = job_id in self._urgent
                         self._urgent.discard(job_id)
-                        (self._woken_pool if urgent else self._pool).submit(self._tick, job_id)
+                        self._workers.submit(self._tick, job_id, urgent=urgent)
                 wait = self._scan_at - now
                 if self._heap:
                     wait = min(wait, self._heap[0][0] - now)

@@ -13,6 +13,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from spotwise.control.store.engine import Writer
 from spotwise.control.store.models import Token, User
 from spotwise.control.store.schema import tokens, users
 from spotwise.echo import shown
@@ -56,10 +57,13 @@ def _no_token(token_id: str) -> ConfigError:
     return ConfigError(f"no token {shown(token_id)}", hint="list tokens with: spotwise tokens list")
 
 
+_USER = sa.select(users).where(users.c.name == sa.bindparam("user_name"))  # (each state change)
+
+
 class Accounts:
     """Typed access to the ``users`` and ``tokens`` tables of an open store."""
 
-    def __init__(self, engine: sa.Engine, writer: sa.Engine) -> None:
+    def __init__(self, engine: sa.Engine, writer: Writer) -> None:
         self._engine = engine
         self._writer = writer
 
@@ -83,7 +87,7 @@ class Accounts:
 
     def user(self, name: str) -> User:
         with self._engine.connect() as db:
-            row = db.execute(sa.select(users).where(users.c.name == name)).mappings().first()
+            row = db.execute(_USER, {"user_name": name}).mappings().first()
         if row is None:
             raise _no_user(name)
         return _row_user(row)

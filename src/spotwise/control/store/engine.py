@@ -9,6 +9,7 @@ import os
 import sqlite3
 import stat
 import threading
+import weakref
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,12 +21,15 @@ from spotwise.errors import ConfigError
 from spotwise.registry import require
 
 DB_FILE = "spotwise.db"
-# Execution option of a SQLite transaction that writes: it takes the write lock at BEGIN, so that
-# a read-then-write transaction never fails half-way with "database is locked".
-WRITE = "spotwise_write"
 BUSY_TIMEOUT_S = 30.0
-_WRITING = "spotwise_writing"  # (in a pooled connection's info: it holds the writers' lock)
 CONNECT_TIMEOUT_S = 10
+# Connections a process keeps open, and more it may open while busy: a server's 12 driver
+# workers, its lease renewer, its scans and the API's threads use the store at once. With
+# SQLAlchemy's defaults (5 kept, 10 more) a server driving 200 jobs on PostgreSQL opened 160
+# connections and closed them again (each a new PostgreSQL backend, and its session settings),
+# and its threads could wait for one. A connection is only opened when needed: a CLI keeps one.
+POOL_SIZE = 16
+POOL_OVERFLOW = 16
 # A process frozen inside a transaction (a stalled server replica) holds its row locks until
 # PostgreSQL ends its session: at most this long, so it cannot hold up the take-over of its
 # jobs' leases for more. The store's transactions never wait on their client for long.
@@ -68,7 +72,11 @@ def open_engine(url: sa.URL) -> sa.Engine:
         return _sqlite_engine(Path(str(url.database)))
     require("psycopg", "postgres", f"the PostgreSQL job store ({settings.DB.name}={shown(url)})")
     engine = sa.create_engine(
-        url, pool_pre_ping=True, connect_args={"connect_timeout": CONNECT_TIMEOUT_S}
+        url,
+        pool_pre_ping=True,
+        pool_size=POOL_SIZE,
+        max_overflow=POOL_OVERFLOW,
+        connect_args={"connect_timeout": CONNECT_TIMEOUT_S},
     )
 
     @sa.event.listens_for(engine, "connect")
@@ -100,20 +108,16 @@ def opening(url: sa.URL) -> Iterator[None]:
 
 def _sqlite_engine(path: Path) -> sa.Engine:
     """WAL (readers never wait for a writer), a busy timeout for the other controllers, and
-    transactions that begin as SQLAlchemy says (the sqlite3 module's own are switched off).
-
-    The writers of this process queue on a lock of their own before ``BEGIN IMMEDIATE``:
-    SQLite's busy handler makes a writer that finds the database locked sleep and retry, up to
-    100 ms a try, so a server's threads writing at once (a thousand jobs' ticks) waited seconds
-    for a lock held for a millisecond (measured: ``BEGIN IMMEDIATE`` took 0.24 s on average
-    with 200 jobs driven). The lock hands the database over as soon as the holder's connection
-    goes back to the pool; the busy timeout still orders this process and the others."""
+    transactions that begin as SQLAlchemy says (the sqlite3 module's own are switched off);
+    its writes go through :func:`writer`."""
     private_file(path)
     engine = sa.create_engine(
         sa.URL.create("sqlite", database=str(path)),
+        pool_size=POOL_SIZE,
+        max_overflow=POOL_OVERFLOW,
         connect_args={"timeout": BUSY_TIMEOUT_S, "check_same_thread": False},
     )
-    writing = threading.Lock()
+    _WRITERS_LOCK[engine] = threading.Lock()
 
     @sa.event.listens_for(engine, "connect")
     def _connect(dbapi_connection: Any, _record: Any) -> None:
@@ -121,28 +125,44 @@ def _sqlite_engine(path: Path) -> sa.Engine:
         dbapi_connection.execute("PRAGMA journal_mode=WAL")
         dbapi_connection.execute("PRAGMA synchronous=NORMAL")
 
-    @sa.event.listens_for(engine, "begin")
-    def _begin(connection: sa.Connection) -> None:
-        # reads stay in autocommit, as each is one statement (or a lookup that may see a job
-        # change between two), so that they cost no BEGIN and hold no snapshot
-        if not connection.get_execution_options().get(WRITE, False):
+    return engine
+
+
+# SQLite engine -> the lock its process's writers queue on (none on PostgreSQL)
+_WRITERS_LOCK: weakref.WeakKeyDictionary[sa.Engine, threading.Lock] = weakref.WeakKeyDictionary()
+
+
+class Writer:
+    """Transactions that write, on an engine of :func:`open_engine`.
+
+    On SQLite the write lock is taken at ``BEGIN IMMEDIATE``, so that a read-then-write
+    transaction never fails half-way with "database is locked", and the writers of this process
+    queue on a lock of their own first: SQLite's busy handler makes a writer that finds the
+    database locked sleep and retry, up to 100 ms a try, so a server's threads writing at once
+    (a thousand jobs' ticks) waited seconds for a lock held for a millisecond (measured: ``BEGIN
+    IMMEDIATE`` took 0.24 s on average with 200 jobs driven). The lock hands the database over
+    as soon as the holder's connection is back in the pool; the busy timeout still orders this
+    process and the others. (Not an engine event: a connection event makes SQLAlchemy dispatch
+    events around every statement, reads included: 8% of a server's CPU with 200 jobs.)"""
+
+    def __init__(self, engine: sa.Engine, via: sa.Engine | None = None) -> None:
+        self._engine = via if via is not None else engine
+        self._lock = _WRITERS_LOCK.get(engine)
+
+    @contextlib.contextmanager
+    def begin(self) -> Iterator[sa.Connection]:
+        if self._lock is None:
+            with self._engine.begin() as db:
+                yield db
             return
-        if not writing.acquire(timeout=BUSY_TIMEOUT_S):
+        if not self._lock.acquire(timeout=BUSY_TIMEOUT_S):
             raise sqlite3.OperationalError("database is locked (by this process's writers)")
         try:
-            connection.connection.driver_connection.execute("BEGIN IMMEDIATE")  # type: ignore[union-attr]
-        except BaseException:
-            writing.release()
-            raise
-        connection.info[_WRITING] = True
-
-    @sa.event.listens_for(engine, "checkin")
-    def _checkin(_dbapi_connection: Any, record: Any) -> None:
-        # (after the commit or rollback: the connection is back in the pool)
-        if record.info.pop(_WRITING, False):
-            writing.release()
-
-    return engine
+            with self._engine.begin() as db:
+                db.connection.driver_connection.execute("BEGIN IMMEDIATE")  # type: ignore[union-attr]
+                yield db
+        finally:  # (the connection is back in the pool: committed or rolled back)
+            self._lock.release()
 
 
 def private_dir(path: Path) -> None:

@@ -29,6 +29,7 @@ import sqlalchemy as sa
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.functions import FunctionElement
 
+from spotwise.control.store.engine import Writer
 from spotwise.control.store.models import JobState
 from spotwise.control.store.schema import jobs
 from spotwise.errors import ControlError
@@ -66,6 +67,19 @@ def replica_id() -> str:
     return f"{socket.gethostname()[:40]}-{os.getpid()}-{secrets.token_hex(3)}"
 
 
+# (built once: checked before every launch, terminate and attempt a server records)
+_HELD = (
+    jobs.update()
+    .where(
+        jobs.c.id == sa.bindparam("held_job"),
+        jobs.c.lease_owner == sa.bindparam("held_by"),
+        jobs.c.lease_token == sa.bindparam("held_token"),
+        jobs.c.lease_expires_at > _EpochNow() + sa.bindparam("held_margin_s", type_=sa.Float),
+    )
+    .values(lease_token=jobs.c.lease_token)
+)
+
+
 @dataclass(frozen=True)
 class Lease:
     """A job's lease as its holder knows it; calling it on a transaction is the fence."""
@@ -81,14 +95,13 @@ class Lease:
         A no-op ``UPDATE`` rather than a read: on PostgreSQL it locks the job's row until the
         transaction ends, so no take-over can commit between the check and the record."""
         held = db.execute(
-            jobs.update()
-            .where(
-                jobs.c.id == self.job_id,
-                jobs.c.lease_owner == self.owner,
-                jobs.c.lease_token == self.token,
-                jobs.c.lease_expires_at > _EpochNow() + self.margin_s,
-            )
-            .values(lease_token=jobs.c.lease_token)
+            _HELD,
+            {
+                "held_job": self.job_id,
+                "held_by": self.owner,
+                "held_token": self.token,
+                "held_margin_s": self.margin_s,
+            },
         ).rowcount
         if held != 1:
             raise LeaseLost(
@@ -100,14 +113,16 @@ class Lease:
 class Leases:
     """Acquire, renew and release job leases in an open store (one statement each)."""
 
-    def __init__(self, engine: sa.Engine, writer: sa.Engine) -> None:
+    def __init__(self, engine: sa.Engine, writer: Writer) -> None:
         self._engine = engine
         # PostgreSQL: each statement commits by itself, so a replica frozen right after one
         # holds no row lock that would hold up another's take-over (SQLite: one host, and
         # BEGIN IMMEDIATE as every write)
         postgres = engine.dialect.name == "postgresql"
         self._writer = (
-            engine.execution_options(isolation_level="AUTOCOMMIT") if postgres else writer
+            Writer(engine, engine.execution_options(isolation_level="AUTOCOMMIT"))
+            if postgres
+            else writer
         )
 
     def acquire(self, job_id: str, owner: str, lease_s: float) -> Lease | None:

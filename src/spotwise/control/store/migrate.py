@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 import sqlalchemy as sa
 
-from spotwise.control.store.engine import WRITE
+from spotwise.control.store.engine import Writer
 from spotwise.errors import ControlError
 
 if TYPE_CHECKING:
@@ -51,7 +51,7 @@ def ensure_schema(engine: sa.Engine, where: str) -> None:
     from alembic import command
     from alembic.script import ScriptDirectory
 
-    with engine.execution_options(**{WRITE: True}).begin() as connection:
+    with Writer(engine).begin() as connection:
         if connection.dialect.name == "postgresql":
             connection.execute(
                 sa.text("SELECT pg_advisory_xact_lock(:k)"), {"k": _PG_MIGRATION_LOCK}
