@@ -66,7 +66,6 @@ ALLOWED: dict[str, set[str]] = {
 # Imports that cross a rule today, each named: the debt to pay, not a licence for more.
 KNOWN = {
     ("control/providers/machine.py", "emulators"),  # the sim provider's IMDS notice double
-    ("control/store/accounts.py", "server.principal"),  # ROLES belongs below both
 }
 
 

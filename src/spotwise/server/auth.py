@@ -19,9 +19,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
 from spotwise.control.store import Store, Token
+from spotwise.control.store.accounts import Role
 from spotwise.echo import shown
 from spotwise.errors import ConfigError
-from spotwise.server.principal import Principal, Role
+from spotwise.server.principal import Principal
 
 if TYPE_CHECKING:
     from starlette.requests import Request

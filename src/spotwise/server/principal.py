@@ -7,10 +7,8 @@ request may read or change): routes ask these questions and never look at roles 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
 
-Role = Literal["admin", "user", "viewer"]
-ROLES: tuple[Role, ...] = ("admin", "user", "viewer")
+from spotwise.control.store.accounts import Role
 
 
 @dataclass(frozen=True)

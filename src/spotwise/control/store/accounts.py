@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import re
 import time
-from typing import Any
+from typing import Any, Literal
 
 import sqlalchemy as sa
 
@@ -18,10 +18,12 @@ from spotwise.control.store.models import Token, User
 from spotwise.control.store.schema import tokens, users
 from spotwise.echo import shown
 from spotwise.errors import ConfigError
-from spotwise.server.principal import ROLES
 
 USER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.@-]{0,62}\Z")
 MAX_TOKEN_ID_CHARS = 64
+# the roles a user may hold; stored with the user, so they live beside the table, not in the server
+Role = Literal["admin", "user", "viewer"]
+ROLES: tuple[Role, ...] = ("admin", "user", "viewer")
 
 
 def check_role(role: str) -> str:
