@@ -5,6 +5,8 @@ storage are refused with a clear error."""
 
 from __future__ import annotations
 
+import threading
+
 import optuna
 import pytest
 import torch
@@ -115,3 +117,30 @@ def test_unreachable_storage_is_one_clear_error(tmp_path):
         open_study(f"sqlite:///{tmp_path}/missing/dir/s.db", "s", "minimize", SPACE)
     with pytest.raises(ConfigError, match="not a database URL"):
         open_study(str(tmp_path / "s.db"), "s", "minimize", SPACE)
+
+
+@pytest.mark.parametrize("seed", [3, None])
+def test_workers_starting_trials_at_once_make_exactly_the_trials_asked(tmp_path, seed):
+    # a seeded study pops its enqueued trials, an unseeded one creates them: either way two
+    # workers asking at the same moment once made one trial too many (a sweep of 8 ended with 9)
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    open_study(url, "s", "minimize", SPACE, trials=4, seed=seed)
+    errors: list[BaseException] = []
+
+    def worker(n: int) -> None:
+        try:
+            study = optuna.load_study(study_name="s", storage=url)
+            run_worker(lambda trial, _: trial.suggest_float("lr", 0.01, 0.5, log=True), study,
+                       url, run_root=str(tmp_path / "runs"), trials=4, holder=f"w{n}",
+                       poll_s=0.01)  # fmt: skip
+        except BaseException as exc:  # reported from the test thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(n,)) for n in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert not errors and not any(t.is_alive() for t in threads), errors
+    trials = optuna.load_study(study_name="s", storage=url).get_trials()
+    assert [(t.number, t.state.name) for t in trials] == [(i, "COMPLETE") for i in range(4)]

@@ -23,6 +23,9 @@ from spotwise.leases import Clock, granted
 from spotwise.registry import require
 
 TABLE = "spotwise_trial_leases"
+# the row of the lease on starting a trial (no Optuna trial id is negative): one worker at a time
+# asks the study for its next trial, so concurrent asks never make one trial too many
+CREATING = -1
 
 
 class TrialLeases:
@@ -39,7 +42,12 @@ class TrialLeases:
             sa.Column("token", sa.String(32), nullable=False),
             sa.Column("expires_at", sa.Float, nullable=False),
         )  # fmt: skip
-        meta.create_all(self.engine)
+        try:
+            meta.create_all(self.engine)
+        except sa.exc.DatabaseError:
+            # another worker created it between create_all's check and its CREATE
+            if not sa.inspect(self.engine).has_table(TABLE):
+                raise
 
     def take(self, trial_id: int, holder: str, ttl_s: float, *, new: bool = False) -> str | None:
         """Lease ``trial_id``; ``new`` for a trial this worker just created (no lease yet). A
@@ -59,6 +67,11 @@ class TrialLeases:
                 t.update().where(t.c.trial_id == trial_id, t.c.expires_at <= now).values(**row)
             ).rowcount
         return lease.token if changed == 1 else None
+
+    def take_creation(self, holder: str, ttl_s: float) -> str | None:
+        """The lease on starting a trial (row ``CREATING``): made by the first worker that
+        asks, then taken once its holder handed it back or let it expire."""
+        return self.take(CREATING, holder, ttl_s, new=True) or self.take(CREATING, holder, ttl_s)
 
     def renew(self, trial_id: int, token: str, ttl_s: float) -> bool:
         """Extend our lease (the heartbeat); False if it expired and was taken over."""
@@ -83,10 +96,14 @@ class TrialLeases:
             )
 
     def holders(self) -> dict[int, tuple[str, float]]:
-        """trial id -> (holder, expires_at), for ``spotwise sweep status``."""
+        """trial id -> (holder, expires_at) of every trial's lease."""
         t = self.table
         with self.engine.connect() as db:
-            rows = db.execute(self._sa.select(t.c.trial_id, t.c.holder, t.c.expires_at)).all()
+            rows = db.execute(
+                self._sa.select(t.c.trial_id, t.c.holder, t.c.expires_at).where(
+                    t.c.trial_id != CREATING
+                )
+            ).all()
         return {int(r[0]): (str(r[1]), float(r[2])) for r in rows}
 
     def close(self) -> None:

@@ -32,7 +32,7 @@ from typing import Any
 
 from spotwise import settings
 from spotwise.errors import ConfigError, PlanMismatchError
-from spotwise.hpo.claims import TrialLeases
+from spotwise.hpo.claims import CREATING, TrialLeases
 from spotwise.registry import require
 
 log = logging.getLogger(__name__)
@@ -205,11 +205,30 @@ def _pick(
             return optuna.trial.Trial(study, t._trial_id), token, True
     waiting = any(t.state == states.WAITING for t in all_trials)
     if waiting or len(all_trials) < trials:
+        return _start_next(optuna, study, leases, holder, ttl_s, trials)
+    return None
+
+
+def _start_next(
+    optuna: Any, study: Any, leases: TrialLeases, holder: str, ttl_s: float, trials: int
+) -> Any:
+    """Start the next trial, one worker at a time: ``study.ask()`` pops a WAITING trial or,
+    when another worker popped it first, creates one more, so two workers asking at once made
+    ``trials + 1`` trials. Under the creation lease (it expires if its holder dies) the worker
+    looks again and asks only while a trial is waiting or fewer than ``trials`` exist."""
+    creating = leases.take_creation(holder, ttl_s)
+    if creating is None:
+        return None  # another worker is starting one: look again at the next poll
+    try:
+        all_trials = study.get_trials(deepcopy=False)
+        waiting = any(t.state == optuna.trial.TrialState.WAITING for t in all_trials)
+        if not waiting and len(all_trials) >= trials:
+            return None
         trial = study.ask()
         token = leases.take(trial._trial_id, holder, ttl_s, new=True)
-        if token is not None:
-            return trial, token, False
-    return None
+        return None if token is None else (trial, token, False)
+    finally:
+        leases.release(CREATING, creating)
 
 
 def _run_trial(
