@@ -174,7 +174,7 @@ class SpotwiseReader(StorageReader):
             for fqn, meta in self.metadata.state_dict_metadata.items()
             if isinstance(meta, TensorStorageMetadata) and not _tiles(meta)
         }
-        self._copies: tuple[list[torch.Tensor], list[torch.Tensor]] = ([], [])
+        self._copies: list[tuple[torch.Tensor, torch.Tensor]] = []  # (target, source)
 
     def reset(self, checkpoint_id: str | os.PathLike[str] | None = None) -> None:
         pass
@@ -215,19 +215,19 @@ class SpotwiseReader(StorageReader):
                         f"{tuple(target.size())}"
                     )
                 if target.data_ptr() != source.data_ptr() or target.stride() != source.stride():
-                    self._copies[0].append(target)  # else it is the stored shard itself
-                    self._copies[1].append(source)
-                planner.commit_tensor(item, target)
+                    self._copies.append((target, source))  # else it is the stored shard
+                planner.commit_tensor(item, target)  # a no-op in DCP's default planner
         future: Future[None] = Future()
         future.set_result(None)
         return future
 
     def apply(self) -> None:
-        """Copy every chunk ``dcp.load`` read into its target, in the order it read them."""
-        targets, sources = self._copies
-        self._copies = ([], [])
+        """Copy every chunk ``dcp.load`` read into its target, in the order it read them (one
+        ``copy_`` each: a target may sit on an accelerator)."""
+        copies, self._copies = self._copies, []
         with torch.no_grad():
-            torch._foreach_copy_(targets, sources)
+            for target, source in copies:
+                target.copy_(source)
 
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike[str]) -> bool:
