@@ -12,7 +12,10 @@ so a checkpoint written by N ranks loads into M. This module only stores what th
   (:attr:`SpotwiseWriter.document`) instead of pickling it as DCP's ``FileSystemWriter`` does;
   the Run stores it in ``state.json``.
 - :class:`SpotwiseReader`: rebuilds ``Metadata`` from that JSON, parsed as hostile input, and
-  reads each file through the checkpoint reader (no links followed, CRC32C checked).
+  reads each file through the checkpoint reader (no links followed, CRC32C checked). It writes
+  nothing while DCP loads: every chunk is read and checked first, and the copies into the
+  caller's tensors wait for :meth:`SpotwiseReader.apply`, so a failed read leaves them as they
+  were without a blank copy of each to load into.
 
 Only tensors are accepted: DCP would pickle any other value (``BYTE_IO`` items), so callers keep
 non-tensor state in JSON themselves.
@@ -147,8 +150,10 @@ class SpotwiseWriter(StorageWriter):
 class SpotwiseReader(StorageReader):
     """Reads a DCP state out of checkpoint directory ``directory``, whose ``state.json`` held
     ``document`` (the writer's JSON) and whose manifest listed ``files``. ``preread`` holds
-    files already read and checked (while verifying), which are not read again; each is taken
-    out of it once used, so its memory goes as the load proceeds."""
+    files already read and checked (while verifying), which are not read again. ``dcp.load``
+    only checks and reads: the copies it asks for are kept (the stored bytes with them) until
+    :meth:`apply` makes them, and :attr:`untiled` names the tensors whose stored chunks may
+    leave part of them uncovered."""
 
     def __init__(
         self,
@@ -164,6 +169,12 @@ class SpotwiseReader(StorageReader):
         self.preread = preread if preread is not None else {}
         self.where = where
         self.metadata, self.locations = _parse_document(document, self.files, where)
+        self.untiled = {
+            fqn
+            for fqn, meta in self.metadata.state_dict_metadata.items()
+            if isinstance(meta, TensorStorageMetadata) and not _tiles(meta)
+        }
+        self._copies: list[tuple[torch.Tensor, torch.Tensor]] = []  # (target, source)
 
     def reset(self, checkpoint_id: str | os.PathLike[str] | None = None) -> None:
         pass
@@ -204,11 +215,19 @@ class SpotwiseReader(StorageReader):
                         f"{tuple(target.size())}"
                     )
                 if target.data_ptr() != source.data_ptr() or target.stride() != source.stride():
-                    target.copy_(source)  # else it is the stored shard itself (see restore)
-                planner.commit_tensor(item, target)
+                    self._copies.append((target, source))  # else it is the stored shard
+                planner.commit_tensor(item, target)  # a no-op in DCP's default planner
         future: Future[None] = Future()
         future.set_result(None)
         return future
+
+    def apply(self) -> None:
+        """Copy every chunk ``dcp.load`` read into its target, in the order it read them (one
+        ``copy_`` each: a target may sit on an accelerator)."""
+        copies, self._copies = self._copies, []
+        with torch.no_grad():
+            for target, source in copies:
+                target.copy_(source)
 
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike[str]) -> bool:
@@ -227,6 +246,27 @@ def _ints(value: Any, where: str) -> torch.Size:
     ):
         raise CorruptCheckpointError(f"{where}: {value!r} is not a list of sizes")
     return torch.Size(value)
+
+
+def _tiles(meta: TensorStorageMetadata) -> bool:
+    """Whether the stored chunks of a tensor cover each element of it exactly once, as those
+    of a save by DCP's planner do (slices along the first dimension, whole in the others); any
+    other layout counts as not, which costs a zeroing, not a wrong answer."""
+    size = list(meta.size)
+    if not size:
+        return len(meta.chunks) == 1
+    edge = 0
+    for chunk in sorted(meta.chunks, key=lambda c: c.offsets[0] if c.offsets else 0):
+        if (
+            len(chunk.offsets) != len(size)
+            or len(chunk.sizes) != len(size)
+            or chunk.offsets[0] != edge
+            or any(chunk.offsets[1:])
+            or list(chunk.sizes[1:]) != size[1:]
+        ):
+            return False
+        edge += chunk.sizes[0]
+    return edge == size[0]
 
 
 def _parse_document(

@@ -614,13 +614,16 @@ def restore(
     objects: Mapping[str, tuple[torch.nn.Module, Any]],
 ) -> None:
     """Load the DCP states of ``objects`` from checkpoint ``loaded`` (a collective), whose
-    ``doc`` the Run checked. The tensors are read into copies first, and one all-reduce of
-    the ranks' verdicts comes before any live object changes, so a failed read on any rank
-    leaves every rank's objects as they were (raising StateMismatchError on all of them).
-    Each rank plans its reads alone (DCP's load plan depends only on its own shards and the
-    metadata; its gathering collectives would decide nothing), and the files this rank
-    verified are not read again: a local shard stored whole in one of them (a resume at the
-    same world size) is used where it lies, not copied."""
+    ``doc`` the Run checked. ``dcp.load`` only reads and checks every chunk (the reader defers
+    its copies), and one all-reduce of the ranks' verdicts comes before any live object
+    changes, so a failed read on any rank leaves every rank's objects as they were (raising
+    StateMismatchError on all of them). Then the chunks are copied: straight into a model's own
+    tensors where :func:`_in_place_keys` allows, else into blank copies that
+    ``set_model_state_dict``/``set_optimizer_state_dict`` take. Each rank plans its reads
+    alone (DCP's load plan depends only on its own shards and the metadata; its gathering
+    collectives would decide nothing), and the files this rank verified are not read again: a
+    blank copy's shard stored whole in one of them (a resume at the same world size) is used
+    where it lies."""
     where = loaded.info.path
     skeletons, live = check_fits(where, doc, objects)
     reader = SpotwiseReader(
@@ -630,18 +633,31 @@ def restore(
         str(where / STATE_FILE),
         loaded.members,
     )
-    copies = _blank_copies(live, _stored_shards(reader, live))
+    in_place = {
+        name: keys
+        for name, (model, optimizer) in objects.items()
+        if optimizer is None and (keys := _in_place_keys(model, skeletons[name], live)) is not None
+    }
+    direct = {key for keys in in_place.values() for key in keys}
+    others = {k: t for k, t in live.items() if k not in direct}
+    copies = _blank_copies(others, _stored_shards(reader, others))
     problem = None
     try:
         with warnings.catch_warnings():  # "assuming ... a single process": each rank plans alone
             warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
-            dcp.load(copies, storage_reader=reader, no_dist=True)
+            dcp.load(
+                {**copies, **{k: live[k] for k in direct}}, storage_reader=reader, no_dist=True
+            )
     except CheckpointException as exc:
         problem = f"{where}: reading the distributed state failed: {exc}"
     if not distributed.all_agree(ranks, problem is None):
         raise StateMismatchError(problem or f"{where}: another rank could not read its shards")
+    with torch.no_grad():
+        for key in direct & reader.untiled:  # as a blank copy would read where no chunk lies
+            _local(live[key]).zero_()
+    reader.apply()
     for name, (model, optimizer) in objects.items():
-        if optimizer is None and _copy_in_place(model, skeletons[name], live, copies):
+        if name in in_place:
             continue
         state = _join(skeletons[name], copies)
         if optimizer is None:
@@ -650,32 +666,27 @@ def restore(
             set_optimizer_state_dict(model, optimizer, state)
 
 
-def _copy_in_place(
-    model: torch.nn.Module,
-    skeleton: Any,
-    live: Mapping[str, torch.Tensor],
-    copies: Mapping[str, torch.Tensor],
-) -> bool:
-    """Copy a model's loaded tensors into its live ones (as :func:`capture` returned them),
-    when its state is tensors only (``skeleton``: no extra state), every live one is a view of
-    the model's own parameters and buffers, and no module changes how it loads
-    (``_load_from_state_dict``): what ``set_model_state_dict`` does then, without
-    ``load_state_dict``'s scan of the whole state for each module, which is quadratic (most of
-    the resume of a 2,000-layer model). False, copying nothing, otherwise."""
+def _in_place_keys(
+    model: torch.nn.Module, skeleton: Any, live: Mapping[str, torch.Tensor]
+) -> list[str] | None:
+    """The DCP keys of a model's live tensors (as :func:`capture` returned them) when they can
+    be loaded into directly: its state is tensors only (``skeleton``: no extra state), every
+    live one is a view of the model's own parameters and buffers, and no module changes how it
+    loads (``_load_from_state_dict``). That is what ``set_model_state_dict`` does then,
+    without ``load_state_dict``'s scan of the whole state for each module, which is quadratic
+    (most of the resume of a 2,000-layer model), and without a blank copy of each tensor. None
+    otherwise."""
     if not isinstance(skeleton, dict) or not all(
         isinstance(v, dict) and set(v) == {_MARK} and v[_MARK] in live for v in skeleton.values()
     ):
-        return False
+        return None
     if any(type(m)._load_from_state_dict is not _MODULE_LOAD for m in model.modules()):
-        return False
+        return None
     keys = [v[_MARK] for v in skeleton.values()]
-    with torch.no_grad():
-        owned = {_storage(t) for t in (*model.parameters(), *model.buffers())}
-        targets = [_local(live[k]) for k in keys]
-        if not all(t.numel() == 0 or _storage(t) in owned for t in targets):
-            return False
-        torch._foreach_copy_(targets, [_local(copies[k]) for k in keys])
-    return True
+    owned = {_storage(t) for t in (*model.parameters(), *model.buffers())}
+    if not all(_local(live[k]).numel() == 0 or _storage(live[k]) in owned for k in keys):
+        return None
+    return keys
 
 
 _MODULE_LOAD = torch.nn.Module._load_from_state_dict
@@ -803,4 +814,5 @@ def consolidated(path: Path, name: str = "model") -> dict[str, torch.Tensor]:
             dcp.load(state, storage_reader=reader, no_dist=True)
     except CheckpointException as exc:
         raise CorruptCheckpointError(f"{path}: its distributed state does not load: {exc}") from exc
+    reader.apply()
     return {key[len(prefix) :]: tensor for key, tensor in state.items()}
