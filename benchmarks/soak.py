@@ -42,7 +42,7 @@ from spotwise.telemetry.events import read_events
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "examples" / "digits" / "train.py"
-STEPS = 200
+STEPS = 400  # room for every pattern even when a loaded machine notices each moment late
 SAVE_EVERY = 15
 BATCHES_PER_EPOCH = 45  # 1,438 training images in batches of 32: resumes land mid-epoch
 STEP_SLEEP = 0.005

@@ -66,7 +66,8 @@ def test_shell_job_under_spotwise_run_is_preempted_and_finishes_exactly(tmp_path
         timeout=60,
         check=True,
     )
-    assert CHECKSUM.findall(logs) == CHECKSUM.findall(alone.stdout)
+    # a machine taken back just after the script ended reruns its end: every end is the same
+    assert set(CHECKSUM.findall(logs)) == set(CHECKSUM.findall(alone.stdout))
 
 
 def with_venv() -> dict[str, str]:
@@ -99,8 +100,10 @@ def test_jax_job_with_orbax_is_preempted_and_resumes_exactly(tmp_path: Path) -> 
     _, logs = launch_preempted(JAX_JOB, env=with_venv())
     saved = re.findall(r"saved at step (\d+) on the notice", logs)
     resumed = re.findall(r"resumed from step (\d+)", logs)
-    assert saved and int(saved[0]) > 0, logs[-3000:]  # a loaded machine may lose two
-    # Orbax's step, never 0; or the last one, saved as training ended just before a notice
+    # an attempt trained and saved on its notice (a loaded machine may still be importing JAX
+    # when the first notice comes: that one saves step 0)
+    assert any(int(step) > 0 for step in saved), logs[-3000:]
+    # from the step saved on a notice, or the last one, saved as training ended before a notice
     assert resumed[0] == saved[0] and set(resumed) <= {*saved, "300"}
     # a machine taken back just after training ended reruns the end from Orbax's last step:
     # every end prints the same weights as the uninterrupted run
