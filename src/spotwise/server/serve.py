@@ -18,6 +18,7 @@ from spotwise.errors import ConfigError
 from spotwise.registry import require
 
 if TYPE_CHECKING:
+    from spotwise.control.store import Store
     from spotwise.server.app import Authenticate
 
 LOOPBACK_NAMES = ("localhost",)
@@ -115,18 +116,7 @@ def serve(
     store = Store()
     token = None
     if authenticate is None:
-        from spotwise.server.auth import authenticator, ensure_admin_token, is_registered
-
-        authenticate = authenticator(store)
-        token = ensure_admin_token(store, store.home, preset)
-        if preset is not None and token is None and not is_registered(store, preset):
-            print(
-                f"warning: the token of {admin_token_file} is not registered: the store has "
-                "an admin already, and a preset admin token is registered only at the first "
-                "start (use a token of yours: spotwise tokens create)",
-                file=sys.stderr,
-                flush=True,
-            )
+        authenticate, token = _store_tokens(store, preset, admin_token_file)
     driver = Driver(store, lease_s=lease_s)
     app = create_app(store, driver, authenticate=authenticate, allowed_hosts=names)
     sock = listen(host, port)
@@ -137,14 +127,8 @@ def serve(
         f"{store.where} as replica {driver.replica} (lease {lease_s:g}s; Ctrl-C to stop)",
         flush=True,
     )
-    if token is not None and preset is not None:
-        print(f"first start: the admin token of {admin_token_file} is registered", flush=True)
-    elif token is not None:
-        print(
-            f"first start: the admin token, shown once (also in {store.home / 'admin-token'}, "
-            f"mode 0600):\n  {token}",
-            flush=True,
-        )
+    if token is not None:
+        _show_admin_token(store, token, admin_token_file)
     config = uvicorn.Config(
         app,
         log_level="warning",
@@ -155,6 +139,37 @@ def serve(
         proxy_headers=behind_proxy,
     )
     uvicorn.Server(config).run(sockets=[sock])
+
+
+def _store_tokens(
+    store: Store, preset: str | None, admin_token_file: Path | None
+) -> tuple[Authenticate, str | None]:
+    """Callers by the store's tokens, and the admin token made (or the preset one registered)
+    if this is the store's first start."""
+    from spotwise.server.auth import authenticator, ensure_admin_token, is_registered
+
+    token = ensure_admin_token(store, store.home, preset)
+    if preset is not None and token is None and not is_registered(store, preset):
+        print(
+            f"warning: the token of {admin_token_file} is not registered: the store has "
+            "an admin already, and a preset admin token is registered only at the first "
+            "start (use a token of yours: spotwise tokens create)",
+            file=sys.stderr,
+            flush=True,
+        )
+    return authenticator(store), token
+
+
+def _show_admin_token(store: Store, token: str, preset_file: Path | None) -> None:
+    """The first start's admin token, printed once; one from ``preset_file`` never is."""
+    if preset_file is not None:
+        print(f"first start: the admin token of {preset_file} is registered", flush=True)
+    else:
+        print(
+            f"first start: the admin token, shown once (also in {store.home / 'admin-token'}, "
+            f"mode 0600):\n  {token}",
+            flush=True,
+        )
 
 
 def listen(host: str, port: int) -> socket.socket:
