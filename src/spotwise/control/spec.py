@@ -372,6 +372,30 @@ def _normalize(
             deadline = doc.pop("deadline_s")
             given = deadline.isoformat() if isinstance(deadline, date) else shown(deadline)
             problems.append(f"{keys['deadline_s']}: {exc} (given: {given})")
+    workdir = _normalize_workdir(doc, base_dir, keys, problems, packed)
+    if doc.get("checkpoint_dir") is not None and "://" not in str(doc["checkpoint_dir"]):
+        # (an s3:// URI stays as given)
+        doc["checkpoint_dir"] = str(_resolve(workdir, doc["checkpoint_dir"]))
+    if isinstance(doc.get("env_from"), dict):  # a file reference is relative to the job file
+        doc["env_from"] = {
+            k: {**ref, "file": str(_resolve(base_dir, ref["file"]))}
+            if isinstance(ref, dict) and isinstance(ref.get("file"), str)
+            else ref
+            for k, ref in doc["env_from"].items()
+        }
+    return doc
+
+
+def _normalize_workdir(
+    doc: dict[str, Any],
+    base_dir: Path,
+    keys: dict[str, str],
+    problems: list[str],
+    packed: bool,
+) -> Path:
+    """Rewrite ``doc["workdir"]`` to its resolved form and return the folder that relative
+    paths (the checkpoint directory) start at; a workdir that cannot be right goes to
+    ``problems``."""
     written = doc.get("workdir", ".")
     kind, path = split_workdir(str(written))
     workdir = _resolve(base_dir, path)
@@ -394,17 +418,7 @@ def _normalize(
         doc["workdir"] = str(workdir)
     else:
         doc["workdir"] = f"{kind}:{workdir}" if kind else str(workdir)
-    if doc.get("checkpoint_dir") is not None and "://" not in str(doc["checkpoint_dir"]):
-        # (an s3:// URI stays as given)
-        doc["checkpoint_dir"] = str(_resolve(workdir, doc["checkpoint_dir"]))
-    if isinstance(doc.get("env_from"), dict):  # a file reference is relative to the job file
-        doc["env_from"] = {
-            k: {**ref, "file": str(_resolve(base_dir, ref["file"]))}
-            if isinstance(ref, dict) and isinstance(ref.get("file"), str)
-            else ref
-            for k, ref in doc["env_from"].items()
-        }
-    return doc
+    return workdir
 
 
 def _resolve(base: Path, written: Any) -> Path:
