@@ -339,16 +339,10 @@ def stateful_source(loader: Any, *, world: int = 1) -> Any | None:
     return dataset
 
 
-def make_resumable(
-    loader: DataLoader, seed: int, *, rank: int = 0, world: int = 1
-) -> tuple[DataLoader, ResumableBatchSampler]:
-    """A copy of ``loader`` whose batch order can be saved and resumed mid-epoch, yielding
-    rank ``rank``'s share of each step of ``world`` ranks (``loader.batch_size`` is the
-    per-rank batch).
-
-    Accepts loaders built the usual way (``batch_size=..., shuffle=True/False``) over a
-    map-style dataset.
-    """
+def _checked_batch_size(loader: DataLoader) -> int:
+    """``loader``'s batch size, refusing a loader :func:`make_resumable` cannot rebuild without
+    changing what it yields: one that shards itself, or one whose sampler's order a resumable
+    sampler cannot repeat."""
     if isinstance(loader.sampler, DistributedSampler):
         raise ConfigError(
             "Run shards the data across ranks itself (so that a resume at another world size "
@@ -356,10 +350,9 @@ def make_resumable(
             hint="build the loader as in a single process, DataLoader(dataset, batch_size=B, "
             "shuffle=True), without DistributedSampler",
         )
-    inner = loader.batch_sampler
     if (
         loader.batch_size is None
-        or type(inner) is not BatchSampler
+        or type(loader.batch_sampler) is not BatchSampler
         or type(loader.sampler) not in (RandomSampler, SequentialSampler)
         or (isinstance(loader.sampler, RandomSampler) and loader.sampler.replacement)
         or (
@@ -374,9 +367,23 @@ def make_resumable(
             "num_workers=K), or, for a sampler with state_dict()/load_state_dict(), as "
             "torchdata.stateful_dataloader.StatefulDataLoader(dataset, sampler=...)",
         )
+    return loader.batch_size
+
+
+def make_resumable(
+    loader: DataLoader, seed: int, *, rank: int = 0, world: int = 1
+) -> tuple[DataLoader, ResumableBatchSampler]:
+    """A copy of ``loader`` whose batch order can be saved and resumed mid-epoch, yielding
+    rank ``rank``'s share of each step of ``world`` ranks (``loader.batch_size`` is the
+    per-rank batch).
+
+    Accepts loaders built the usual way (``batch_size=..., shuffle=True/False``) over a
+    map-style dataset.
+    """
+    batch_size = _checked_batch_size(loader)
     batches = ResumableBatchSampler(
         len(loader.dataset),  # type: ignore[arg-type]
-        loader.batch_size,
+        batch_size,
         shuffle=isinstance(loader.sampler, RandomSampler),
         drop_last=loader.drop_last,
         seed=seed,
