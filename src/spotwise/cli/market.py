@@ -85,6 +85,18 @@ def _store(db: Path | None, *, must_exist: bool) -> Any:
 
 
 _DB_OPTION = typer.Option(None, "--db", help="Price database (default $SPOTWISE_HOME/prices.db).")
+_EMERGENCY_SAVE_OPTION = typer.Option(
+    False, "--emergency-save", help="The job saves on interruption notices (loses ~no work)."
+)
+_GPU_ONLY_OPTION = typer.Option(
+    False, "--include-gpu-only", help="Include GCP GPU-only prices (host VM not priced)."
+)
+_HISTORY_OPTION = typer.Option(
+    True, "--history/--no-history", help="Use newer prices from the local price history."
+)
+_FROM_JOB_OPTION = typer.Option(
+    None, "--from-job", help="Rightsize a job from its GPU samples instead (job id)."
+)
 
 
 def register(app: typer.Typer) -> None:
@@ -404,25 +416,17 @@ def advise(
     checkpoint_cost: str = typer.Option("3m", "--checkpoint-cost", help="Time to save once."),
     restart: str = typer.Option("12m", "--restart", help="Changeover: provision+start+restore."),
     interval: str = typer.Option(None, "--interval", help="Checkpoint interval (default: Young)."),
-    emergency_save: bool = typer.Option(
-        False, "--emergency-save", help="The job saves on interruption notices (loses ~no work)."
-    ),
+    emergency_save: bool = _EMERGENCY_SAVE_OPTION,
     cloud: list[str] = typer.Option(None, "--cloud", help="Only these clouds (repeatable)."),
     region: list[str] = typer.Option(None, "--region", help="Only these regions (repeatable)."),
     market: list[str] = typer.Option(None, "--market", help="spot and/or on-demand."),
     objective: str = typer.Option("cost", "--objective", help="Rank by 'cost' or 'time'."),
-    gpu_only: bool = typer.Option(
-        False, "--include-gpu-only", help="Include GCP GPU-only prices (host VM not priced)."
-    ),
-    use_history: bool = typer.Option(
-        True, "--history/--no-history", help="Use newer prices from the local price history."
-    ),
+    gpu_only: bool = _GPU_ONLY_OPTION,
+    use_history: bool = _HISTORY_OPTION,
     top: int = typer.Option(15, "--top", help="Table rows to show (JSON prints all)."),
     db: Path = _DB_OPTION,
     as_json: bool = typer.Option(False, "--json", help="Print placements as JSON, best first."),
-    from_job: str = typer.Option(
-        None, "--from-job", help="Rightsize a job from its GPU samples instead (job id)."
-    ),
+    from_job: str = _FROM_JOB_OPTION,
 ) -> None:
     """Rank placements by expected cost and completion time, interruptions included.
 
@@ -438,8 +442,7 @@ def advise(
             "advise needs --hours (the compute time the job needs)",
             hint="e.g. spotwise advise --gpu V100 --hours 48h, or --from-job JOB",
         )
-    from spotwise.market.advisor import JobRequest, advise_from_catalog
-    from spotwise.market.interruption import load_interruption_model
+    from spotwise.market.advisor import JobRequest
 
     job = JobRequest(
         compute_hours=parse_hours(hours, "--hours"),
@@ -457,7 +460,14 @@ def advise(
         regions=tuple(region or ()),
         include_host_excluded=gpu_only,
     )
-    catalog = _catalog(job, db, use_history)
+    _print_advice(job, _catalog(job, db, use_history), objective, as_json, top)
+
+
+def _print_advice(job: Any, catalog: Any, objective: str, as_json: bool, top: int) -> None:
+    """The job's placements in ``catalog``, best first by ``objective``: JSON or a table."""
+    from spotwise.market.advisor import advise_from_catalog
+    from spotwise.market.interruption import load_interruption_model
+
     placements = advise_from_catalog(job, catalog, load_interruption_model(), objective=objective)
     if as_json:
         return _print_json([p.to_dict() for p in placements])
