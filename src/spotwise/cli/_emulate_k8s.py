@@ -20,6 +20,25 @@ if TYPE_CHECKING:
     from spotwise.emulators.kubernetes import KubernetesEmulator
 
 
+_EVICT_AFTER_OPTION = typer.Option(
+    [],
+    "--evict-after",
+    help="Evict the k-th pod to start after this many seconds of "
+    "running (repeat for the next pods).",
+)
+_EVICT_MODE_OPTION = typer.Option(
+    "shutdown",
+    help="shutdown (graceful node shutdown, the pod stays Failed) or delete "
+    "(the node vanishes, the pod object is removed).",
+)
+_KUEUE_QUOTA_OPTION = typer.Option(
+    [],
+    "--kueue-quota",
+    help="Install Kueue with this ClusterQueue quota, RESOURCE=QUANTITY (repeatable, e.g. "
+    "cpu=4 nvidia.com/gpu=2).",
+)
+
+
 def kubernetes(
     state_dir: Path = typer.Option(
         Path("spotwise-k8s"), "--dir", help="Where the kubeconfig, pod logs and volumes go."
@@ -28,17 +47,8 @@ def kubernetes(
     spot_nodes: int = typer.Option(1, min=0, help="Spot GPU nodes."),
     on_demand_nodes: int = typer.Option(1, min=0, help="On-demand GPU nodes."),
     gpus: int = typer.Option(1, min=0, help="nvidia.com/gpu per node (0: a cluster without GPUs)."),
-    evict_after: list[float] = typer.Option(
-        [],
-        "--evict-after",
-        help="Evict the k-th pod to start after this many seconds of "
-        "running (repeat for the next pods).",
-    ),
-    evict_mode: str = typer.Option(
-        "shutdown",
-        help="shutdown (graceful node shutdown, the pod stays Failed) or delete "
-        "(the node vanishes, the pod object is removed).",
-    ),
+    evict_after: list[float] = _EVICT_AFTER_OPTION,
+    evict_mode: str = _EVICT_MODE_OPTION,
     shutdown_grace: float = typer.Option(
         None, help="Cap on the grace an evicted pod gets (default: its own grace period)."
     ),
@@ -46,12 +56,7 @@ def kubernetes(
     pvc: list[str] = typer.Option(
         ["spotwise-checkpoints"], "--pvc", help="PersistentVolumeClaims to create (repeatable)."
     ),
-    kueue_quota: list[str] = typer.Option(
-        [],
-        "--kueue-quota",
-        help="Install Kueue with this ClusterQueue quota, RESOURCE=QUANTITY (repeatable, e.g. "
-        "cpu=4 nvidia.com/gpu=2).",
-    ),
+    kueue_quota: list[str] = _KUEUE_QUOTA_OPTION,
     kueue_queue: str = typer.Option("spotwise", help="The Kueue LocalQueue's name."),
     port: int = typer.Option(0, help="Port to listen on (0: any free port)."),
     host: str = typer.Option("127.0.0.1", help="Address to bind."),
