@@ -115,6 +115,17 @@ class Run:
         self._handled: set[tuple[Any, ...]] = set()  # the notices acted on once
         self._closed = False
         self._notices: NoticeSource | None = None
+        self._start(ranks, notices, metrics_port, gpu_sample_s)
+
+    def _start(
+        self,
+        ranks: distributed.Ranks | None,
+        notices: NoticeSource | str | None,
+        metrics_port: int | None,
+        gpu_sample_s: float | None,
+    ) -> None:
+        """Lock the run directory, resume from its newest checkpoint and start listening for
+        notices; on any failure the notices and the lock are released before it is raised."""
         self._lock_fd = rundir.lock(self.run_dir, ranks, owner=self._saver.owns_dir)
         try:
             restore_s = self._resume()
@@ -428,7 +439,7 @@ class Run:
         self._saver.prepare()
         if self._saver.owns_dir:  # each cleans its own directory
             clean_temporaries(self.run_dir)
-        newest_fitting(self._saver.checkpoints(), self.run_dir, self._restore, stacklevel=3)
+        newest_fitting(self._saver.checkpoints(), self.run_dir, self._restore, stacklevel=4)
         return time.monotonic() - started
 
     def _restore(self, loaded: LoadedCheckpoint) -> None:
