@@ -242,16 +242,7 @@ def stage(
     plans.saves += 1
     tmp = run_dir / f"{TMP_PREFIX}{step:08d}-{plans.saves:08x}"  # the same name on every rank
     staged = Staged(step, tmp, {}, {}, remote)
-    error = ""
-    if staged.owns_tmp(ranks):
-        try:
-            tmp.mkdir()
-        except OSError as exc:
-            problem = f"cannot create a directory in {run_dir}: {exc.strerror}"
-            if remote is None:
-                error = problem
-            else:  # no collective: reported with the writes
-                staged.problem = problem
+    error = _create_tmp(staged, ranks, run_dir)
     tensors, skeletons = capture(objects)
     layout = _layout(tensors)
     failed, changed = distributed.all_max(ranks, [int(bool(error)), int(layout != plans.layout)])
@@ -281,6 +272,39 @@ def stage(
         writer.document = plans.document
     if writer.blob is not None:
         staged.chunks[dcp_file] = (writer.blob.layout.header, *writer.blob.chunks)
+    _stage_state(
+        staged, ranks, own, common, {"objects": skeletons, "metadata": writer.document}, pack
+    )
+    return staged
+
+
+def _create_tmp(staged: Staged, ranks: Ranks, run_dir: Path) -> str:
+    """Create ``staged.tmp`` where this rank owns it. Returns what fails the save on every rank
+    ("" if nothing): the shared directory's failure; a rank's own directory (with
+    ``staged.remote``) failing is kept in ``staged.problem``, with no collective, and reported
+    with the writes."""
+    if staged.owns_tmp(ranks):
+        try:
+            staged.tmp.mkdir()
+        except OSError as exc:
+            problem = f"cannot create a directory in {run_dir}: {exc.strerror}"
+            if staged.remote is None:
+                return problem
+            staged.problem = problem
+    return ""
+
+
+def _stage_state(
+    staged: Staged,
+    ranks: Ranks,
+    own: tuple[Mapping[str, torch.Tensor], dict[str, Any]],
+    common: tuple[Mapping[str, torch.Tensor], dict[str, Any]],
+    dcp_doc: dict[str, Any],
+    pack: Pack,
+) -> None:
+    """Add the state beside DCP's files to ``staged``: this rank's own (RNG, extras) and, on
+    rank 0, the replicated state, whose document also records DCP's (``dcp_doc``) and the
+    world size."""
     own_tensors, own_doc = own
     rank_tensors = RANK_TENSORS.format(rank=ranks.rank)
     blob = pack(rank_tensors, own_tensors)
@@ -288,12 +312,11 @@ def stage(
     staged.documents[RANK_STATE.format(rank=ranks.rank)] = own_doc
     if ranks.is_coordinator:
         common_tensors, doc = common
-        doc = {**doc, "dcp": {"objects": skeletons, "metadata": writer.document}}
+        doc = {**doc, "dcp": dcp_doc}
         doc["spotwise"] = {**doc["spotwise"], "world": ranks.world}
         blob = pack(TENSORS_FILE, common_tensors)
         staged.chunks[TENSORS_FILE] = (blob.layout.header, *blob.chunks)
         staged.documents[STATE_FILE] = doc
-    return staged
 
 
 def share_report(staged: Staged) -> dict[str, Any]:
