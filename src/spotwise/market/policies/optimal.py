@@ -93,11 +93,10 @@ def solve(
     if lat.cells == 0:
         return np.full(b, np.inf), None, lat
     g, c_s, u, cells = gap_s, problem.compute_s, lat.unit_s, lat.cells
-    phases, big_j = lat.phases, lat.phases - 1
+    phases = lat.phases
     markets = 1 + zones  # on-demand, then spot per zone
     n_states = 1 + markets * phases  # 0: idle; 1 + m*phases + j: market m in phase j
     g_units = round(g / u)
-    full = sum(left >= g for left in lat.phase_left_s)  # phases 0..full-1 are whole changeover
     # Value arrays carry an always-+inf tail, so "waste grows by s" is the view v[..., s:s+cells]
     # (more waste than the slack allows = missed deadline = infinite cost).
     width = cells + g_units
@@ -107,52 +106,104 @@ def solve(
     ex_idle = execute[0]
     ex = execute[1:].reshape(markets, phases, b, cells)
     w_s = np.arange(cells) * u
-    # per tick: usd per second of each market (markets x batch), +inf where spot is unavailable
-    rates = np.empty((ticks, markets, b))
-    rates[:, 0] = problem.ondemand_price_usd_per_hour / 3600.0
-    rates[:, 1:] = np.transpose(spot_prices, (2, 1, 0)) / 3600.0
-    barred = np.zeros((ticks, markets, 1, b, 1))
-    barred[:, 1:, 0, :, 0] = np.where(np.transpose(available, (2, 1, 0)), 0.0, np.inf)
-    codes = np.arange(1, markets + 1, dtype=np.int8)[:, None, None, None]
-    kept = 0 if not keep_decisions else ticks - first_tick
-    if not isinstance(keep_decisions, bool):
-        kept = min(kept, keep_decisions)
+    rates, barred = _rates(problem, available, spot_prices)
+    kept = _kept(keep_decisions, ticks - first_tick)
     decisions = np.zeros((kept, n_states, b, cells), np.int8) if kept else None
     for k in range(ticks - 1, first_tick - 1, -1):
-        nxt = later[1:].reshape(markets, phases, b, width)
-        rate = rates[k][:, :, None]  # markets x batch x 1
-        ex_idle[:] = later[0, :, g_units : g_units + cells]
-        if full:
-            np.add(
-                nxt[:, 1 : full + 1, :, g_units : g_units + cells],
-                (rate * g)[:, None],
-                out=ex[:, :full],
-            )
-        for j in range(full, phases):  # the tick that ends the changeover, and running
-            left = lat.phase_left_s[j]
-            shift = lat.phase_waste[j]
-            e = ex[:, j]
-            np.add(nxt[:, min(j + 1, big_j), :, shift : shift + cells], rate * g, out=e)
-            last = math.floor((g - left - (c_s - k * g)) / u + 1e-9)
-            if last >= 0:  # the job can finish in this tick: cells with little waste
-                n = min(last + 1, cells)
-                e[:, :, :n] = rate * (left + c_s - k * g + w_s[:n])
-                if cells - shift < n:  # ... but not after the deadline
-                    e[:, :, cells - shift : n] = np.inf
+        _execute_costs(lat, c_s, k, later, rates[k], ex_idle, ex, w_s)
         ex += barred[k]
         best = np.minimum(ex_idle, ex[:, 0].min(axis=0))
         now[0, :, :cells] = best
         np.minimum(best, ex, out=now[1:].reshape(markets, phases, b, width)[..., :cells])
         if decisions is not None and k - first_tick < kept:
-            out = decisions[k - first_tick]
-            out[0] = np.concatenate([ex_idle[None], ex[:, 0]]).argmin(axis=0)
-            out[1:] = np.where(ex <= best, codes, out[0]).reshape(markets * phases, b, cells)
+            _record_decisions(decisions[k - first_tick], ex_idle, ex, best)
         if transition is not None:  # expected value over the next tick's availability
-            # +inf as a huge finite number, so that a zero probability times it stays 0
-            mixed = np.matmul(transition, np.minimum(now[:, :, :cells], _HUGE))
-            now[:, :, :cells] = np.where(mixed >= _HUGE * 1e-12, np.inf, mixed)
+            _expect(transition, now[:, :, :cells])
         later, now = now, later
     return later[0, :, 0] * problem.nodes, decisions, lat
+
+
+def _rates(
+    problem: Problem, available: np.ndarray, spot_prices: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per tick, the usd per second of each market (ticks x markets x batch) and what using it
+    adds: 0, or +inf where spot is unavailable (shaped to add to the execute costs)."""
+    b, zones, ticks = available.shape
+    markets = 1 + zones
+    rates = np.empty((ticks, markets, b))
+    rates[:, 0] = problem.ondemand_price_usd_per_hour / 3600.0
+    rates[:, 1:] = np.transpose(spot_prices, (2, 1, 0)) / 3600.0
+    barred = np.zeros((ticks, markets, 1, b, 1))
+    barred[:, 1:, 0, :, 0] = np.where(np.transpose(available, (2, 1, 0)), 0.0, np.inf)
+    return rates, barred
+
+
+def _kept(keep_decisions: bool | int, boundaries: int) -> int:
+    """How many of ``boundaries`` boundaries' decisions to record (see :func:`solve`)."""
+    kept = 0 if not keep_decisions else boundaries
+    if not isinstance(keep_decisions, bool):
+        kept = min(kept, keep_decisions)
+    return kept
+
+
+def _execute_costs(
+    lat: Lattice,
+    c_s: float,
+    k: int,
+    later: np.ndarray,
+    rates: np.ndarray,
+    ex_idle: np.ndarray,
+    ex: np.ndarray,
+    w_s: np.ndarray,
+) -> None:
+    """Fill the cost-to-go of spending tick ``k`` idle (``ex_idle``: batch x cells) or in each
+    market and phase (``ex``: markets x phases x batch x cells), from the values at boundary
+    k+1 (``later``) and each market's usd per second (``rates``: markets x batch); spot's
+    unavailability is added by the caller."""
+    g, u, cells = lat.gap_s, lat.unit_s, lat.cells
+    markets, phases, b = ex.shape[:3]
+    big_j, g_units = phases - 1, round(g / u)
+    full = sum(left >= g for left in lat.phase_left_s)  # phases 0..full-1 are whole changeover
+    nxt = later[1:].reshape(markets, phases, b, later.shape[-1])
+    rate = rates[:, :, None]  # markets x batch x 1
+    ex_idle[:] = later[0, :, g_units : g_units + cells]
+    if full:
+        np.add(
+            nxt[:, 1 : full + 1, :, g_units : g_units + cells],
+            (rate * g)[:, None],
+            out=ex[:, :full],
+        )
+    for j in range(full, phases):  # the tick that ends the changeover, and running
+        left = lat.phase_left_s[j]
+        shift = lat.phase_waste[j]
+        e = ex[:, j]
+        np.add(nxt[:, min(j + 1, big_j), :, shift : shift + cells], rate * g, out=e)
+        last = math.floor((g - left - (c_s - k * g)) / u + 1e-9)
+        if last >= 0:  # the job can finish in this tick: cells with little waste
+            n = min(last + 1, cells)
+            e[:, :, :n] = rate * (left + c_s - k * g + w_s[:n])
+            if cells - shift < n:  # ... but not after the deadline
+                e[:, :, cells - shift : n] = np.inf
+
+
+def _record_decisions(
+    out: np.ndarray, ex_idle: np.ndarray, ex: np.ndarray, best: np.ndarray
+) -> None:
+    """Write one boundary's best move from each state into ``out`` (states x batch x cells):
+    0 idle, 1 on-demand, 2+z spot in zone z; a market state stays where it is when that is
+    best (ties included), else moves as from idle."""
+    markets, phases, b, cells = ex.shape
+    codes = np.arange(1, markets + 1, dtype=np.int8)[:, None, None, None]
+    out[0] = np.concatenate([ex_idle[None], ex[:, 0]]).argmin(axis=0)
+    out[1:] = np.where(ex <= best, codes, out[0]).reshape(markets * phases, b, cells)
+
+
+def _expect(transition: np.ndarray, values: np.ndarray) -> None:
+    """Replace ``values`` (states x batch x cells) in place by their expectation over the next
+    tick's availability state (``transition``: batch x batch)."""
+    # +inf as a huge finite number, so that a zero probability times it stays 0
+    mixed = np.matmul(transition, np.minimum(values, _HUGE))
+    values[:] = np.where(mixed >= _HUGE * 1e-12, np.inf, mixed)
 
 
 def optimal_costs(
