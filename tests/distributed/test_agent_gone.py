@@ -54,7 +54,7 @@ def test_ranks_of_a_killed_agent_save_and_an_immediate_restart_finishes(
 # never completes (a peer that hangs)
 RANK = """
 import threading
-from spotwise.runtime.agent import watch_agent
+from spotwise.runtime.distributed.agent import watch_agent
 watch_agent(None)
 print("watching", flush=True)
 threading.Event().wait(60)  # bounded: a failed test leaves nothing behind for long

@@ -15,8 +15,8 @@ from spotwise.checkpoint.format import STATE_FILE, TENSORS_FILE
 from spotwise.checkpoint.write import write_durable
 from spotwise.errors import CorruptCheckpointError
 from spotwise.runtime.commit import Share, commit_files, load_checkpoint
+from spotwise.runtime.distributed.sharded import verify_share
 from spotwise.runtime.format import pack_tensors
-from spotwise.runtime.sharded import verify_share
 
 WRITERS = 4  # ranks that wrote the checkpoint
 

@@ -157,8 +157,8 @@ def export_command(
     from spotwise.checkpoint.write import write_durable
     from spotwise.errors import ConfigError
     from spotwise.runtime.commit import load_newest_valid
+    from spotwise.runtime.distributed.sharded import consolidated
     from spotwise.runtime.format import pack_tensors
-    from spotwise.runtime.sharded import consolidated
 
     if fmt != "safetensors":
         raise ConfigError(f"--format {fmt!r} is not supported", hint="use --format safetensors")

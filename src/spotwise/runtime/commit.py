@@ -319,7 +319,7 @@ def load_checkpoint(
     With ``share``, the bytes of the members beyond the tensors and state are checked only for
     the names ``share(manifest)`` returns, and those are kept read in ``members``: one rank of a
     distributed job checks its share of the files, which it is about to read anyway, and the
-    ranks agree on the verdict (:func:`spotwise.runtime.sharded.agreed_checkpoints`)."""
+    ranks agree on the verdict (:func:`spotwise.runtime.distributed.sharded.agreed_checkpoints`)."""
     path = Path(path)
     read = _inspect(path, step, share)
     info = info_of(path, read.manifest, read.manifest_raw)

@@ -47,10 +47,11 @@ from spotwise.errors import ConfigError, DataLoaderError, SaveError
 from spotwise.exitcode import EXIT_INTERRUPTED
 from spotwise.notices.base import Notice, NoticeSource
 from spotwise.notices.watcher import open_notices
-from spotwise.runtime import agent, dirlock, distributed, keywords, rundir
+from spotwise.runtime import dirlock, distributed, keywords, rundir
 from spotwise.runtime.commit import LoadedCheckpoint
 from spotwise.runtime.config import CheckpointConfig
 from spotwise.runtime.cursor import LoaderCursor
+from spotwise.runtime.distributed import agent
 from spotwise.runtime.interval import notice_exit_due, save_due
 from spotwise.runtime.restore import apply_checkpoint, newest_fitting
 from spotwise.runtime.saver import EARLY_SAVE, EXIT, NOTHING, Mirror, open_saver, smooth

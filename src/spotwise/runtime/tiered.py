@@ -21,7 +21,7 @@ remotely; a deletion removes the manifest first, so a half-deleted checkpoint is
 Distributed runs without a shared file system use the same protocol with several writers and no
 mirror: each rank uploads its own files (:func:`push_files`), rank 0 the manifest last
 (:func:`commit_remote`), and a resume pulls the agreed checkpoint into every rank's own
-directory (:func:`pull_alone`); see :mod:`spotwise.runtime.sharded`.
+directory (:func:`pull_alone`); see :mod:`spotwise.runtime.distributed.sharded`.
 """
 
 from __future__ import annotations

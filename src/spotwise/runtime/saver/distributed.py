@@ -1,6 +1,6 @@
 """Saving a Run under torch.distributed: models and optimizers through DCP, every rank writing
-its share (:mod:`spotwise.runtime.sharded`), committed by rank 0 into the shared run directory
-or, without a shared file system, into the object store. The ranks act together: at step
+its share (:mod:`spotwise.runtime.distributed.sharded`), committed by rank 0 into the shared run
+directory or, without a shared file system, into the object store. The ranks act together: at step
 boundaries they agree (:class:`~spotwise.runtime.distributed.Agreement`) on notices, timed
 saves and when a background save's phases end. Imported only by distributed runs (it imports
 DCP)."""
@@ -17,9 +17,10 @@ from typing import Any
 from spotwise.checkpoint.read import CheckpointInfo
 from spotwise.checkpoint.remote import RemoteCheckpoint, open_remote
 from spotwise.checkpoint.retention import retain
-from spotwise.runtime import distributed, sharded
+from spotwise.runtime import distributed
 from spotwise.runtime.commit import LoadedCheckpoint
 from spotwise.runtime.config import CheckpointConfig
+from spotwise.runtime.distributed import sharded
 from spotwise.runtime.saver.base import NOTHING, Capture, CaptureRank, Saver, smooth
 from spotwise.runtime.tiered import retain_remote
 from spotwise.storage.base import Storage
@@ -90,7 +91,7 @@ class DistributedSaver(Saver):
         """A save with every rank. The training thread stalls for DCP's planning collectives
         and for packing this rank's tensors (copied into reused buffers unless ``block``); a
         background save's files are then written in a thread per rank and committed at a
-        later step boundary once every rank's are (:class:`~spotwise.runtime.sharded.
+        later step boundary once every rank's are (:class:`~spotwise.runtime.distributed.sharded.
         PendingSave`); a blocking one is written and committed here."""
         started = time.perf_counter()
         pack = sharded.pack_live

@@ -1,6 +1,7 @@
 """Saving and loading a Run's state under ``torch.distributed``: the models' and optimizers'
 state through torch's own machinery (``get_model_state_dict``/``get_optimizer_state_dict``,
-DCP ``save``/``load`` with :mod:`spotwise.runtime.dcp_storage`), everything else as today.
+DCP ``save``/``load`` with :mod:`spotwise.runtime.distributed.dcp_storage`), everything else
+as today.
 
 One checkpoint directory, one manifest, written by rank 0 last:
 
@@ -76,8 +77,13 @@ from spotwise.runtime.commit import (
     list_checkpoints,
     load_checkpoint,
 )
-from spotwise.runtime.dcp_storage import DCP_FILE, SpotwiseReader, SpotwiseWriter, dcp_tensors
 from spotwise.runtime.distributed import Ranks
+from spotwise.runtime.distributed.dcp_storage import (
+    DCP_FILE,
+    SpotwiseReader,
+    SpotwiseWriter,
+    dcp_tensors,
+)
 from spotwise.runtime.format import TensorBlob, pack_tensors, parse_safetensors
 from spotwise.runtime.snapshot import SnapshotBuffer
 from spotwise.runtime.state import StateEncoder, capture_rng, decode
