@@ -13,6 +13,12 @@ variables that ``save_weights`` leaves out). Keras' own ``shuffle=True`` draws f
 that a restart does not restore. A backup inside an epoch (``save_freq=N`` steps) would not be
 exact either: Keras restores the epoch, not the position inside it, and starts it again.
 
+Keras writes its backup in place, so a notice in the middle of a save leaves a torn
+``latest.weights.h5``; ``double_checkpoint=True`` keeps the one before, which Keras restores
+when the latest will not open. ``delete_checkpoint=False`` keeps the backup when ``fit`` ends:
+a notice after that restores the last epoch instead of training again from the start (and no
+kill can land in the middle of deleting it).
+
     pip install keras jax
     python train.py --backup-dir runs/keras                # alone
     spotwise run -- python train.py --backup-dir runs/keras
@@ -24,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import json
 import os
 import time
 from pathlib import Path
@@ -60,8 +65,12 @@ class EpochStart(keras.callbacks.Callback):
     def __init__(self, batches: Batches) -> None:
         super().__init__()
         self.batches = batches
+        self.first = True
 
     def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
+        if self.first and epoch > 0:  # BackupAndRestore restored the weights and the epoch
+            print(f"resumed from the backup at epoch {epoch}", flush=True)
+        self.first = False
         self.batches.order = np.random.default_rng([SEED, epoch]).permutation(len(self.batches.x))
         for variable in self.model.variables:  # each Dropout's keras.random.SeedGenerator
             if variable.path.endswith("seed_generator_state"):
@@ -106,10 +115,9 @@ def main() -> None:
         ),
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
     )
-    backup = keras.callbacks.BackupAndRestore(str(args.backup_dir), save_freq="epoch")
-    metadata = args.backup_dir / "training_metadata.json"
-    if metadata.exists():  # what BackupAndRestore restores: the weights and the epoch
-        print(f"resumed from the backup at epoch {json.loads(metadata.read_text())['epoch']}")
+    backup = keras.callbacks.BackupAndRestore(
+        str(args.backup_dir), save_freq="epoch", double_checkpoint=True, delete_checkpoint=False
+    )
     model.fit(
         batches,
         epochs=args.epochs,

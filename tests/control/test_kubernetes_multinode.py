@@ -203,7 +203,10 @@ def test_kueue_queues_admits_evicts_and_the_job_finishes_unbilled_while_queued(t
         leftovers = emu.leftovers()
         workloads = emu.store.select("workloads")[0]
     assert run.store.job(run.job.id).state.value == "SUCCEEDED", log
-    assert [(a.reason, a.exit_code) for a in attempts] == [("preempted", 75), ("succeeded", 0)]
+    assert [(a.reason, a.exit_code) for a in attempts] == [("preempted", 75), ("succeeded", 0)], (
+        log,
+        events,
+    )
     assert any("evicted by Kueue" in m and "Preempted" in m for m in events), events
     assert any("queued: waiting for admission by Kueue (LocalQueue spotwise)" in m for m in events)
     # the first attempt is billed from its admission, not from its launch

@@ -358,3 +358,35 @@ def test_a_watch_nobody_reads_ends_and_a_read_keeps_it(emu):
     while read.alive:  # now unread too
         assert time.monotonic() < deadline, "the watch stayed open after its reads stopped"
         time.sleep(0.2)
+
+
+@pytest.mark.parametrize("ended_by", ["deleted", "deleting", "failed"])
+def test_of_two_pods_made_in_one_second_the_ended_one_is_the_attempts(ended_by: str):
+    """Creation times are whole seconds: Kueue evicting a pod within a second of its start and
+    admitting the Job again leaves two pods of one time. The attempt is the one that ended (its
+    replacement came after), whichever name sorts first (in one CI run the replacement's did,
+    and the eviction was never seen)."""
+    from datetime import datetime, timezone
+
+    from kubernetes.client import V1ObjectMeta, V1Pod, V1PodStatus
+
+    from spotwise.control.providers.kubernetes import _first_pods
+
+    second = datetime(2026, 12, 3, 3, 40, 12, tzinfo=timezone.utc)
+
+    def pod(name: str, phase: str, deleting: bool = False) -> V1Pod:
+        meta = V1ObjectMeta(
+            name=name, creation_timestamp=second, deletion_timestamp=second if deleting else None
+        )
+        return V1Pod(metadata=meta, status=V1PodStatus(phase=phase))
+
+    evicted = pod(
+        "job-1-d051e", "Failed" if ended_by == "failed" else "Running", ended_by == "deleting"
+    )
+    replacement = pod("job-1-c128d", "Pending")
+    gone = {"job-1-d051e"} if ended_by == "deleted" else set()
+    for listed in ([evicted, replacement], [replacement, evicted]):
+        assert [p.metadata.name for p in _first_pods(listed, gone)] == ["job-1-d051e"]
+    later = pod("job-1-a0000", "Running")
+    later.metadata.creation_timestamp = second.replace(second=13)
+    assert _first_pods([later, replacement], set()) == [replacement]  # the earlier second wins

@@ -117,6 +117,31 @@ def test_keras_job_with_backup_and_restore_is_preempted_and_resumes_exactly(
     _, logs = launch_preempted(KERAS_JOB, env=with_venv())
     epochs = re.findall(r"resumed from the backup at epoch (\d+)", logs)
     assert epochs and int(epochs[0]) > 0, logs[-3000:]  # not started over
-    # a notice just after training ended relaunches it once more (Keras deleted its backup
-    # when fit ended, so that attempt trains from the start): each end has the same weights
+    # a notice just after training ended relaunches it once more (restoring the last epoch's
+    # backup, which the script keeps): each end has the same weights
     assert set(HASH.findall(logs)) == {alone(KERAS_JOB, tmp_path / "alone")}
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("torn_size", [0, 2000])
+def test_keras_backup_torn_in_its_save_restores_the_one_before_and_ends_the_same(
+    tmp_path: Path, torn_size: int
+) -> None:
+    """Keras writes ``latest.weights.h5`` in place: a notice during the save leaves it torn (as
+    in one CI run, which then failed to open it). The example keeps the backup before."""
+    program = KERAS_JOB.parent / "train.py"
+
+    def train() -> str:
+        argv = [sys.executable, str(program), "--backup-dir", str(tmp_path), "--epochs", "3"]
+        done = subprocess.run(
+            argv, env=with_venv(), capture_output=True, text=True, timeout=300, check=True
+        )
+        return done.stdout
+
+    whole = HASH.findall(train())[-1]
+    latest = tmp_path / "latest.weights.h5"
+    with latest.open("r+b") as torn:  # the kill came after torn_size bytes of the last save
+        torn.truncate(torn_size)
+    again = train()
+    assert "resumed from the backup at epoch 2" in again  # the backup before the torn one
+    assert HASH.findall(again) == [whole]

@@ -496,7 +496,7 @@ class KubernetesProvider:
             return [p for p in objs if (p.metadata.labels or {}).get("job-name") == name]
 
         gone = {p.metadata.name for p in of_job(pods.gone())}
-        mine = _first_pods([*of_job(pods.gone()), *of_job(pods.items())])
+        mine = _first_pods([*of_job(pods.gone()), *of_job(pods.items())], gone)
         job = next((j for j in jobs.items() if j.metadata.name == name), None) or self._read_job(
             name
         )
@@ -778,19 +778,29 @@ class KubernetesProvider:
         )
 
 
-def _first_pods(pods: list[Any]) -> list[Any]:
+def _first_pods(pods: list[Any], gone: set[str]) -> list[Any]:
     """The attempt's pods: the first of each completion index, in index order. A later pod of
     an index is Kubernetes starting the Job again after the attempt ended (Kueue re-admitting
-    an evicted workload before the Job was deleted): not the attempt's."""
+    an evicted workload before the Job was deleted): not the attempt's.
+
+    Creation times are whole seconds, so an eviction within a second of the start leaves two
+    pods of one time; the Job makes a replacement only once the pod before it is ending, so of
+    those the one deleted, being deleted or ended came first (never the one a name sorts first:
+    names end in random letters)."""
+
+    def order(pod: Any) -> tuple[float, bool, str]:
+        ended = (
+            pod.metadata.name in gone
+            or pod.metadata.deletion_timestamp is not None
+            or (pod.status is not None and pod.status.phase in ("Succeeded", "Failed"))
+        )
+        created = _timestamp(pod.metadata.creation_timestamp) or 0.0
+        return (created, not ended, pod.metadata.name)
+
     first: dict[int, Any] = {}
     for pod in pods:
         index = int((pod.metadata.labels or {}).get(INDEX_LABEL, 0))
-        key = (_timestamp(pod.metadata.creation_timestamp) or 0.0, pod.metadata.name)
-        have = first.get(index)
-        if have is None or key < (
-            _timestamp(have.metadata.creation_timestamp) or 0.0,
-            have.metadata.name,
-        ):
+        if index not in first or order(pod) < order(first[index]):
             first[index] = pod
     return [first[i] for i in sorted(first)]
 
