@@ -797,12 +797,10 @@ def _first_pods(pods: list[Any], gone: set[str]) -> list[Any]:
         created = _timestamp(pod.metadata.creation_timestamp) or 0.0
         return (created, not ended, pod.metadata.name)
 
-    first: dict[int, Any] = {}
+    by_index: dict[int, list[Any]] = {}
     for pod in pods:
-        index = int((pod.metadata.labels or {}).get(INDEX_LABEL, 0))
-        if index not in first or order(pod) < order(first[index]):
-            first[index] = pod
-    return [first[i] for i in sorted(first)]
+        by_index.setdefault(int((pod.metadata.labels or {}).get(INDEX_LABEL, 0)), []).append(pod)
+    return [min(by_index[i], key=order) for i in sorted(by_index)]
 
 
 def _pod_status(pod: Any, gone: bool) -> AttemptStatus:
