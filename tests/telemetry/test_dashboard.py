@@ -134,6 +134,11 @@ def test_dashboard_in_chromium(
             page.click("#cancel")
             page.wait_for_selector("#cancel-result:has-text('cancel requested')")
             assert dialogs and running_id in dialogs[0]
+            # the answer survives the live redraws that the cancel's own event sets off
+            Store(home).event(running_id, "note", "a redraw after the cancel")
+            page.wait_for_selector("#events li:has-text('a redraw after the cancel')")
+            assert "cancel requested" in page.locator("#cancel-result").inner_text()
+            assert page.locator("#cancel").count() == 0 or page.locator("#cancel").is_disabled()
             page.wait_for_selector("h1 .state-cancelled", timeout=60_000)
             assert _status(running_id, home)["state"] == "CANCELLED"
             save_screenshot(page, tmp_path, "dashboard-cancelled.png")

@@ -7,6 +7,8 @@
   const main = document.getElementById("main");
   let data = JSON.parse(document.getElementById("data").textContent);
   let charts = [];
+  // the cancel's answer outlives redraws: each live update rebuilds the page
+  let cancelNote = null;
 
   const KIND_COLOURS = {
     useful: "#16a34a", lost: "#dc2626", restore: "#7c3aed", changeover: "#9ca3af",
@@ -93,19 +95,26 @@
 
   function cancelButton(d) {
     if (!live || d.row.terminal) return null;
-    return el("button", { id: "cancel", class: "danger", text: "Cancel job",
-      onclick: async (ev) => {
+    const button = el("button", { id: "cancel", class: "danger", text: "Cancel job",
+      onclick: async () => {
         if (!window.confirm("Cancel job " + d.row.id + "? The running attempt saves and stops."))
           return;
-        ev.target.disabled = true;
-        const r = await fetch("/api/jobs/" + encodeURIComponent(d.row.id) + "/cancel", {
-          method: "POST", credentials: "same-origin",
-          headers: { "X-Spotwise-Token": body.dataset.token },
-        });
-        const answer = await r.json();
-        document.getElementById("cancel-result").textContent =
-          r.ok ? "cancel requested: " + answer.state : "refused: " + answer.error;
+        cancelNote = "sending...";
+        render();
+        try {
+          const r = await fetch("/api/jobs/" + encodeURIComponent(d.row.id) + "/cancel", {
+            method: "POST", credentials: "same-origin",
+            headers: { "X-Spotwise-Token": body.dataset.token },
+          });
+          const answer = await r.json();
+          cancelNote = r.ok ? "cancel requested: " + answer.state : "refused: " + answer.error;
+        } catch (err) {
+          cancelNote = "refused: the dashboard did not answer (" + err + "); try again";
+        }
+        render();
       } });
+    button.disabled = cancelNote !== null && !cancelNote.startsWith("refused");
+    return button;
   }
 
   function goodputTable(ledger) {
@@ -272,7 +281,7 @@
         stat("goodput", pct(L.goodput), "stat-goodput"),
         stat("deadline", r.deadline_at ? when(r.deadline_at) : "-", "stat-deadline"),
         stat("slack", slack === null ? "-" : dur(slack), "stat-slack")),
-      el("div", { class: "actions" }, cancelButton(d), el("span", { id: "cancel-result" })),
+      el("div", { class: "actions" }, cancelButton(d), el("span", { id: "cancel-result", text: cancelNote })),
       el("h2", { text: "Attempts" }),
       el("div", { class: "legend" }, el("span", { class: "spot", text: "spot" }), " ",
          el("span", { class: "ondemand", text: "on-demand" }), " · ✕ preemption · ▼ notice · | checkpoint"),
