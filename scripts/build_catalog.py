@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Derive the catalog and interruption estimates shipped in the package from data/public.
 
-Run from the repository root:  .venv/bin/python scripts/build_catalog.py [--shared PATH]   (default data/public)
+Run from the repository root:
+    .venv/bin/python scripts/build_catalog.py [--shared PATH]   (default data/public)
 Writes src/spotwise/data/catalog/{offers.csv,interruption.csv} and prints a summary; the output
 is committed, so a fresh install ranks placements with no network and no data/ folder.
 """

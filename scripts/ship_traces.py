@@ -45,8 +45,10 @@ def main() -> None:
             src = src_root / group / name
             trace = load_trace(src)  # refuse to ship a file we could not read back
             shutil.copyfile(src, DEST / group / name)
-            print(f"{group}/{name}: {trace.n_ticks} ticks of {trace.gap_s:g} s, "
-                  f"spot available {trace.availability():.0%}")
+            print(
+                f"{group}/{name}: {trace.n_ticks} ticks of {trace.gap_s:g} s, "
+                f"spot available {trace.availability():.0%}"
+            )
 
 
 if __name__ == "__main__":
