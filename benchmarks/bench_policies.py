@@ -230,10 +230,11 @@ def live(starts: int) -> None:
     sys.path.insert(0, str(ROOT))
     from tests.control.clocksim import Clock, ClockSim, job_for
 
-    from spotwise.control.controller import Controller, job_summary
+    from spotwise.control.controller import Controller
     from spotwise.control.decisions import live_problem
     from spotwise.control.pricing import zone_interruption_rates
     from spotwise.control.store import Store
+    from spotwise.control.summary import job_summary
     from spotwise.market.interruption import load_interruption_model
 
     os.environ["SPOTWISE_HOME"] = tempfile.mkdtemp(prefix="spotwise-bench-")

@@ -57,9 +57,10 @@ def bare_loop(script: Path, marks: Path, n: int) -> list[float]:
 
 
 def controller_run(script: Path, marks: Path, n: int, provider: str) -> dict[str, list[float]]:
-    from spotwise.control.controller import Controller, submit
+    from spotwise.control.controller import Controller
     from spotwise.control.spec import parse_spec
     from spotwise.control.store import Store
+    from spotwise.control.submission import submit
 
     options: dict = {"name": provider}
     if provider == "sim":  # on-demand: nothing but the job's own exits interrupts it

@@ -280,7 +280,7 @@ def _run(args: argparse.Namespace, home: Path, traces: Path) -> None:
 def _end_machines(store: Any) -> None:
     """Stop the sim machines a job still has (the server gives its jobs back as it stops,
     their machines running on): each job's command would otherwise sleep for a day."""
-    from spotwise.control.controller import attempts_dir
+    from spotwise.control.launching import attempts_dir
     from spotwise.control.providers.process import ProcessMachines
 
     machines = ProcessMachines(settle_s=1.0)

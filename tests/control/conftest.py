@@ -13,9 +13,11 @@ from typing import Any
 
 import pytest
 
-from spotwise.control.controller import Controller, job_summary, submit
+from spotwise.control.controller import Controller
 from spotwise.control.spec import JobSpec, parse_spec
 from spotwise.control.store import Store
+from spotwise.control.submission import submit
+from spotwise.control.summary import job_summary
 
 # A stand-in for a training script: counts its runs in a file, sleeps, exits with the code
 # chosen for that run, and exits 75 on SIGTERM (as the runtime does after its emergency save).

@@ -19,9 +19,10 @@ import boto3
 import pytest
 
 from spotwise.cli.emulate import parse_ec2_fault
-from spotwise.control.controller import launch_request, submit
+from spotwise.control.launching import launch_request
 from spotwise.control.providers import LaunchRequest, Placement, make_provider
 from spotwise.control.spec import parse_spec
+from spotwise.control.submission import submit
 from spotwise.emulators.fault_proxy import Fault, FaultProxy
 from spotwise.errors import (
     CapacityError,
@@ -414,8 +415,9 @@ def test_an_unpinned_job_runs_where_the_advisor_placed_it(aws, tmp_path: Path):
     """No instance type, region or zones in the job file: submit advises from resources
     (1 x T4 with 8 CPUs), keeps the advised zones the account offers the type in, records why
     in the job's events and status, pins it in the stored job, and RunInstances uses it."""
-    from spotwise.control.controller import job_summary, provider_for, submit
     from spotwise.control.store import Store
+    from spotwise.control.submission import provider_for, submit
+    from spotwise.control.summary import job_summary
     from spotwise.market import load_catalog
 
     drop = ("instance_type", "zones", "region")

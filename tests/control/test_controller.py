@@ -10,10 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from spotwise.control.controller import Controller, job_summary, submit
+from spotwise.control.controller import Controller
 from spotwise.control.providers import LaunchRequest, make_provider
 from spotwise.control.providers.process import lock_held
 from spotwise.control.store import JobState, Store
+from spotwise.control.submission import submit
+from spotwise.control.summary import job_summary
 from spotwise.errors import BudgetError, ProviderUnavailableError
 
 
@@ -177,7 +179,7 @@ def test_restart_launches_an_attempt_recorded_but_never_started(workdir: Path, k
 
 
 def test_one_controller_per_job(workdir: Path, kit):
-    from spotwise.control.controller import controller_lock
+    from spotwise.control.ownership import controller_lock
     from spotwise.errors import ControlError
 
     store = Store()

@@ -10,9 +10,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from spotwise.control.controller import submit
 from spotwise.control.providers.process import lock_held
 from spotwise.control.store import JobState, Store
+from spotwise.control.submission import submit
 
 
 def _controller(job_id: str) -> subprocess.Popen:

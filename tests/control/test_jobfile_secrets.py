@@ -13,12 +13,14 @@ from types import SimpleNamespace
 import pytest
 import yaml
 
-from spotwise.control.controller import Controller, launch_request, submit
+from spotwise.control.controller import Controller
+from spotwise.control.launching import launch_request
 from spotwise.control.providers import Placement, make_provider
 from spotwise.control.providers.kubernetes import KubernetesProvider
 from spotwise.control.secret_refs import SecretRef, aws_fetch_script
 from spotwise.control.spec import Resources, load_spec, parse_spec
 from spotwise.control.store import JobState, Store, spotwise_home
+from spotwise.control.submission import submit
 from spotwise.emulators.kubernetes import KubernetesEmulator
 from spotwise.errors import ConfigError
 

@@ -15,7 +15,7 @@ import kubernetes_validate
 import pytest
 from kubernetes import client, config
 
-from spotwise.control.controller import launch_request
+from spotwise.control.launching import launch_request
 from spotwise.control.providers import Phase, Placement
 from spotwise.control.providers.kubernetes import KubernetesProvider
 from spotwise.control.spec import Resources, parse_spec

@@ -13,7 +13,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from spotwise.control.controller import launch_request
+from spotwise.control.launching import launch_request
 from spotwise.control.providers import LaunchRequest, Phase, Placement
 from spotwise.control.providers.kubernetes import KubernetesProvider
 from spotwise.control.spec import Resources, parse_spec
@@ -306,8 +306,8 @@ def test_checkpoints_go_to_s3_or_the_claim_and_nowhere_else(emu, tmp_path):
     ],
 )
 def test_a_checkpoint_dir_off_the_claim_is_refused_at_submit(emu, tmp_path, given, fine):
-    from spotwise.control.controller import submit
     from spotwise.control.store import Store
+    from spotwise.control.submission import submit
 
     spec = parse_spec(
         {

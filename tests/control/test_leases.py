@@ -9,10 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from spotwise.control.controller import Controller, submit
+from spotwise.control.controller import Controller
 from spotwise.control.providers.process import lock_held
 from spotwise.control.store import JobState, Store
 from spotwise.control.store.leases import LeaseLost
+from spotwise.control.submission import submit
 
 from .conftest import make_spec
 

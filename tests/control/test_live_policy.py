@@ -8,10 +8,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from spotwise.control.controller import Controller, job_summary
+from spotwise.control.controller import Controller
 from spotwise.control.decisions import live_problem
 from spotwise.control.pricing import zone_interruption_rates
 from spotwise.control.store import JobState, Store
+from spotwise.control.summary import job_summary
 from spotwise.errors import TransientProviderError
 from spotwise.market.interruption import load_interruption_model
 from spotwise.market.policies import make_policy
@@ -279,7 +280,7 @@ def test_controller_sigkilled_between_decisions_resumes_the_persisted_policy(wor
                   "time_compression": 20, "boot_s": 0, "spot_usd_per_hour": 1.0,
                   "ondemand_usd_per_hour": 3.0},
     )  # fmt: skip
-    from spotwise.control.controller import submit
+    from spotwise.control.submission import submit
 
     store = Store()
     job = submit(store, spec)

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from spotwise.control.controller import job_summary
 from spotwise.control.store import JobState, Store
+from spotwise.control.summary import job_summary
 
 from .clocksim import Clock, ClockSim, job_for
 from .test_live_policy import _run, _segments, _simulated

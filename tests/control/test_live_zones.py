@@ -10,10 +10,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from spotwise.control.controller import job_summary
 from spotwise.control.decisions import RANKED_ZONES
 from spotwise.control.progress import Committed
 from spotwise.control.store import JobState, Store
+from spotwise.control.summary import job_summary
 from spotwise.market.interruption import InterruptionModel, RateRow
 
 from .clocksim import Clock, ClockSim, job_for

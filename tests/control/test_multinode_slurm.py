@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from spotwise.control.controller import job_summary
 from spotwise.control.store import JobState
+from spotwise.control.summary import job_summary
 
 TOY = Path(__file__).with_name("ddp_toy.py")
 pytestmark = pytest.mark.slurm

@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from spotwise.control.controller import check_world
 from spotwise.control.providers import make_provider
 from spotwise.control.providers.base import AttemptStatus, Phase
 from spotwise.control.providers.process import group_status
 from spotwise.control.providers.torchrun import launcher_argv
 from spotwise.control.spec import parse_spec
+from spotwise.control.submission import check_world
 from spotwise.errors import ConfigError
 from spotwise.runtime.launch import RankEnd, attempt_exit_code
 

@@ -11,10 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from spotwise.control.controller import Controller, job_summary, submit
+from spotwise.control.controller import Controller
 from spotwise.control.providers import LaunchRequest, Placement, make_provider
 from spotwise.control.spec import parse_spec
 from spotwise.control.store import Store
+from spotwise.control.submission import submit
+from spotwise.control.summary import job_summary
 from spotwise.errors import ConfigError
 
 SRC = Path(__file__).resolve().parents[2] / "src"
@@ -63,7 +65,9 @@ class DemoProvider(FakeProvider):
 
 USE_PLUGIN = """
 import sys
-from spotwise.control.controller import Controller, job_summary, submit
+from spotwise.control.controller import Controller
+from spotwise.control.submission import submit
+from spotwise.control.summary import job_summary
 from spotwise.control.spec import parse_spec
 from spotwise.control.store import Store
 from spotwise.errors import ConfigError

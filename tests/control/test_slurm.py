@@ -13,8 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from spotwise.control.controller import Controller, job_summary, submit
+from spotwise.control.controller import Controller
 from spotwise.control.store import JobState, Store
+from spotwise.control.submission import submit
+from spotwise.control.summary import job_summary
 
 ROOT = Path(__file__).resolve().parents[2]
 TRAIN = ROOT / "examples" / "digits" / "train.py"

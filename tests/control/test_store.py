@@ -203,8 +203,9 @@ def test_a_second_store_in_one_process_loses_no_commit_when_another_process_clos
 
 def test_a_listing_reads_each_jobs_own_attempts_placement_and_lock_in_a_few_queries():
     """``job_summaries`` (a few queries for all jobs) gives exactly each job's ``job_summary``."""
-    from spotwise.control.controller import controller_lock, job_summaries, job_summary
+    from spotwise.control.ownership import controller_lock
     from spotwise.control.spec import parse_spec
+    from spotwise.control.summary import job_summaries, job_summary
 
     store = Store()
     spec = parse_spec({"name": "j", "command": "true", "provider": "local"}).model_dump(mode="json")

@@ -210,8 +210,8 @@ def test_archives_go_beside_the_checkpoints(tmp_path: Path):
 
 
 def test_launch_refuses_a_workdir_over_the_limit_and_records_nothing(tmp_path: Path):
-    from spotwise.control.controller import submit
     from spotwise.control.store import Store
+    from spotwise.control.submission import submit
 
     code = _tree(tmp_path / "code", {"train.py": "x"})
     with open(code / "dataset.bin", "wb") as f:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from spotwise.control.controller import attempts_dir
+from spotwise.control.launching import attempts_dir
 from spotwise.control.providers.base import Phase
 from spotwise.control.providers.process import ProcessMachines
 from spotwise.control.store import JobState, Store

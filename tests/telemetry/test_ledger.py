@@ -194,8 +194,8 @@ def test_demo_job_ledger_adds_up_to_its_wall_time_and_cost(demo_home) -> None:
     """The README's digits job, shortened, run for real on the simulated spot market."""
     import os
 
-    from spotwise.control.controller import job_summary
     from spotwise.control.store import Store
+    from spotwise.control.summary import job_summary
     from spotwise.telemetry.jobview import job_end, job_view
 
     home, job_id = demo_home

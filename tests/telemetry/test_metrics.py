@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from spotwise.control.controller import job_summary
 from spotwise.control.store import JobState, Store
+from spotwise.control.summary import job_summary
 from spotwise.errors import ConfigError
 from spotwise.telemetry.events import read_events
 from spotwise.telemetry.jobview import job_view

@@ -30,7 +30,7 @@ def register(app: typer.Typer) -> None:
         uvicorn = require("uvicorn", "dashboard", "spotwise dashboard")
         require("starlette", "dashboard", "spotwise dashboard")
         from spotwise.cli.jobs import _spawn_controller
-        from spotwise.control.controller import controller_alive
+        from spotwise.control.ownership import controller_alive
         from spotwise.control.store import Store
         from spotwise.server.serve import listen
         from spotwise.telemetry.dashboard.app import create_app

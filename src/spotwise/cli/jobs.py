@@ -93,7 +93,8 @@ def _run_controller(job_id: str, quiet: bool) -> str:
     """Drive the job to its end here, with a live view on a terminal."""
     from rich.live import Live
 
-    from spotwise.control.controller import Controller, job_summary
+    from spotwise.control.controller import Controller
+    from spotwise.control.summary import job_summary
 
     store = _store()
     console = Console()
@@ -225,14 +226,15 @@ def launch(
     launch returns once it is accepted and prints the job id as its last line (--follow
     prints its output until it ends); closing this command never affects the job.
     """
-    from spotwise.control.controller import job_summary, submit
     from spotwise.control.spec import load_spec
+    from spotwise.control.submission import submit
+    from spotwise.control.summary import job_summary
 
     spec = load_spec(job_file)
     if dry_run:
         import yaml
 
-        from spotwise.control.controller import dry_run as manifests
+        from spotwise.control.submission import dry_run as manifests
 
         typer.echo(yaml.safe_dump_all(manifests(spec), sort_keys=False), nl=False)
         return
@@ -284,7 +286,7 @@ def jobs_cmd(as_json: bool = typer.Option(False, "--json", help="machine-readabl
     if client is not None:
         rows = client.jobs()
     else:
-        from spotwise.control.controller import job_summaries
+        from spotwise.control.summary import job_summaries
 
         store = _store()
         rows = job_summaries(store, store.jobs())
@@ -336,7 +338,7 @@ def status(
     if client is not None:
         summary = client.job(job_id)
     else:
-        from spotwise.control.controller import job_summary
+        from spotwise.control.summary import job_summary
 
         store = _store()
         summary = job_summary(store, store.job(job_id))
@@ -398,8 +400,9 @@ def cancel(
     ),
 ) -> None:
     """Stop a job: the attempt gets a notice (so it saves), then its machine is freed."""
-    from spotwise.control.controller import controller_alive, job_summary
+    from spotwise.control.ownership import controller_alive
     from spotwise.control.store import JobState
+    from spotwise.control.summary import job_summary
 
     client = _remote()
     if client is not None:

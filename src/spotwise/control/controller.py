@@ -34,12 +34,7 @@ from spotwise.control.launching import (
     launch_sized,
 )
 from spotwise.control.orphans import sweep, terminate_and_wait
-from spotwise.control.ownership import (
-    controller_alive,
-    controller_lock,
-    embedded_alive,
-    server_drives,
-)
+from spotwise.control.ownership import controller_lock, server_drives
 from spotwise.control.planning import Clock, JobPolicy, ProgressReader, plans
 from spotwise.control.progress import read_committed
 from spotwise.control.providers import (
@@ -54,8 +49,7 @@ from spotwise.control.providers.base import adoptable
 from spotwise.control.spec import stored_spec
 from spotwise.control.store import Attempt, Job, JobState, Store
 from spotwise.control.store.core import Guard
-from spotwise.control.submission import check_world, dry_run, provider_for, submit
-from spotwise.control.summary import job_summaries, job_summary
+from spotwise.control.submission import provider_for
 from spotwise.errors import (
     CapacityError,
     ControlError,
@@ -67,21 +61,7 @@ from spotwise.market.interruption import InterruptionModel
 from spotwise.notices.heartbeat import beat_every_s
 from spotwise.telemetry.webhooks import notify_state
 
-# Where the rest of the controller lives; importable from here as before.
-__all__ = [
-    "Controller",
-    "attempts_dir",
-    "check_world",
-    "controller_alive",
-    "controller_lock",
-    "dry_run",
-    "embedded_alive",
-    "job_summaries",
-    "job_summary",
-    "launch_request",
-    "provider_for",
-    "submit",
-]
+__all__ = ["Controller"]
 
 
 class Controller:

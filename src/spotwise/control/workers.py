@@ -22,9 +22,10 @@ from typing import Any
 import yaml
 
 from spotwise.checkpoint.durable import write_atomic
-from spotwise.control.controller import Controller, submit
+from spotwise.control.controller import Controller
 from spotwise.control.spec import JobSpec, parse_spec
 from spotwise.control.store import JobState, Store, spotwise_home
+from spotwise.control.submission import submit
 from spotwise.errors import ConfigError, JobNotFoundError
 
 MAX_WORKERS = 256

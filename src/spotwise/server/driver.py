@@ -35,7 +35,8 @@ import time
 
 from sqlalchemy.exc import SQLAlchemyError
 
-from spotwise.control.controller import Controller, embedded_alive
+from spotwise.control.controller import Controller
+from spotwise.control.ownership import embedded_alive
 from spotwise.control.store import Store
 from spotwise.control.store.leases import (
     DEFAULT_LEASE_S,

@@ -18,10 +18,11 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
-from spotwise.control.controller import job_summaries, job_summary, submit
 from spotwise.control.jobfile import MAX_FILE_BYTES, parse_job_bytes
 from spotwise.control.spec import parse_spec
 from spotwise.control.store import Store
+from spotwise.control.submission import submit
+from spotwise.control.summary import job_summaries, job_summary
 from spotwise.errors import ConfigError, SpotwiseError
 from spotwise.server.access import Access, Authenticate, error, spotwise_error
 from spotwise.server.driver import Driver

@@ -12,9 +12,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from spotwise.control.controller import job_summary
 from spotwise.control.spec import JobSpec, stored_spec
 from spotwise.control.store import Attempt, Job, Store
+from spotwise.control.summary import job_summary
 from spotwise.telemetry.events import EVENTS_FILE, read_events
 from spotwise.telemetry.ledger import Ledger, goodput
 from spotwise.telemetry.rightsizing import Rightsizing, rightsize
