@@ -135,16 +135,16 @@ def main(argv: list[str] | None = None) -> int:
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=1e-4)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=100, gamma=0.7)
     every: int | str = "auto" if args.save_every == "auto" else int(args.save_every)
+    local_dir = None
+    if args.local_dir is not None:  # one staging directory per rank
+        local_dir = args.local_dir.format(rank=os.environ.get("RANK", "0"))
 
     run = Run(
         args.run_dir,
         state={"model": model, "optimizer": optimizer, "scheduler": scheduler},
         loader=loader,
         steps=args.steps,
-        checkpoint=CheckpointConfig(every=every),
-        local_dir=None
-        if args.local_dir is None
-        else args.local_dir.format(rank=os.environ.get("RANK", "0")),
+        checkpoint=CheckpointConfig(every=every, local_dir=local_dir),
     )
     if run.resumed_from is not None:
         print(f"resumed from step {run.step}", flush=True)

@@ -19,7 +19,7 @@ def _train(
     model = nn.Linear(4, 2)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     run = Run(run_dir, state={"model": model, "optimizer": opt}, steps=steps,
-              checkpoint=CheckpointConfig(every=5), notices=None, local_dir=local)  # fmt: skip
+              checkpoint=CheckpointConfig(every=5, local_dir=local), notices=None)  # fmt: skip
     for _ in run:
         loss = model(torch.randn(8, 4)).pow(2).mean()
         opt.zero_grad()

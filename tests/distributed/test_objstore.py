@@ -134,7 +134,7 @@ def train(uri: str, local: Path, steps: int) -> Run:
     model = torch.nn.Linear(8, 4)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     run = Run(uri, state={"model": model, "optimizer": optimizer}, steps=steps,
-              checkpoint=CheckpointConfig(every=4), notices=None, local_dir=local)  # fmt: skip
+              checkpoint=CheckpointConfig(every=4, local_dir=local), notices=None)  # fmt: skip
     for _ in run:
         optimizer.zero_grad()
         model(torch.randn(16, 8)).pow(2).mean().backward()
@@ -178,6 +178,6 @@ def test_mirror_is_refused_under_torch_distributed(tmp_path: Path, one_rank: Non
         Run(
             tmp_path,
             state={"model": torch.nn.Linear(1, 1)},
-            mirror=TieredMirror(MemoryStorage()),
+            checkpoint=CheckpointConfig(mirror=TieredMirror(MemoryStorage())),
             notices=None,
         )

@@ -28,9 +28,8 @@ def train(run_dir: Path, store: Path, steps: int, keep_last: int) -> dict[str, i
         run_dir,
         state={"model": model, "optimizer": optimizer},
         steps=steps,
-        checkpoint=CheckpointConfig(every=2, keep_last=keep_last),
+        checkpoint=CheckpointConfig(every=2, keep_last=keep_last, mirror=mirror),
         notices=None,
-        mirror=mirror,
     )
     resumed = run.resumed_from.step if run.resumed_from is not None else None
     for _ in run:

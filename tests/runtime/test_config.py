@@ -55,6 +55,31 @@ def test_state_mapping_and_keyword_spellings_are_one_mapping(tmp_path: Path) -> 
         Run(tmp_path / "e", model=model, accumulate=0, notices=None)
 
 
+def test_mirror_and_local_dir_beside_checkpoint_still_work_and_warn(tmp_path: Path) -> None:
+    """Run's own keywords until they moved into CheckpointConfig: merged into checkpoint=, not
+    refused like 0.1's (code of that time passed both), and never given twice."""
+    model = torch.nn.Linear(3, 2)
+    with pytest.warns(DeprecationWarning, match=r"local_dir= -> checkpoint=CheckpointConfig"):
+        run = Run(
+            "memory://beside",
+            state={"model": model},
+            checkpoint=CheckpointConfig(every=7),
+            local_dir=tmp_path / "stage",
+            notices=None,
+        )
+    with run:
+        assert run.config.every == 7 and run.config.local_dir == tmp_path / "stage"
+        assert run.run_dir == tmp_path / "stage"
+    with pytest.raises(ConfigError, match=r"local_dir= is given twice"):
+        Run(
+            "memory://beside",
+            state={"model": model},
+            checkpoint=CheckpointConfig(local_dir=tmp_path / "a"),
+            local_dir=tmp_path / "b",
+            notices=None,
+        )
+
+
 def test_a_version_1_checkpoint_still_resumes(tmp_path: Path) -> None:
     """Written the way the previous release laid the state out (four fixed sections)."""
     torch.manual_seed(0)

@@ -147,7 +147,7 @@ class FailingMirror:
 def test_background_failure_is_raised_at_a_later_step(tmp_path: Path, trainer: Any) -> None:
     mirror = FailingMirror()
     with pytest.raises(SaveError, match=r"background save failed.*No space left"):
-        trainer(tmp_path, STEPS, mirror=mirror)
+        trainer(tmp_path, STEPS, checkpoint=CheckpointConfig(every=5, mirror=mirror))
     assert mirror.restored == [tmp_path] and mirror.committed_steps == [5, 10]
     assert [c.step for c in list_checkpoints(tmp_path, deep=True) if c.valid] == [5, 10]
 
@@ -158,7 +158,7 @@ def test_mirror_hooks_run_in_order(tmp_path: Path, trainer: Any) -> None:
             self.committed_steps.append(checkpoint.step)
 
     mirror = Recorder()
-    trainer(tmp_path, 12, mirror=mirror)
+    trainer(tmp_path, 12, checkpoint=CheckpointConfig(every=5, mirror=mirror))
     assert mirror.committed_steps == [5, 10, 12] and mirror.flushed == 1
 
 

@@ -26,9 +26,8 @@ def _train(run_dir: str, local: Path, steps: int, stop_after: int | None = None)
         run_dir,
         state={"model": model, "optimizer": opt},
         steps=steps,
-        checkpoint=CheckpointConfig(every=5, keep_last=2),
+        checkpoint=CheckpointConfig(every=5, keep_last=2, local_dir=local),
         notices=None,
-        local_dir=local,
     )
     for step in run:
         x = torch.randn(8, 4)
@@ -84,8 +83,7 @@ def test_remote_run_dir_and_mirror_are_exclusive(tmp_path: Path) -> None:
         Run(
             "memory://x",
             state={"model": nn.Linear(1, 1)},
-            mirror=mirror,
-            local_dir=tmp_path,
+            checkpoint=CheckpointConfig(mirror=mirror, local_dir=tmp_path),
             notices=None,
         )
 
@@ -97,13 +95,16 @@ def test_missing_bucket_fails_at_start_with_a_hint(aws_env: str, tmp_path: Path)
         Run(
             "s3://no-such-bucket-e2e/run",
             state={"model": nn.Linear(1, 1)},
-            local_dir=tmp_path / "a",
+            checkpoint=CheckpointConfig(local_dir=tmp_path / "a"),
             notices=None,
         )
     assert "aws s3 mb" in str(err.value)
     # the staging directory was released: a corrected run can use it right away
     run = Run(
-        "memory://fixed", state={"model": nn.Linear(1, 1)}, local_dir=tmp_path / "a", notices=None
+        "memory://fixed",
+        state={"model": nn.Linear(1, 1)},
+        checkpoint=CheckpointConfig(local_dir=tmp_path / "a"),
+        notices=None,
     )
     run.close()
 
@@ -147,9 +148,8 @@ def test_notice_with_the_store_down_still_exits_75_with_a_local_checkpoint(
         f"s3://{bucket}/run",
         state={"model": model},
         steps=10,
-        checkpoint=CheckpointConfig(every=None),
+        checkpoint=CheckpointConfig(every=None, local_dir=tmp_path / "vm"),
         notices=notices,
-        local_dir=tmp_path / "vm",
     )
     with pytest.raises(SystemExit) as exited:
         for _ in run:

@@ -1,4 +1,4 @@
-"""Checkpoint settings: one typed, validated value instead of nine loose ``Run`` keywords.
+"""Checkpoint settings: one typed, validated value instead of eleven loose ``Run`` keywords.
 
 ``Run`` takes ``checkpoint=CheckpointConfig(...)``; its deprecated flat keywords (``every=``,
 ``keep_last=``..., :mod:`spotwise.runtime.keywords`) and a framework callback's end here too, so
@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from spotwise import settings
 from spotwise.checkpoint.retention import RetentionPolicy
@@ -26,13 +27,19 @@ from spotwise.runtime.interval import (
     parse_every,
 )
 
+if TYPE_CHECKING:  # the saver imports this module
+    from spotwise.runtime.saver.single import Mirror
+
 
 @dataclass(frozen=True)
 class CheckpointConfig:
     """When to save, what to keep, and the timing model behind ``every="auto"``.
 
     ``mtbi_s`` / ``notice_margin_s`` left as None take the environment's value (see the module
-    docstring), then the defaults of :mod:`spotwise.runtime.interval`.
+    docstring), then the defaults of :mod:`spotwise.runtime.interval`. Where saves go besides
+    the run directory is here too: ``local_dir``, the local staging directory of an ``s3://``
+    (or other object store) run directory, and ``mirror``, an object that copies each local
+    checkpoint elsewhere (docs/runtime.md).
     """
 
     every: int | str | None = "auto"
@@ -44,6 +51,8 @@ class CheckpointConfig:
     async_save: bool = True
     mtbi_s: float | None = None
     notice_margin_s: float | None = None
+    local_dir: str | os.PathLike[str] | None = None
+    mirror: Mirror | None = field(default=None, compare=False)
     schedule: Schedule = field(init=False, repr=False, compare=False)
     retention: RetentionPolicy = field(init=False, repr=False, compare=False)
 

@@ -4,6 +4,10 @@
 checkpoint=CheckpointConfig(every=50))``; the flat spellings keep working for one release and
 warn (DeprecationWarning) with the replacement. ``state=`` itself is checked here too: every
 object must have ``state_dict()``/``load_state_dict()``.
+
+``mirror=`` and ``local_dir=`` were Run's own keywords beside ``checkpoint=`` until they moved
+into it, so code of that time passes both: they are merged into ``checkpoint=`` (with the same
+warning) unless it sets them too. For 0.1's keywords it stays either one or the other.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from spotwise.runtime.sampler import has_state
 
 STATE_SPELLINGS = ("model", "optimizer", "scheduler", "scaler")
 CHECKPOINT_FIELDS = tuple(f.name for f in dataclasses.fields(CheckpointConfig) if f.init)
+BESIDE_CHECKPOINT = ("mirror", "local_dir")  # Run keywords next to checkpoint=, moved into it
 
 
 def settle(
@@ -36,8 +41,16 @@ def settle(
     if flat:
         warnings.warn(_deprecation(flat), DeprecationWarning, stacklevel=stacklevel + 1)
     spelled = {k: flat[k] for k in STATE_SPELLINGS if k in flat}
-    fields = {k: flat[k] for k in CHECKPOINT_FIELDS if k in flat}
-    return stateful(state, **spelled), checkpoint_config(checkpoint, fields)
+    fields = {k: flat[k] for k in CHECKPOINT_FIELDS if k in flat and k not in BESIDE_CHECKPOINT}
+    config = checkpoint_config(checkpoint, fields)
+    beside = {k: flat[k] for k in BESIDE_CHECKPOINT if flat.get(k) is not None}
+    for key in beside:
+        if getattr(config, key) is not None:
+            raise ConfigError(
+                f"{key}= is given twice: to Run and in checkpoint=CheckpointConfig({key}=...)",
+                hint=f"keep only CheckpointConfig({key}=...)",
+            )
+    return stateful(state, **spelled), dataclasses.replace(config, **beside) if beside else config
 
 
 def _deprecation(flat: Mapping[str, Any]) -> str:

@@ -76,20 +76,18 @@ class Run:
         seed: int | None = None,
         checkpoint: CheckpointConfig | None = None,
         notices: NoticeSource | str | None = "auto",
-        mirror: Mirror | None = None,
-        local_dir: str | os.PathLike[str] | None = None,  # staging dir for an s3:// run_dir
         metrics_port: int | None = None,  # or SPOTWISE_METRICS_PORT: /metrics on 127.0.0.1
         gpu_sample_s: float | None = None,  # or SPOTWISE_GPU_SAMPLE_S; default 5, 0 is off
-        **deprecated: Any,  # model=, optimizer=, every=, keep_last=...: see runtime.keywords
+        **deprecated: Any,  # model=, every=, mirror=, local_dir=...: see runtime.keywords
     ) -> None:
         ranks = distributed.current()  # under torchrun: models and optimizers go through DCP
-        if ranks is not None and mirror is not None:
+        self.state, config = keywords.settle(state, checkpoint, deprecated, stacklevel=2)
+        if ranks is not None and config.mirror is not None:
             raise ConfigError(
                 "mirror= is not supported under torch.distributed",
                 hint="pass an s3://bucket/prefix run_dir: each rank uploads its own files",
             )
-        self.state, config = keywords.settle(state, checkpoint, deprecated, stacklevel=2)
-        self.run_dir, remote_uri = rundir.locate(run_dir, local_dir, ranks)
+        self.run_dir, remote_uri = rundir.locate(run_dir, config.local_dir, ranks)
         self.config = config.with_environment(os.environ)
         self.total_steps, self.accumulate = _checked_steps(steps), _checked_accumulate(accumulate)
         coordinator = ranks is None or ranks.is_coordinator  # the others' events repeat its
@@ -101,7 +99,6 @@ class Run:
             config=self.config,
             events=self.events,
             state=self.state,
-            mirror=mirror,
         )
         self.step = 0
         self.extras: dict[str, Any] = {}  # user state saved with every checkpoint (JSON/tensors)

@@ -25,13 +25,13 @@ def open_saver(
     config: CheckpointConfig,
     events: EventLog,
     state: Mapping[str, Any],
-    mirror: Mirror | None,
 ) -> Saver:
     """The saver for this process: the one place that tells the three ways of saving apart."""
     if ranks is not None:  # imported only here: it imports DCP
         from spotwise.runtime.saver.distributed import DistributedSaver
 
         return DistributedSaver(run_dir, config, events, ranks, state, remote_uri)
+    mirror = config.mirror
     if remote_uri is not None:  # two tiers: commit locally, upload in the background
         if mirror is not None:
             raise ConfigError("pass either a remote run_dir or mirror=, not both")
