@@ -81,11 +81,12 @@ class Controller:
         fence: Guard | None = None,
     ) -> None:
         self.store = store
-        self.job_id = store.job(job_id).id
+        job = store.job(job_id)
+        self.job_id = job.id
+        self.owner = job.owner  # (fixed at submit: whose webhooks hear of its states)
         self.clock = clock
         self.sleep = sleep
         self.on_update = on_update
-        job = store.job(self.job_id)
         self.spec = stored_spec(job.id, job.spec)
         self.provider = provider if provider is not None else provider_for(job)
         self.fence = fence  # a server's lease: checked with every launch and terminate
@@ -463,7 +464,13 @@ class Controller:
             **fields,
         )
         notify_state(
-            self.store, self.job_id, self.spec.name, self.spec.notify, state.value, message
+            self.store,
+            self.job_id,
+            self.spec.name,
+            self.owner,
+            self.spec.notify,
+            state.value,
+            message,
         )
 
     def _cleanup(self, job: Job) -> None:

@@ -308,10 +308,17 @@ def default_sender() -> WebhookSender:
 
 
 def notify_state(
-    store: Store, job_id: str, job_name: str, notify: Notify | None, state: str, message: str
+    store: Store,
+    job_id: str,
+    job_name: str,
+    owner: str | None,
+    notify: Notify | None,
+    state: str,
+    message: str,
 ) -> None:
-    """Queue the job's new state for each webhook of the job (``notify``) and of its owner
-    that wants it; returns at once and never raises (the job's state is already recorded)."""
+    """Queue the job's new state for each webhook of the job (``notify``) and of its ``owner``
+    that wants it; returns at once and never raises (the job's state is already recorded).
+    The caller knows the owner (it never changes), so a state change reads no job row."""
     if _last_state.get(job_id) == state:
         return
     if state in _TERMINAL:
@@ -320,7 +327,7 @@ def notify_state(
         _last_state[job_id] = state
     hooks = list(notify.webhooks) if notify is not None else []
     try:
-        hooks += owner_webhooks(store, job_id)
+        hooks += owner_webhooks(store, owner)
     except Exception as exc:  # the store, or a user's document from a newer spotwise
         log.warning("webhooks of job %s's owner not read: %s", job_id, type(exc).__name__)
     body = json.dumps(state_body(job_id, job_name, state, message, time.time())).encode()
@@ -329,8 +336,9 @@ def notify_state(
             default_sender().send(Delivery(hook, body, uuid.uuid4().hex))
 
 
-def owner_webhooks(store: Store, job_id: str) -> list[Webhook]:
-    """The webhooks the job's owner set for all their jobs (``spotwise users notify``)."""
-    owner = store.job(job_id).owner
-    notify = None if owner is None else store.accounts.user(owner).notify
+def owner_webhooks(store: Store, owner: str | None) -> list[Webhook]:
+    """The webhooks a job's owner set for all their jobs (``spotwise users notify``)."""
+    if owner is None:  # embedded: no users
+        return []
+    notify = store.accounts.user(owner).notify
     return [] if notify is None else Notify.model_validate(notify).webhooks
