@@ -4,7 +4,7 @@ Starts a moto S3 server in its own process on 127.0.0.1, writes one checkpoint-s
 times, in the same run and against the same server:
 
 * boto3 ``upload_file`` / ``download_file`` (s3transfer) with the same part size and concurrency,
-* ``S3Storage.put_file`` / ``get_file`` (which also records and verifies a CRC32C),
+* ``S3Storage.put`` / ``get`` of a file (which also records and verifies a CRC32C),
 * the same through ``EncryptedStorage`` (AES-256-GCM chunked frames).
 
 Each ratio is the median over ``--repeats`` of back-to-back pairs (order alternating), which keeps
@@ -130,21 +130,21 @@ def main() -> None:
 
             cases: dict[str, Callable[[], object]] = {
                 "boto3 upload_file": boto_up,
-                "spotwise put_file": lambda: ours.put_file("model.safetensors", src),
-                "spotwise put_file encrypted": lambda: crypted.put_file("model.safetensors", src),
+                "spotwise put": lambda: ours.put("model.safetensors", src),
+                "spotwise put encrypted": lambda: crypted.put("model.safetensors", src),
                 "boto3 download_file": boto_down,
-                "spotwise get_file": lambda: ours.get_file("model.safetensors", dest),
-                "spotwise get_file encrypted": lambda: crypted.get_file("model.safetensors", dest),
+                "spotwise get": lambda: ours.get("model.safetensors", dest),
+                "spotwise get encrypted": lambda: crypted.get("model.safetensors", dest),
             }
             # Paired measurements: each ratio compares two runs made back to back (their order
             # alternating), so load from other processes cancels out of the ratio as far as it can.
             pairs = {
-                "ratio-upload-vs-boto3": ("boto3 upload_file", "spotwise put_file"),
-                "ratio-download-vs-boto3": ("boto3 download_file", "spotwise get_file"),
-                "ratio-encrypted-vs-plain": ("spotwise put_file encrypted", "spotwise put_file"),
+                "ratio-upload-vs-boto3": ("boto3 upload_file", "spotwise put"),
+                "ratio-download-vs-boto3": ("boto3 download_file", "spotwise get"),
+                "ratio-encrypted-vs-plain": ("spotwise put encrypted", "spotwise put"),
                 "ratio-encrypted-vs-plain-download": (
-                    "spotwise get_file encrypted",
-                    "spotwise get_file",
+                    "spotwise get encrypted",
+                    "spotwise get",
                 ),
             }
             times: dict[str, list[float]] = {name: [] for name in cases}

@@ -152,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     assert plan is not None
     labels = np.concatenate(
         [  # a human check: the predictions are of a trained model
-            _labels(storage.get_bytes(plan.shard_key(s))) for s in range(min(plan.shards, 1))
+            _labels(storage.get(plan.shard_key(s))) for s in range(min(plan.shards, 1))
         ]
     )
     print(

@@ -40,7 +40,7 @@ def test_outputs_match_a_plain_loop_and_a_restart_computes_nothing(tmp_path):
     assert first.computed == [0, 1, 2, 3, 4] and first.items_computed == 230
     storage = open_storage(str(tmp_path / "out"))
     plan = read_plan(storage)
-    got = torch.cat([load(storage.get_bytes(plan.shard_key(s)))["y"] for s in range(5)])
+    got = torch.cat([load(storage.get(plan.shard_key(s)))["y"] for s in range(5)])
     with torch.no_grad():
         assert torch.allclose(got, model(data.tensors[0]), atol=1e-6)  # each item once, in order
     digest = outputs_sha256(storage, plan)

@@ -626,7 +626,7 @@ def test_a_rolled_back_node_is_not_read_as_the_next_launch_of_its_attempt(
         for i in r["Instances"]
     ]
     # what the rolled-back rank 0 reports as its shutdown's SIGTERM kills the command
-    S3Storage.from_uri(_report_uri(ec2, rolled_back["InstanceId"])).put_bytes(
+    S3Storage.from_uri(_report_uri(ec2, rolled_back["InstanceId"])).put(
         "exit.json",
         json.dumps(
             {"exit_code": 143, "started_at": 1.0, "ended_at": time.time(), "stopping": True}

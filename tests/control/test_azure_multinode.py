@@ -158,7 +158,7 @@ def test_two_vms_start_together_or_not_at_all_and_a_rolled_back_node_is_not_read
     # what its guest reports when the shutdown's SIGTERM ends it (under its own launch)
     old = rolled_back.split("-")[-2]
     record = {"exit_code": 143, "started_at": 1.0, "ended_at": time.time(), "stopping": True}
-    p.store.attempt(job, 1, (old, 0)).put_bytes("exit.json", json.dumps(record).encode())
+    p.store.attempt(job, 1, (old, 0)).put("exit.json", json.dumps(record).encode())
 
     handle = p.launch(_req(tmp_path, job, zone="eastus-2"))  # the same attempt, elsewhere
     assert handle["launch"] != old

@@ -158,11 +158,11 @@ def test_one_rank_commits_remotely_and_resumes_from_the_store(
     assert not [n for n in left if n.startswith((".tmp-", "step-"))]  # ... keeps no copy
 
     # a half-uploaded step 16 and a corrupt newest committed file: resumed from step 12
-    store.put_bytes("step-00000016/dcp-00000.safetensors", b"partial")
+    store.put("step-00000016/dcp-00000.safetensors", b"partial")
     key = "step-00000014/dcp-00000.safetensors"
-    data = bytearray(store.get_bytes(key))
+    data = bytearray(store.get(key))
     data[-1] ^= 0xFF
-    store.put_bytes(key, bytes(data))
+    store.put(key, bytes(data))
     with pytest.warns(RuntimeWarning, match="skipping checkpoint step-00000014: .*CRC32C"):
         resumed = train(uri, tmp_path / "vm2", 20)
     assert resumed.resumed_from is not None and resumed.resumed_from.step == 12

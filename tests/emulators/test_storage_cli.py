@@ -38,7 +38,7 @@ def test_emulate_gcs_serves_a_gs_run_dir(monkeypatch: pytest.MonkeyPatch) -> Non
         from spotwise.storage import open_storage
 
         store = open_storage("gs://ckpts/runs/a")
-        store.put_bytes("step-00000001/manifest.json", b"{}")
+        store.put("step-00000001/manifest.json", b"{}")
         assert [o.key for o in store.list()] == ["step-00000001/manifest.json"]
     finally:
         proc.terminate()
@@ -54,8 +54,8 @@ def test_emulate_azure_blob_serves_an_az_run_dir(monkeypatch: pytest.MonkeyPatch
         from spotwise.storage import open_storage
 
         store = open_storage("az://ckpts/runs/a")
-        store.put_bytes("step-00000001/manifest.json", b"{}")
-        assert store.get_bytes("step-00000001/manifest.json") == b"{}"
+        store.put("step-00000001/manifest.json", b"{}")
+        assert store.get("step-00000001/manifest.json") == b"{}"
     finally:
         proc.terminate()
         proc.wait(20)

@@ -32,9 +32,9 @@ def test_list_verify_and_pull_s3(make_s3, bucket: str, tmp_path: Path) -> None:
     assert [(c["step"], c["valid"]) for c in rows] == [(100, True), (200, True)]
 
     # same size, different bytes: only a deep verification (download + CRC32C) can tell
-    data = bytearray(store.get_bytes("step-00000200/tensors.safetensors"))
+    data = bytearray(store.get("step-00000200/tensors.safetensors"))
     data[-1] ^= 0xFF
-    store.put_bytes("step-00000200/tensors.safetensors", bytes(data))
+    store.put("step-00000200/tensors.safetensors", bytes(data))
     verified = runner.invoke(app, ["ckpt", "verify", uri, "--json"])
     assert verified.exit_code == 1
     report = json.loads(verified.output)

@@ -93,49 +93,49 @@ def test_a_large_file_goes_up_in_pieces_and_comes_back_verified(cloud: Cloud, tm
     source = tmp_path / "big.bin"
     source.write_bytes(bytes(range(256)) * (9 * MiB // 256) + b"tail")  # > 8 MiB: resumable
     store = cloud.make()
-    store.put_file("step-00000001/big.bin", source)
+    store.put("step-00000001/big.bin", source)
     uploads = sum(1 for method, path, _ in cloud.emulator.requests
                   if method in ("POST", "PUT") and cloud.wire in path)  # fmt: skip
     assert uploads == cloud.upload_requests(source.stat().st_size)
     meta = cloud.metadata_of("run/step-00000001/big.bin")
     assert set(meta) == {"spotwise-crc32c" if cloud.name == "gcs" else "spotwise_crc32c"}
-    store.get_file("step-00000001/big.bin", tmp_path / "back.bin")
+    store.get("step-00000001/big.bin", tmp_path / "back.bin")
     assert (tmp_path / "back.bin").read_bytes() == source.read_bytes()
 
 
 def test_bit_rot_fails_the_read_and_leaves_no_file(cloud: Cloud, tmp_path: Path) -> None:
     store = cloud.make()
-    store.put_bytes("k", b"original bytes")
+    store.put("k", b"original bytes")
     cloud.emulator.corrupt(cloud.bucket, "run/k")
     with pytest.raises(IntegrityError, match="CRC32C"):
-        store.get_bytes("k")
+        store.get("k")
     # GCS's client checks GCS's own CRC32C on the wire first: a corrupt read is retried (it may
     # have been the network) before it is called corruption; Azure is checked by ours alone
     assert store.retries == (FAST.max_attempts - 1 if cloud.name == "gcs" else 0)
     out = tmp_path / "out"
     out.mkdir()
     with pytest.raises(IntegrityError):
-        store.get_file("k", out / "k")
+        store.get("k", out / "k")
     assert list(out.iterdir()) == []
 
 
 def test_a_foreign_overwrite_keeping_the_recorded_crc_is_caught(cloud: Cloud) -> None:
     store = cloud.make()
-    store.put_bytes("k", b"original")
+    store.put("k", b"original")
     meta = cloud.metadata_of("run/k")
     cloud.foreign_put("run/k", b"tampered", meta)  # valid for the vendor, not for spotwise
     with pytest.raises(IntegrityError, match="recorded at upload"):
-        store.get_bytes("k")
+        store.get("k")
 
 
 def test_throttling_5xx_and_resets_are_retried(cloud: Cloud) -> None:
     store = cloud.make()
     cloud.emulator.inject(503, count=1, on=cloud.wire)
     cloud.emulator.inject(429, count=1, on=cloud.wire)
-    store.put_bytes("k", b"payload")
+    store.put("k", b"payload")
     assert store.retries == 2
     cloud.emulator.inject("close", count=1, on=cloud.wire)
-    assert store.get_bytes("k") == b"payload"
+    assert store.get("k") == b"payload"
     assert store.retries == 3
 
 
@@ -145,7 +145,7 @@ def test_a_store_that_keeps_failing_gives_up_with_a_hint(cloud: Cloud) -> None:
     store = cloud.make()
     cloud.emulator.inject(503, on=cloud.wire)
     with pytest.raises(TransientStorageError, match="after 3 attempts") as err:
-        store.put_bytes("k", b"x")
+        store.put("k", b"x")
     assert "RetryPolicy.max_attempts" in (err.value.hint or "")
 
 
@@ -153,7 +153,7 @@ def test_refused_access_fails_at_once_naming_the_role(cloud: Cloud) -> None:
     store = cloud.make()
     cloud.emulator.inject(403, count=1, on=cloud.wire)
     with pytest.raises(StoragePermissionError) as err:
-        store.put_bytes("k", b"x")
+        store.put("k", b"x")
     assert store.retries == 0
     role = "roles/storage.objectUser" if cloud.name == "gcs" else "Storage Blob Data Contributor"
     assert role in (err.value.hint or "")
@@ -163,7 +163,7 @@ def test_a_missing_bucket_is_named_with_the_command_that_creates_it(cloud: Cloud
     cls = GCSStorage if cloud.name == "gcs" else AzureBlobStorage
     missing = cls("no-such-bucket", "run", retry=FAST)
     with pytest.raises(StorageNotFoundError, match="does not exist") as err:
-        missing.get_bytes("k")
+        missing.get("k")
     assert "no-such-bucket" in (err.value.hint or "")
     with pytest.raises(StorageNotFoundError, match="does not exist"):
         missing.delete("k")  # a missing key is fine to delete; a missing bucket is not
@@ -175,7 +175,7 @@ def test_uris_open_through_the_registry(cloud: Cloud) -> None:
     store = open_storage(uri)
     assert isinstance(store, GCSStorage if cloud.name == "gcs" else AzureBlobStorage)
     assert store.uri == uri and is_remote(uri)
-    store.put_bytes("x", b"1")
+    store.put("x", b"1")
     assert cloud.metadata_of("runs/a/x")
     for bad in (f"{scheme}://", f"{scheme}:///prefix", f"{scheme}://b/../up"):
         with pytest.raises(ConfigError):
@@ -218,7 +218,7 @@ def test_azure_wrong_key_is_refused_and_never_echoed(
     )
     caplog.set_level(logging.DEBUG)
     with pytest.raises(StoragePermissionError, match="Azure refused access") as err:
-        AzureBlobStorage.from_uri(f"az://{azure_container}/run", retry=FAST).put_bytes("k", b"x")
+        AzureBlobStorage.from_uri(f"az://{azure_container}/run", retry=FAST).put("k", b"x")
     assert azure_blob_env.count(f"/{azure_container}/run/k", 403) == 1
     shown = str(err.value) + (err.value.hint or "") + caplog.text
     assert wrong not in shown and ACCOUNT_KEY not in shown

@@ -29,21 +29,21 @@ def enc(plain, tmp_path: Path) -> EncryptedStorage:
 
 
 def _raw(plain, key: str) -> bytes:
-    return plain.get_bytes(key)
+    return plain.get(key)
 
 
 def test_roundtrip_is_encrypted_at_rest(enc, plain, tmp_path: Path) -> None:
     secret = b"model weights " * 1000
-    enc.put_bytes("step-1/state.json", secret)
+    enc.put("step-1/state.json", secret)
     src = tmp_path / "w.bin"
     src.write_bytes(os.urandom(2 * CHUNK + 12345))
-    enc.put_file("step-1/w.bin", src)
+    enc.put("step-1/w.bin", src)
 
     stored = _raw(plain, "step-1/state.json")
     assert stored.startswith(b"SPOTWISE-ENCRYPTED aes-256-gcm-chunked-v1\n")  # scheme on record
     assert b"model weights" not in stored
-    assert enc.get_bytes("step-1/state.json") == secret
-    enc.get_file("step-1/w.bin", tmp_path / "out" / "w.bin")
+    assert enc.get("step-1/state.json") == secret
+    enc.get("step-1/w.bin", tmp_path / "out" / "w.bin")
     assert (tmp_path / "out" / "w.bin").read_bytes() == src.read_bytes()
     # listing reports plaintext sizes, computed from the stored sizes without any download
     assert [(o.key, o.size) for o in enc.list("step-1/")] == [
@@ -82,41 +82,41 @@ def _tamper_cases() -> dict[str, Any]:
 
 @pytest.mark.parametrize("case", sorted(_tamper_cases()))
 def test_tampering_is_detected(enc, plain, case: str) -> None:
-    enc.put_bytes("w.bin", os.urandom(2 * CHUNK + 500))
+    enc.put("w.bin", os.urandom(2 * CHUNK + 500))
     stored = _raw(plain, "w.bin")
-    plain.put_bytes("w.bin", _tamper_cases()[case](stored))
+    plain.put("w.bin", _tamper_cases()[case](stored))
     with pytest.raises(IntegrityError):
-        enc.get_bytes("w.bin")
+        enc.get("w.bin")
 
 
 def test_object_moved_to_another_key_is_rejected(enc, plain) -> None:
-    enc.put_bytes("step-1/model.safetensors", b"old weights")
-    plain.put_bytes("step-2/model.safetensors", _raw(plain, "step-1/model.safetensors"))
+    enc.put("step-1/model.safetensors", b"old weights")
+    plain.put("step-2/model.safetensors", _raw(plain, "step-1/model.safetensors"))
     with pytest.raises(IntegrityError, match="moved from another key"):
-        enc.get_bytes("step-2/model.safetensors")
+        enc.get("step-2/model.safetensors")
 
 
 def test_failed_decrypt_leaves_no_destination(enc, plain, tmp_path: Path) -> None:
-    enc.put_bytes("w.bin", b"a" * (CHUNK + 10))
-    plain.put_bytes("w.bin", _raw(plain, "w.bin")[:-1])
+    enc.put("w.bin", b"a" * (CHUNK + 10))
+    plain.put("w.bin", _raw(plain, "w.bin")[:-1])
     dest = tmp_path / "dest" / "w.bin"
     with pytest.raises(IntegrityError):
-        enc.get_file("w.bin", dest)
+        enc.get("w.bin", dest)
     assert not dest.exists() and list(dest.parent.iterdir()) == []
 
 
 def test_wrong_key_is_a_clear_error(enc, plain, tmp_path: Path) -> None:
-    enc.put_bytes("k", b"secret")
+    enc.put("k", b"secret")
     other = EncryptedStorage(plain, OTHER_KEY)
     with pytest.raises(EncryptionKeyError, match="encrypted with another key") as err:
-        other.get_bytes("k")
+        other.get("k")
     assert "SPOTWISE_ENCRYPTION_KEY" in str(err.value)
 
 
 def test_plain_object_read_through_encryption_is_a_clear_error(enc, plain) -> None:
-    plain.put_bytes("k", b"plain text, never encrypted " * 10)
+    plain.put("k", b"plain text, never encrypted " * 10)
     with pytest.raises(IntegrityError, match="not an object in spotwise's"):
-        enc.get_bytes("k")
+        enc.get("k")
 
 
 def test_key_from_env_and_file(tmp_path: Path) -> None:
@@ -143,9 +143,9 @@ def test_from_env_wraps_only_when_configured(plain) -> None:
 
 def test_rejects_bad_keys_before_any_work(enc, tmp_path: Path) -> None:
     with pytest.raises(ConfigError):
-        enc.put_bytes("../x", b"1")
+        enc.put("../x", b"1")
     with pytest.raises(ConfigError):
-        enc.put_file("/abs", tmp_path)
+        enc.put("/abs", tmp_path)
 
 
 def test_memory_stays_bounded_for_large_files(tmp_path: Path) -> None:

@@ -27,14 +27,14 @@ from spotwise.storage.s3 import (
 
 def test_roundtrip_bytes_and_files(make_s3, tmp_path: Path) -> None:
     store = make_s3()
-    store.put_bytes("step-00000001/state.json", b'{"step": 1}')
+    store.put("step-00000001/state.json", b'{"step": 1}')
     src = tmp_path / "w.bin"
     src.write_bytes(os.urandom(1000))
-    store.put_file("step-00000001/model.safetensors", src)
+    store.put("step-00000001/model.safetensors", src)
 
-    assert store.get_bytes("step-00000001/state.json") == b'{"step": 1}'
+    assert store.get("step-00000001/state.json") == b'{"step": 1}'
     dest = tmp_path / "out" / "w.bin"
-    store.get_file("step-00000001/model.safetensors", dest)
+    store.get("step-00000001/model.safetensors", dest)
     assert dest.read_bytes() == src.read_bytes()
     assert [(o.key, o.size) for o in store.list()] == [
         ("step-00000001/model.safetensors", 1000),
@@ -48,20 +48,20 @@ def test_roundtrip_bytes_and_files(make_s3, tmp_path: Path) -> None:
 
 def test_prefixes_are_isolated(make_s3) -> None:
     a, b = make_s3("runs/a"), make_s3("runs/ab")
-    a.put_bytes("x", b"1")
-    b.put_bytes("x", b"2")
+    a.put("x", b"1")
+    b.put("x", b"2")
     assert [o.key for o in a.list()] == ["x"]
-    assert a.get_bytes("x") == b"1" and b.get_bytes("x") == b"2"
+    assert a.get("x") == b"1" and b.get("x") == b"2"
     assert a.uri.endswith("/runs/a")
 
 
 def test_empty_object(make_s3, tmp_path: Path) -> None:
     store = make_s3()
     (tmp_path / "empty").write_bytes(b"")
-    store.put_file("e", tmp_path / "empty")
-    store.get_file("e", tmp_path / "back")
+    store.put("e", tmp_path / "empty")
+    store.get("e", tmp_path / "back")
     assert (tmp_path / "back").read_bytes() == b""
-    assert store.get_bytes("e") == b""
+    assert store.get("e") == b""
 
 
 def test_multipart_upload_and_parallel_ranged_download(
@@ -70,25 +70,25 @@ def test_multipart_upload_and_parallel_ranged_download(
     store = make_s3()
     src = tmp_path / "big.bin"
     src.write_bytes(os.urandom(12 * MiB + 123))
-    store.put_file("big.bin", src)
+    store.put("big.bin", src)
     head = s3_client.head_object(Bucket=bucket, Key="run/big.bin")
     assert head["ETag"].strip('"').endswith("-3")  # three parts: 5 + 5 + 2 MiB
     assert s3_client.list_multipart_uploads(Bucket=bucket).get("Uploads", []) == []
     dest = tmp_path / "back.bin"
-    store.get_file("big.bin", dest)
+    store.get("big.bin", dest)
     assert dest.read_bytes() == src.read_bytes()
 
 
 def test_download_verifies_checksum(make_s3, s3_client: Any, bucket: str, tmp_path: Path) -> None:
     store = make_s3()
-    store.put_bytes("k", b"original")
+    store.put("k", b"original")
     meta = s3_client.head_object(Bucket=bucket, Key="run/k")["Metadata"]
     # Another writer replaces the bytes but the recorded CRC32C stays: corruption in storage.
     s3_client.put_object(Bucket=bucket, Key="run/k", Body=b"tampered", Metadata=meta)
     with pytest.raises(IntegrityError, match="CRC32C"):
-        store.get_bytes("k")
+        store.get("k")
     with pytest.raises(IntegrityError):
-        store.get_file("k", tmp_path / "k")
+        store.get("k", tmp_path / "k")
     assert not (tmp_path / "k").exists()
     assert list(tmp_path.iterdir()) == []
 
@@ -96,12 +96,12 @@ def test_download_verifies_checksum(make_s3, s3_client: Any, bucket: str, tmp_pa
 def test_missing_key_and_missing_bucket(aws_env: str, make_s3, tmp_path: Path) -> None:
     store = make_s3()
     with pytest.raises(StorageNotFoundError):
-        store.get_bytes("nope")
+        store.get("nope")
     with pytest.raises(StorageNotFoundError):
-        store.get_file("nope", tmp_path / "x")
+        store.get("nope", tmp_path / "x")
     ghost = S3Storage("no-such-bucket-spotwise", "p", retry=RetryPolicy(max_attempts=2))
     with pytest.raises(StorageNotFoundError, match="no-such-bucket-spotwise' does not") as e:
-        ghost.put_bytes("k", b"x")
+        ghost.put("k", b"x")
     assert "aws s3 mb" in str(e.value)
     with pytest.raises(StorageNotFoundError, match="does not exist"):
         ghost.list()
@@ -111,7 +111,7 @@ def test_endpoint_from_aws_endpoint_url_s3(aws_env: str, bucket: str, monkeypatc
     monkeypatch.delenv("AWS_ENDPOINT_URL")
     monkeypatch.setenv("AWS_ENDPOINT_URL_S3", aws_env)
     store = S3Storage.from_uri(f"s3://{bucket}/deep/prefix/")
-    store.put_bytes("a", b"1")
+    store.put("a", b"1")
     assert store.uri == f"s3://{bucket}/deep/prefix"
     assert store.list() == [type(store.list()[0])("a", 1)]
 
@@ -120,7 +120,7 @@ def test_rejects_bad_keys_and_uris(make_s3) -> None:
     store = make_s3()
     for key in ("../escape", "/abs", "a/../b", ""):
         with pytest.raises(ConfigError):
-            store.put_bytes(key, b"x")
+            store.put(key, b"x")
     with pytest.raises(ConfigError):
         store.list("../")
     for uri in ("s3://", "s3:///prefix", "file:///x", "s3://b/../up"):

@@ -37,10 +37,10 @@ def _big(tmp_path: Path, size: int = 11 * MiB) -> Path:
 def test_put_retries_throttling_and_5xx(via_proxy, proxy: FaultProxy, status: int, code: str):
     store = via_proxy()
     proxy.add(Fault("status", method="PUT", status=status, code=code, times=2))
-    store.put_bytes("k", b"hello")
+    store.put("k", b"hello")
     assert proxy.count("PUT", "/run/k") == 3
     assert store.retries == 2
-    assert store.get_bytes("k") == b"hello"
+    assert store.get("k") == b"hello"
 
 
 def test_multipart_part_failures_and_reset_are_retried(via_proxy, proxy, tmp_path, s3_client,
@@ -50,10 +50,10 @@ def test_multipart_part_failures_and_reset_are_retried(via_proxy, proxy, tmp_pat
     proxy.add(Fault("status", method="PUT", query_contains="partNumber=2", status=500,
                     code="InternalError", times=2))  # fmt: skip
     proxy.add(Fault("reset", method="PUT", query_contains="partNumber=3"))
-    store.put_file("big.bin", src)
+    store.put("big.bin", src)
     assert proxy.count("PUT", query_contains="partNumber=2") == 3
     assert proxy.count("PUT", query_contains="partNumber=3") == 2
-    store.get_file("big.bin", tmp_path / "back")
+    store.get("big.bin", tmp_path / "back")
     assert (tmp_path / "back").read_bytes() == src.read_bytes()
     assert s3_client.list_multipart_uploads(Bucket=bucket).get("Uploads", []) == []
 
@@ -63,36 +63,36 @@ def test_stalled_part_times_out_and_is_retried(via_proxy, proxy, tmp_path):
     store = via_proxy(read_timeout_s=4.0)
     src = _big(tmp_path)
     proxy.add(Fault("stall", method="PUT", query_contains="partNumber=1", stall_s=12.0))
-    store.put_file("big.bin", src)
+    store.put("big.bin", src)
     assert proxy.count("PUT", query_contains="partNumber=1") == 2
-    store.get_file("big.bin", tmp_path / "back")
+    store.get("big.bin", tmp_path / "back")
     assert (tmp_path / "back").read_bytes() == src.read_bytes()
 
 
 def test_download_body_cut_midway_resumes(via_proxy, proxy, tmp_path):
     store = via_proxy()
     src = _big(tmp_path)
-    store.put_file("big.bin", src)
-    store.put_bytes("small", b"x" * 100_000)
+    store.put("big.bin", src)
+    store.put("small", b"x" * 100_000)
     proxy.add(Fault("cut_body", method="GET", path_contains="/run/big.bin", times=2))
     proxy.add(Fault("reset", method="GET", path_contains="/run/small"))
-    store.get_file("big.bin", tmp_path / "back")
+    store.get("big.bin", tmp_path / "back")
     assert (tmp_path / "back").read_bytes() == src.read_bytes()
-    assert store.get_bytes("small") == b"x" * 100_000
+    assert store.get("small") == b"x" * 100_000
     assert store.retries == 3
 
 
 def test_persistent_failure_aborts_multipart_and_leaves_nothing(via_proxy, proxy, tmp_path,
                                                                  s3_client, bucket):  # fmt: skip
     store = via_proxy()
-    store.put_bytes("big.bin", b"previous version")
+    store.put("big.bin", b"previous version")
     proxy.add(Fault("status", method="PUT", query_contains="partNumber=2", times=100))
     with pytest.raises(TransientStorageError, match="after 4 attempts") as err:
-        store.put_file("big.bin", _big(tmp_path))
+        store.put("big.bin", _big(tmp_path))
     assert "AWS_ENDPOINT_URL" in str(err.value)
     assert s3_client.list_multipart_uploads(Bucket=bucket).get("Uploads", []) == []
     assert proxy.count("DELETE", query_contains="uploadId=") >= 1
-    assert store.get_bytes("big.bin") == b"previous version"  # the old object is untouched
+    assert store.get("big.bin") == b"previous version"  # the old object is untouched
 
 
 def test_bad_credentials_fail_fast_with_a_hint(proxy: FaultProxy, bucket: str, monkeypatch):
@@ -100,7 +100,7 @@ def test_bad_credentials_fail_fast_with_a_hint(proxy: FaultProxy, bucket: str, m
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "wrong-key")
     store = S3Storage(bucket, "run", endpoint_url=proxy.url, retry=FAST_RETRY)
     with pytest.raises(StoragePermissionError, match="InvalidAccessKeyId") as err:
-        store.put_bytes("k", b"x")
+        store.put("k", b"x")
     assert "AWS_ACCESS_KEY_ID" in str(err.value)
     assert "wrong-key" not in str(err.value)  # never echo credentials
     assert proxy.count("PUT") == 1  # not retried
@@ -125,4 +125,4 @@ def test_unreachable_endpoint_is_transient_then_clear(bucket: str, aws_env: str)
     store = S3Storage(bucket, "run", endpoint_url=f"http://127.0.0.1:{port}", retry=FAST_RETRY,
                       connect_timeout_s=1.0)  # fmt: skip
     with pytest.raises(TransientStorageError, match="still failing after 4 attempts"):
-        store.put_bytes("k", b"x")
+        store.put("k", b"x")

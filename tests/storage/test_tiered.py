@@ -76,10 +76,10 @@ def test_corrupt_remote_objects_are_skipped(object_store, tmp_path: Path) -> Non
     for step in (100, 200, 300):
         push(store, _save(tmp_path / "a", step).path)
     # step 300: a data object was cut short (size mismatch shows in the listing alone)
-    data = store.get_bytes("step-00000300/tensors.safetensors")
-    store.put_bytes("step-00000300/tensors.safetensors", data[:-8])
+    data = store.get("step-00000300/tensors.safetensors")
+    store.put("step-00000300/tensors.safetensors", data[:-8])
     # step 200: same size, different bytes (only the CRC32C check on pull can tell)
-    store.put_bytes("step-00000200/tensors.safetensors", data[:-1] + bytes([data[-1] ^ 0xFF]))
+    store.put("step-00000200/tensors.safetensors", data[:-1] + bytes([data[-1] ^ 0xFF]))
     assert _remote_steps(store) == [(100, True), (200, True), (300, False)]
     pulled = pull_newest(store, tmp_path / "b")
     assert pulled.name == "step-00000100"
@@ -132,9 +132,9 @@ def test_restore_skips_a_remote_checkpoint_that_fails_verification(make_s3, tmp_
     store = make_s3()
     for step in (100, 200):
         push(store, _save(tmp_path / "a", step).path)
-    data = bytearray(store.get_bytes("step-00000200/state.json"))
+    data = bytearray(store.get("step-00000200/state.json"))
     data[0] ^= 0xFF
-    store.put_bytes("step-00000200/state.json", bytes(data))
+    store.put("step-00000200/state.json", bytes(data))
     TieredMirror(store).restore(tmp_path / "b")
     assert [c.step for c in list_checkpoints(tmp_path / "b")] == [100]
 
@@ -179,7 +179,7 @@ def test_encrypted_remote(make_s3, tmp_path: Path) -> None:
     mirror = TieredMirror(store)
     mirror.committed(_save(tmp_path / "a", 100), ())
     mirror.flush()
-    raw = plain.get_bytes("step-00000100/manifest.json")
+    raw = plain.get("step-00000100/manifest.json")
     assert raw.startswith(b"SPOTWISE-ENCRYPTED") and b"crc32c" not in raw
     TieredMirror(store).restore(tmp_path / "b")
     assert verify_checkpoint(tmp_path / "b" / "step-00000100", deep=True).valid

@@ -90,7 +90,7 @@ def committed_shards(
         if not key.startswith(LEDGER_PREFIX):
             continue
         if key not in cache:
-            cache[key] = parse_ledger_entry(storage.get_bytes(key))
+            cache[key] = parse_ledger_entry(storage.get(key))
         entry = cache[key]
         if entry is None or not 0 <= entry["shard"] < plan.shards:
             continue
@@ -108,7 +108,7 @@ def verify_outputs(storage: Storage, plan: Plan) -> list[int]:
         entry = done.get(shard)
         if (
             entry is None
-            or f"{crc32c.crc32c(storage.get_bytes(plan.shard_key(shard))):08x}" != entry["crc32c"]
+            or f"{crc32c.crc32c(storage.get(plan.shard_key(shard))):08x}" != entry["crc32c"]
         ):
             bad.append(shard)
     return bad
@@ -118,13 +118,13 @@ def outputs_sha256(storage: Storage, plan: Plan) -> str:
     """SHA-256 over the output files' bytes in shard order."""
     digest = hashlib.sha256()
     for shard in range(plan.shards):
-        digest.update(storage.get_bytes(plan.shard_key(shard)))
+        digest.update(storage.get(plan.shard_key(shard)))
     return digest.hexdigest()
 
 
 def read_plan(storage: Storage) -> Plan | None:
     try:
-        raw = storage.get_bytes(PLAN_KEY)
+        raw = storage.get(PLAN_KEY)
     except StorageNotFoundError:
         return None
     return parse_plan(raw, f"{storage.uri}/{PLAN_KEY}")
@@ -143,7 +143,7 @@ def ensure_plan(storage: Storage, plan: Plan) -> None:
                 "nothing was overwritten",
                 hint="use a new or empty output location",
             )
-        storage.put_bytes(PLAN_KEY, plan.to_json())  # same bytes from every worker: a race is fine
+        storage.put(PLAN_KEY, plan.to_json())  # same bytes from every worker: a race is fine
         return
     check_same(stored, plan, storage.uri)
 
@@ -335,8 +335,8 @@ class _Worker:
 
     def _write(self, shard: int, entry: bytes, data: bytes, errors: list[BaseException]) -> None:
         try:
-            self.storage.put_bytes(self.plan.ledger_key(shard), entry)
-            self.storage.put_bytes(self.plan.shard_key(shard), data)
+            self.storage.put(self.plan.ledger_key(shard), entry)
+            self.storage.put(self.plan.shard_key(shard), data)
         except BaseException as exc:  # raised on the worker's thread by flush()
             errors.append(exc)
 

@@ -95,7 +95,7 @@ def _check(storage: Storage, ckpt: RemoteCheckpoint) -> None:
         return
     where = f"{storage.uri}/{ckpt.name}/{MANIFEST}"
     try:
-        ckpt.manifest_raw = storage.get_bytes(f"{ckpt.name}/{MANIFEST}")
+        ckpt.manifest_raw = storage.get(f"{ckpt.name}/{MANIFEST}")
         ckpt.manifest = parse_manifest(ckpt.manifest_raw, where)
     except CorruptCheckpointError as exc:
         ckpt.problem = exc.message

@@ -63,7 +63,7 @@ class Heartbeat:
         try:
             if self._storage is None:
                 self._storage = open_storage(self.location)
-            self._storage.put_bytes(HEARTBEAT_KEY, json.dumps(doc).encode())
+            self._storage.put(HEARTBEAT_KEY, json.dumps(doc).encode())
         except (SpotwiseError, OSError) as exc:
             self._last = now  # try again at the next renewal, not at every tick
             if self._failing:

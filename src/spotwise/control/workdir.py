@@ -329,7 +329,7 @@ def _store(archive: CodeArchive, packed: Path) -> None:
 
     store = open_storage(archive.uri)
     if not store.list(archive.key):
-        store.put_file(archive.key, packed)
+        store.put(archive.key, packed)
 
 
 def store_uploaded(sha256: str, uploads: Path, home: str) -> CodeArchive:
@@ -438,7 +438,7 @@ def fetch_and_unpack(archive: CodeArchive, into: Path) -> None:
     into.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".spotwise-fetch-", dir=into.parent) as tmp:
         local = Path(tmp) / archive.key
-        open_storage(archive.uri).get_file(archive.key, local)
+        open_storage(archive.uri).get(archive.key, local)
         unpack(local, archive.sha256, into)
 
 

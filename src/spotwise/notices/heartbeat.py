@@ -97,7 +97,7 @@ class HeartbeatDetector:
         try:
             if self._storage is None:
                 self._storage = open_storage(self.location)
-            return self._storage.get_bytes(HEARTBEAT_KEY)
+            return self._storage.get(HEARTBEAT_KEY)
         except (SpotwiseError, OSError) as exc:
             what = getattr(exc, "message", None) or str(exc)
             self._log("read", "spotwise: cannot read the heartbeat in %s: %s", self.location, what)

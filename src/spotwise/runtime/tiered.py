@@ -81,7 +81,7 @@ def push_files(storage: Storage, step: int, directory: Path, names: Iterable[str
     fails its CRCs."""
     storage.delete(f"{step_dir_name(step)}/{MANIFEST}")
     for fname in names:
-        storage.put_file(f"{step_dir_name(step)}/{fname}", directory / fname)
+        storage.put(f"{step_dir_name(step)}/{fname}", directory / fname)
 
 
 def push(storage: Storage, ckpt_dir: Path) -> None:
@@ -89,7 +89,7 @@ def push(storage: Storage, ckpt_dir: Path) -> None:
     byte was checked against the manifest (never upload bytes that differ from the commit)."""
     manifest, raw = check_bytes(ckpt_dir)
     push_files(storage, manifest.step, ckpt_dir, manifest.files)
-    storage.put_bytes(f"{ckpt_dir.name}/{MANIFEST}", raw)
+    storage.put(f"{ckpt_dir.name}/{MANIFEST}", raw)
 
 
 def commit_remote(
@@ -106,7 +106,7 @@ def commit_remote(
     wall = time.time()
     raw = manifest_bytes(step, wall, metrics, files)
     name = step_dir_name(step)
-    storage.put_bytes(f"{name}/{MANIFEST}", raw)
+    storage.put(f"{name}/{MANIFEST}", raw)
     total = sum(int(f["size"]) for f in files.values()) + len(raw)
     return CheckpointInfo(step, Path(name), wall, total, True, None, dict(metrics or {}))
 
@@ -117,7 +117,7 @@ def _download(storage: Storage, ckpt: RemoteCheckpoint, into: Path) -> None:
     if not ckpt.valid or ckpt.manifest is None or ckpt.manifest_raw is None:
         raise CorruptCheckpointError(f"{storage.uri}/{ckpt.name} is not valid: {ckpt.problem}")
     for fname in ckpt.manifest.files:
-        storage.get_file(f"{ckpt.name}/{fname}", into / fname)
+        storage.get(f"{ckpt.name}/{fname}", into / fname)
     (into / MANIFEST).write_bytes(ckpt.manifest_raw)
     try:
         check_bytes(into, step=ckpt.step)

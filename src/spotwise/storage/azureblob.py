@@ -21,7 +21,7 @@ import os
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, overload
 
 import crc32c
 
@@ -182,47 +182,48 @@ class AzureBlobStorage(BucketStore):
         return int(value, 16) if value else None
 
     # -- Storage protocol ------------------------------------------------------------------------
-    def put_bytes(self, key: str, data: bytes) -> None:
+    def put(self, key: str, data: bytes | Path) -> None:
         full = self._full(key)
-        crc = crc32c.crc32c(data)
-        self._call(f"put {key!r}", lambda: self._upload(full, data, crc, len(data), overwrite=True))
-
-    def put_file(self, key: str, source: Path) -> None:
-        full = self._full(key)
-        source = Path(source)
+        if not isinstance(data, Path):
+            crc = crc32c.crc32c(data)
+            self._call(
+                f"put {key!r}", lambda: self._upload(full, data, crc, len(data), overwrite=True)
+            )
+            return
         try:
-            size = source.stat().st_size
-            crc = file_crc(source)
+            size = data.stat().st_size
+            crc = file_crc(data)
         except FileNotFoundError as exc:
-            raise StorageNotFoundError(f"cannot upload {source}: no such file") from exc
+            raise StorageNotFoundError(f"cannot upload {data}: no such file") from exc
 
         def upload() -> None:
             # above block_size the client stages blocks in parallel, then commits the block list
-            with open(source, "rb") as fh:
+            with open(data, "rb") as fh:
                 self._upload(full, fh, crc, size, overwrite=True)
 
         self._call(f"put {key!r}", upload)
 
-    def get_bytes(self, key: str) -> bytes:
+    @overload
+    def get(self, key: str, dest: None = None) -> bytes: ...
+    @overload
+    def get(self, key: str, dest: Path) -> None: ...
+    def get(self, key: str, dest: Path | None = None) -> bytes | None:
         full = self._full(key)
-
-        def fetch() -> bytes:
-            buffer = io.BytesIO()
-            expected = self._download(full, buffer)
-            data = buffer.getvalue()
-            if expected is not None and crc32c.crc32c(data) != expected:
-                raise integrity_error(self.uri, key)
-            return data
-
-        return self._call(f"get {key!r}", fetch)
-
-    def get_file(self, key: str, dest: Path) -> None:
-        full = self._full(key)
-        dest = Path(dest)
+        if dest is None:
+            return self._call(f"get {key!r}", lambda: self._fetch(key, full))
         self._call(
             f"get {key!r}", lambda: self._client.get_blob_client(full).get_blob_properties()
         )  # a missing blob fails before any file is made
         self._download_whole(key, dest, lambda out: self._download(full, out))
+        return None
+
+    def _fetch(self, key: str, full: str) -> bytes:
+        buffer = io.BytesIO()
+        expected = self._download(full, buffer)
+        data = buffer.getvalue()
+        if expected is not None and crc32c.crc32c(data) != expected:
+            raise integrity_error(self.uri, key)
+        return data
 
     def list(self, prefix: str = "") -> list[ObjectInfo]:
         def entries(full: str) -> Iterable[tuple[str, int]]:

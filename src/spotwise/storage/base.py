@@ -2,14 +2,14 @@
 
 Keys are relative, '/'-separated paths such as ``step-00001200/manifest.json``. Backends know keys
 and bytes, never training. Every backend (local, s3, memory, encrypted wrapper) passes the same
-contract suite in ``tests/contract/test_storage_contract.py``.
+contract suite, :class:`spotwise.testing.StorageContract`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol, runtime_checkable
+from typing import Protocol, overload, runtime_checkable
 
 from spotwise.errors import ConfigError
 
@@ -22,24 +22,24 @@ class ObjectInfo:
 
 @runtime_checkable
 class Storage(Protocol):
-    """A flat key space. ``put_*`` is atomic per object: a reader sees all of it or nothing."""
+    """A flat key space of four methods. ``put`` is atomic per object: a reader sees all of it
+    or nothing. Bytes and files share ``put`` and ``get`` (the type of the argument says which)
+    and each backend keeps the fast path of each: one request for a small manifest held in
+    memory, a streamed (multipart, parallel) transfer for a file, never read whole."""
 
     uri: str
 
-    def put_file(self, key: str, source: Path) -> None:
-        """Store the file at ``source`` under ``key`` (overwrite allowed)."""
+    def put(self, key: str, data: bytes | Path) -> None:
+        """Store ``data`` under ``key`` (overwrite allowed): the bytes, or the file at a Path."""
         ...
 
-    def put_bytes(self, key: str, data: bytes) -> None:
-        """Store small data (manifests, JSON state) under ``key``."""
-        ...
-
-    def get_file(self, key: str, dest: Path) -> None:
-        """Copy the object to ``dest``; raises StorageNotFoundError if absent."""
-        ...
-
-    def get_bytes(self, key: str) -> bytes:
-        """Return the whole object; raises StorageNotFoundError if absent."""
+    @overload
+    def get(self, key: str, dest: None = None) -> bytes: ...
+    @overload
+    def get(self, key: str, dest: Path) -> None: ...
+    def get(self, key: str, dest: Path | None = None) -> bytes | None:
+        """The object's bytes or, given ``dest``, the object written to that file (atomically,
+        streamed); raises StorageNotFoundError if absent."""
         ...
 
     def list(self, prefix: str = "") -> list[ObjectInfo]:

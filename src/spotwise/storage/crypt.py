@@ -23,6 +23,7 @@ import binascii
 import contextlib
 import hashlib
 import hmac
+import io
 import os
 import struct
 import tempfile
@@ -30,7 +31,7 @@ import uuid
 from collections.abc import Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, overload
 
 from spotwise import settings
 from spotwise.checkpoint.durable import write_atomic
@@ -249,40 +250,38 @@ class EncryptedStorage:
         base.mkdir(parents=True, exist_ok=True)
         return base / f".spotwise-crypt-{uuid.uuid4().hex[:12]}-{Path(hint).name}"
 
-    def put_bytes(self, key: str, data: bytes) -> None:
-        import io
-
+    def put(self, key: str, data: bytes | Path) -> None:
         validate_key(key)
-        out = io.BytesIO()
-        self._cipher.encrypt(key, io.BytesIO(data), len(data), out)
-        self.inner.put_bytes(key, out.getvalue())
-
-    def put_file(self, key: str, source: Path) -> None:
-        validate_key(key)
+        if not isinstance(data, Path):
+            out = io.BytesIO()
+            self._cipher.encrypt(key, io.BytesIO(data), len(data), out)
+            self.inner.put(key, out.getvalue())
+            return
         spool = self._spool(key)
         try:
-            self._cipher.encrypt_file(key, Path(source), spool)
-            self.inner.put_file(key, spool)
+            self._cipher.encrypt_file(key, data, spool)
+            self.inner.put(key, spool)
         finally:
             spool.unlink(missing_ok=True)
 
-    def get_bytes(self, key: str) -> bytes:
-        import io
-
-        data = self.inner.get_bytes(key)
-        return b"".join(self._cipher.decrypt(key, io.BytesIO(data), len(data)))
-
-    def get_file(self, key: str, dest: Path) -> None:
-        dest = Path(dest)
+    @overload
+    def get(self, key: str, dest: None = None) -> bytes: ...
+    @overload
+    def get(self, key: str, dest: Path) -> None: ...
+    def get(self, key: str, dest: Path | None = None) -> bytes | None:
+        if dest is None:
+            data = self.inner.get(key)
+            return b"".join(self._cipher.decrypt(key, io.BytesIO(data), len(data)))
         spool = self._spool(key)
         try:
-            self.inner.get_file(key, spool)
+            self.inner.get(key, spool)
             dest.parent.mkdir(parents=True, exist_ok=True)
             with open(spool, "rb") as src:
                 size = os.fstat(src.fileno()).st_size
                 write_atomic(dest, lambda out: out.writelines(self._cipher.decrypt(key, src, size)))
         finally:
             spool.unlink(missing_ok=True)
+        return None
 
     def list(self, prefix: str = "") -> list[ObjectInfo]:
         return [ObjectInfo(o.key, plaintext_size(o.size)) for o in self.inner.list(prefix)]

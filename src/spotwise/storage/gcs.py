@@ -15,7 +15,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, overload
 
 import crc32c
 
@@ -138,48 +138,34 @@ class GCSStorage(BucketStore):
         return blob
 
     # -- Storage protocol ------------------------------------------------------------------------
-    def put_bytes(self, key: str, data: bytes) -> None:
+    def put(self, key: str, data: bytes | Path) -> None:
         full = self._full(key)
-        self._call(f"put {key!r}", lambda: self._upload(full, data))
-
-    def put_file(self, key: str, source: Path) -> None:
-        full = self._full(key)
-        source = Path(source)
+        if not isinstance(data, Path):
+            self._call(f"put {key!r}", lambda: self._upload(full, data))
+            return
         try:
-            checksum = file_crc(source)
+            checksum = file_crc(data)
         except FileNotFoundError as exc:
-            raise StorageNotFoundError(f"cannot upload {source}: no such file") from exc
+            raise StorageNotFoundError(f"cannot upload {data}: no such file") from exc
 
         def upload() -> None:
             # above 8 MiB the client uploads resumably, chunk_size bytes per request, and checks
             # the CRC32C GCS computed against its own at the end
             blob = self._blob(full, crc_metadata(value=checksum))
             blob.upload_from_filename(
-                str(source), retry=None, timeout=self.timeout, checksum="crc32c"
+                str(data), retry=None, timeout=self.timeout, checksum="crc32c"
             )
 
         self._call(f"put {key!r}", upload)
 
-    def get_bytes(self, key: str) -> bytes:
+    @overload
+    def get(self, key: str, dest: None = None) -> bytes: ...
+    @overload
+    def get(self, key: str, dest: Path) -> None: ...
+    def get(self, key: str, dest: Path | None = None) -> bytes | None:
         full = self._full(key)
-
-        def fetch() -> bytes:
-            blob = self._blob(full)
-            blob.reload(retry=None, timeout=self.timeout)
-            data: bytes = blob.download_as_bytes(
-                retry=None, timeout=self.timeout, checksum="crc32c",
-                if_generation_match=blob.generation,
-            )  # fmt: skip
-            expected = expected_crc(blob.metadata)
-            if expected is not None and crc32c.crc32c(data) != expected:
-                raise integrity_error(self.uri, key)
-            return data
-
-        return self._call(f"get {key!r}", fetch)
-
-    def get_file(self, key: str, dest: Path) -> None:
-        full = self._full(key)
-        dest = Path(dest)
+        if dest is None:
+            return self._call(f"get {key!r}", lambda: self._fetch(key, full))
         self._stat(key, full)  # a missing object fails before any file is made
 
         def download(out: IO[bytes]) -> int | None:
@@ -192,6 +178,19 @@ class GCSStorage(BucketStore):
             return expected_crc(blob.metadata)
 
         self._download_whole(key, dest, download)
+        return None
+
+    def _fetch(self, key: str, full: str) -> bytes:
+        blob = self._blob(full)
+        blob.reload(retry=None, timeout=self.timeout)
+        data: bytes = blob.download_as_bytes(
+            retry=None, timeout=self.timeout, checksum="crc32c",
+            if_generation_match=blob.generation,
+        )  # fmt: skip
+        expected = expected_crc(blob.metadata)
+        if expected is not None and crc32c.crc32c(data) != expected:
+            raise integrity_error(self.uri, key)
+        return data
 
     def list(self, prefix: str = "") -> list[ObjectInfo]:
         def entries(full: str) -> Iterable[tuple[str, int]]:

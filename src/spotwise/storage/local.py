@@ -15,7 +15,7 @@ import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, overload
 
 from spotwise.checkpoint.durable import (
     ATOMIC_TMP_PREFIX,
@@ -88,26 +88,26 @@ class LocalStorage:
             with opened_path(self.root, dirs, create=True) as fds:
                 write_atomic_at(fds[-1], name, fill)
 
-    def put_file(self, key: str, source: Path) -> None:
-        with _translated(f"cannot read {source}"), open(source, "rb") as src:
+    def put(self, key: str, data: bytes | Path) -> None:
+        if not isinstance(data, Path):
+            self._atomic_write(key, lambda out: out.write(data))
+            return
+        with _translated(f"cannot read {data}"), open(data, "rb") as src:
             self._atomic_write(key, lambda out: shutil.copyfileobj(src, out, 16 << 20))
 
-    def put_bytes(self, key: str, data: bytes) -> None:
-        self._atomic_write(key, lambda out: out.write(data))
-
-    def get_file(self, key: str, dest: Path) -> None:
+    @overload
+    def get(self, key: str, dest: None = None) -> bytes: ...
+    @overload
+    def get(self, key: str, dest: Path) -> None: ...
+    def get(self, key: str, dest: Path | None = None) -> bytes | None:
         with (
             _translated(f"cannot fetch {key!r} from {self.root}"),
             self._opened(key, os.O_RDONLY) as src,
         ):
+            if dest is None:
+                return src.read()
             write_atomic(dest, lambda out: shutil.copyfileobj(src, out, 16 << 20))
-
-    def get_bytes(self, key: str) -> bytes:
-        with (
-            _translated(f"cannot fetch {key!r} from {self.root}"),
-            self._opened(key, os.O_RDONLY) as src,
-        ):
-            return src.read()
+            return None
 
     def list(self, prefix: str = "") -> list[ObjectInfo]:
         """Every regular file under the root; a link (to a file or a directory) is no object

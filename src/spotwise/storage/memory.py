@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import threading
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, overload
 
 from spotwise.checkpoint.durable import write_atomic
 from spotwise.errors import StorageNotFoundError
@@ -32,24 +32,27 @@ class MemoryStorage:
     def from_uri(cls, uri: str, **_: Any) -> MemoryStorage:
         return cls(uri[len("memory://") :] or None)
 
-    def put_file(self, key: str, source: Path) -> None:
-        self.put_bytes(key, Path(source).read_bytes())
-
-    def put_bytes(self, key: str, data: bytes) -> None:
+    def put(self, key: str, data: bytes | Path) -> None:
         validate_key(key)
+        value = data.read_bytes() if isinstance(data, Path) else bytes(data)
         with self._lock:
-            self._objects[key] = bytes(data)
+            self._objects[key] = value
 
-    def get_file(self, key: str, dest: Path) -> None:
-        write_atomic(dest, self.get_bytes(key))
-
-    def get_bytes(self, key: str) -> bytes:
+    @overload
+    def get(self, key: str, dest: None = None) -> bytes: ...
+    @overload
+    def get(self, key: str, dest: Path) -> None: ...
+    def get(self, key: str, dest: Path | None = None) -> bytes | None:
         validate_key(key)
         with self._lock:
             try:
-                return self._objects[key]
+                value = self._objects[key]
             except KeyError:
                 raise StorageNotFoundError(f"no object {key!r} in {self.uri}") from None
+        if dest is None:
+            return value
+        write_atomic(dest, value)
+        return None
 
     def list(self, prefix: str = "") -> list[ObjectInfo]:
         with self._lock:

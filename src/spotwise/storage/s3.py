@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, TypeVar
+from typing import IO, Any, TypeVar, overload
 
 import crc32c
 
@@ -215,17 +215,7 @@ class S3Storage(BucketStore):
                 hint="AWS_ENDPOINT_URL / AWS_ENDPOINT_URL_S3 must look like https://host:port",
             ) from exc
 
-    # -- Storage protocol ------------------------------------------------------------------------
-    def put_bytes(self, key: str, data: bytes) -> None:
-        full = self._full(key)
-        metadata = crc_metadata(data)
-        self._call(
-            f"put {key!r}",
-            lambda: self._client.put_object(
-                Bucket=self.bucket, Key=full, Body=data, Metadata=metadata
-            ),
-        )
-
+    # -- compare-and-swap (ObjectLeases) ---------------------------------------------------------
     def put_if(self, key: str, data: bytes, *, etag: str | None) -> str | None:
         """Conditional put, the object store's compare-and-swap: create ``key`` only if it is
         absent (``etag=None``: ``If-None-Match: *``) or replace it only if it still has ``etag``
@@ -262,25 +252,26 @@ class S3Storage(BucketStore):
 
         return self._call(f"get {key!r}", fetch)
 
-    def put_file(self, key: str, source: Path) -> None:
+    # -- Storage protocol ------------------------------------------------------------------------
+    def put(self, key: str, data: bytes | Path) -> None:
         full = self._full(key)
-        source = Path(source)
-        try:
-            size = source.stat().st_size
-            checksum = file_crc(source)
-        except FileNotFoundError as exc:
-            raise StorageNotFoundError(f"cannot upload {source}: no such file") from exc
-        metadata = crc_metadata(value=checksum)
-        if size < self.transfer.multipart_threshold:
-            data = source.read_bytes()
-            self._call(
-                f"put {key!r}",
-                lambda: self._client.put_object(
-                    Bucket=self.bucket, Key=full, Body=data, Metadata=metadata
-                ),
-            )
-            return
-        self._multipart_upload(key, full, source, size, metadata)
+        if isinstance(data, Path):
+            try:
+                size = data.stat().st_size
+                checksum = file_crc(data)
+            except FileNotFoundError as exc:
+                raise StorageNotFoundError(f"cannot upload {data}: no such file") from exc
+            if size >= self.transfer.multipart_threshold:
+                self._multipart_upload(key, full, data, size, crc_metadata(value=checksum))
+                return
+            data = data.read_bytes()
+        body, metadata = data, crc_metadata(data)
+        self._call(
+            f"put {key!r}",
+            lambda: self._client.put_object(
+                Bucket=self.bucket, Key=full, Body=body, Metadata=metadata
+            ),
+        )
 
     def _part_checksum_args(self) -> dict[str, str]:
         """Per-part CRC32 checked by the store on receipt, as boto3's transfer manager asks for
@@ -370,21 +361,14 @@ class S3Storage(BucketStore):
         )
         return int(head["ContentLength"]), expected_crc(head.get("Metadata"))
 
-    def get_bytes(self, key: str) -> bytes:
+    @overload
+    def get(self, key: str, dest: None = None) -> bytes: ...
+    @overload
+    def get(self, key: str, dest: Path) -> None: ...
+    def get(self, key: str, dest: Path | None = None) -> bytes | None:
         full = self._full(key)
-
-        def fetch() -> tuple[bytes, int | None]:
-            response = self._client.get_object(Bucket=self.bucket, Key=full)
-            return response["Body"].read(), expected_crc(response.get("Metadata"))
-
-        data, expected = self._call(f"get {key!r}", fetch)
-        if expected is not None and crc32c.crc32c(data) != expected:
-            raise integrity_error(self.uri, key)
-        return data
-
-    def get_file(self, key: str, dest: Path) -> None:
-        full = self._full(key)
-        dest = Path(dest)
+        if dest is None:
+            return self._fetch(key, full)
         size, expected = self._head(key, full)
         dest.parent.mkdir(parents=True, exist_ok=True)
 
@@ -404,6 +388,19 @@ class S3Storage(BucketStore):
                 raise integrity_error(self.uri, key)
 
         write_atomic(dest, fill)
+        return None
+
+    def _fetch(self, key: str, full: str) -> bytes:
+        """The whole object in one GET, checked against the CRC32C recorded at upload."""
+
+        def fetch() -> tuple[bytes, int | None]:
+            response = self._client.get_object(Bucket=self.bucket, Key=full)
+            return response["Body"].read(), expected_crc(response.get("Metadata"))
+
+        data, expected = self._call(f"get {key!r}", fetch)
+        if expected is not None and crc32c.crc32c(data) != expected:
+            raise integrity_error(self.uri, key)
+        return data
 
     def _download_range(self, key: str, full: str, fd: int, offset: int, length: int) -> None:
         """Stream one byte range into the file; a cut-off body resumes where it stopped."""

@@ -26,34 +26,34 @@ class StorageContract:
 
     def test_bytes_round_trip_and_overwrite(self, store: Storage) -> None:
         payload = bytes(range(256)) * 3
-        store.put_bytes("step-00000001/state.json", payload)
-        assert store.get_bytes("step-00000001/state.json") == payload
-        store.put_bytes("step-00000001/state.json", b"second")
-        assert store.get_bytes("step-00000001/state.json") == b"second"
+        store.put("step-00000001/state.json", payload)
+        assert store.get("step-00000001/state.json") == payload
+        store.put("step-00000001/state.json", b"second")
+        assert store.get("step-00000001/state.json") == b"second"
 
     def test_empty_object(self, store: Storage) -> None:
-        store.put_bytes("empty", b"")
-        assert store.get_bytes("empty") == b""
+        store.put("empty", b"")
+        assert store.get("empty") == b""
         assert store.list() == [ObjectInfo("empty", 0)]
 
     def test_file_round_trip(self, store: Storage, tmp_path: Path) -> None:
         source = tmp_path / "source.bin"
         source.write_bytes(b"\x00\xff" * (3 << 20))  # 6 MiB: more than one chunk/part anywhere
-        store.put_file("step-00000002/tensors.safetensors", source)
+        store.put("step-00000002/tensors.safetensors", source)
         dest = tmp_path / "back.bin"
-        store.get_file("step-00000002/tensors.safetensors", dest)
+        assert store.get("step-00000002/tensors.safetensors", dest) is None  # (the file has it)
         assert dest.read_bytes() == source.read_bytes()
 
     def test_missing_keys_raise_not_found(self, store: Storage, tmp_path: Path) -> None:
         with pytest.raises(StorageNotFoundError):
-            store.get_bytes("nope/manifest.json")
+            store.get("nope/manifest.json")
         with pytest.raises(StorageNotFoundError):
-            store.get_file("nope/manifest.json", tmp_path / "x")
+            store.get("nope/manifest.json", tmp_path / "x")
         assert not (tmp_path / "x").exists()
 
     def test_list_is_sorted_and_filtered_by_prefix(self, store: Storage) -> None:
         for key in ("step-00000200/b", "step-00000100/a", "step-00000100/c", "other"):
-            store.put_bytes(key, key.encode())
+            store.put(key, key.encode())
         keys = [o.key for o in store.list()]
         assert keys == ["other", "step-00000100/a", "step-00000100/c", "step-00000200/b"]
         assert [o.key for o in store.list("step-00000100/")] == [
@@ -65,13 +65,13 @@ class StorageContract:
         assert {o.key: o.size for o in store.list()}["other"] == len(b"other")
 
     def test_delete(self, store: Storage) -> None:
-        store.put_bytes("a/b", b"1")
-        store.put_bytes("a/c", b"2")
+        store.put("a/b", b"1")
+        store.put("a/c", b"2")
         store.delete("a/b")
         store.delete("a/b")  # deleting a missing key is not an error
         assert [o.key for o in store.list()] == ["a/c"]
         with pytest.raises(StorageNotFoundError):
-            store.get_bytes("a/b")
+            store.get("a/b")
 
     @pytest.mark.parametrize(
         "key", ["../escape", "a/../../escape", "/abs", "a//b", "a/./b", "", "a\\b", "a/", "nul\x00"]
@@ -80,9 +80,9 @@ class StorageContract:
         self, store: Storage, key: str, tmp_path: Path
     ) -> None:
         with pytest.raises(ConfigError):
-            store.put_bytes(key, b"x")
+            store.put(key, b"x")
         with pytest.raises(ConfigError):
-            store.get_bytes(key)
+            store.get(key)
         with pytest.raises(ConfigError):
             store.delete(key)
         assert not (tmp_path / "escape").exists()

@@ -93,7 +93,7 @@ def exit_record(store: Any) -> dict[str, Any] | None:
     or None while there is none (object stores write whole objects: a malformed one is not
     ours, so no exit is known)."""
     try:
-        record: dict[str, Any] = json.loads(store.get_bytes("exit.json"))
+        record: dict[str, Any] = json.loads(store.get("exit.json"))
         int(record["exit_code"]), float(record["ended_at"])
     except StorageNotFoundError:
         return None
@@ -109,7 +109,7 @@ def copy_log(store: Any, log: Path, n: int, where: str, node: int | None = None)
     if marker.exists():
         return
     try:
-        text = store.get_bytes("output.log")
+        text = store.get("output.log")
     except StorageNotFoundError:
         text = b""
     with open(log, "ab") as f:
@@ -132,7 +132,7 @@ def report(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     store = open_storage(args.uri)
     if args.log is not None and args.log.exists():
-        store.put_bytes("output.log", args.log.read_bytes())
+        store.put("output.log", args.log.read_bytes())
         sys.stdout.write(args.log.read_text(errors="replace")[-4000:])  # the console log
     record = {
         "exit_code": args.exit_code,
@@ -140,7 +140,7 @@ def report(argv: list[str] | None = None) -> int:
         "ended_at": time.time(),
         "stopping": bool(args.stopping),
     }
-    store.put_bytes("exit.json", json.dumps(record).encode())
+    store.put("exit.json", json.dumps(record).encode())
     return 0
 
 
