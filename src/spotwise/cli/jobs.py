@@ -227,14 +227,13 @@ def launch(
     prints its output until it ends); closing this command never affects the job.
     """
     from spotwise.control.spec import load_spec
+    from spotwise.control.submission import dry_run as manifests
     from spotwise.control.submission import submit
     from spotwise.control.summary import job_summary
 
     spec = load_spec(job_file)
     if dry_run:
         import yaml
-
-        from spotwise.control.submission import dry_run as manifests
 
         typer.echo(yaml.safe_dump_all(manifests(spec), sort_keys=False), nl=False)
         return
