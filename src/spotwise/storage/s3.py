@@ -256,15 +256,18 @@ class S3Storage(BucketStore):
     def put(self, key: str, data: bytes | Path) -> None:
         full = self._full(key)
         if isinstance(data, Path):
+            source = data
             try:
-                size = data.stat().st_size
-                checksum = file_crc(data)
+                size = source.stat().st_size
+                if size >= self.transfer.multipart_threshold:
+                    checksum = file_crc(source)
+                else:  # one PUT: read once, its CRC32C taken from the bytes below
+                    data = source.read_bytes()
             except FileNotFoundError as exc:
-                raise StorageNotFoundError(f"cannot upload {data}: no such file") from exc
-            if size >= self.transfer.multipart_threshold:
-                self._multipart_upload(key, full, data, size, crc_metadata(value=checksum))
+                raise StorageNotFoundError(f"cannot upload {source}: no such file") from exc
+            if isinstance(data, Path):
+                self._multipart_upload(key, full, source, size, crc_metadata(value=checksum))
                 return
-            data = data.read_bytes()
         body, metadata = data, crc_metadata(data)
         self._call(
             f"put {key!r}",
