@@ -20,7 +20,13 @@ from typing import Any
 
 import crc32c
 
-from spotwise.checkpoint.durable import close_all, disk_problem, io_pool, remove_logged
+from spotwise.checkpoint.durable import (
+    close_all,
+    disk_problem,
+    io_pool,
+    remove_logged,
+    start_writeback,
+)
 from spotwise.checkpoint.format import FORMAT, FORMAT_VERSION
 from spotwise.dirfd import entry_mode, open_dir, open_subdir, opened_dir, rename_entry
 from spotwise.errors import SaveError
@@ -92,8 +98,9 @@ def _writev_all(fd: int, pieces: list[memoryview]) -> None:
 
 def _write_all(fd: int, chunks: Sequence[memoryview | bytes]) -> int:
     """Write every chunk and return the CRC32C of all bytes. The checksum of each batch runs on
-    a helper thread (crc32c releases the GIL) while the batch is written, so it costs no time."""
-    crc = 0
+    a helper thread (crc32c releases the GIL) while the batch is written, so it costs no time,
+    and the disk is asked to start on each batch once it is in the page cache."""
+    crc, offset = 0, 0
     pending: Future[int] | None = None
     try:
         for batch in _batches(chunks):
@@ -101,6 +108,9 @@ def _write_all(fd: int, chunks: Sequence[memoryview | bytes]) -> int:
                 crc = pending.result()
             pending = io_pool().submit(_crc_of, batch, crc)
             _writev_all(fd, batch)
+            size = sum(len(p) for p in batch)
+            start_writeback(fd, offset, size)  # the disk starts on it while the next is copied
+            offset += size
     finally:  # never leave a checksum running over buffers the caller may reuse
         if pending is not None:
             crc = pending.result()

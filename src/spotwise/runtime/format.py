@@ -4,6 +4,7 @@ and header parsers) is torch-free, in :mod:`spotwise.checkpoint.format`."""
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from collections.abc import Iterable, Mapping
@@ -47,13 +48,12 @@ class TensorLayout:
 
     specs: tuple[TensorSpec, ...]  # in file order
     offsets: tuple[int, ...]
-    header: bytes  # 8-byte length + JSON, padded so the data section starts 8-byte aligned
     data_bytes: int
 
     @staticmethod
     def plan(specs: Iterable[TensorSpec]) -> TensorLayout:
         ordered = sorted(specs, key=lambda s: -s.dtype.itemsize)  # stable: keeps given order
-        offsets, entries, pos = [], {}, 0
+        offsets, pos = [], 0
         for spec in ordered:
             if spec.dtype not in DTYPE_TO_ST:
                 raise SaveError(
@@ -61,17 +61,23 @@ class TensorLayout:
                     hint="convert it to a supported dtype before saving",
                 )
             offsets.append(pos)
+            pos += spec.nbytes
+        return TensorLayout(tuple(ordered), tuple(offsets), pos)
+
+    @functools.cached_property
+    def header(self) -> bytes:
+        """8-byte length + JSON, padded so the data section starts 8-byte aligned. Built when
+        first asked for: a layout that a save splits into several files never needs its own."""
+        entries: dict[str, Any] = {"__metadata__": {"format": "pt"}}
+        for spec, pos in zip(self.specs, self.offsets, strict=True):
             entries[spec.name] = {
                 "dtype": DTYPE_TO_ST[spec.dtype],
                 "shape": list(spec.shape),
                 "data_offsets": [pos, pos + spec.nbytes],
             }
-            pos += spec.nbytes
-        header_obj: dict[str, Any] = {"__metadata__": {"format": "pt"}, **entries}
-        text = json.dumps(header_obj, separators=(",", ":")).encode()
+        text = json.dumps(entries, separators=(",", ":")).encode()
         text += b" " * (-(8 + len(text)) % 8)
-        header = len(text).to_bytes(8, "little") + text
-        return TensorLayout(tuple(ordered), tuple(offsets), header, pos)
+        return len(text).to_bytes(8, "little") + text
 
 
 @dataclass(frozen=True)
