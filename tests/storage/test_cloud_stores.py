@@ -103,6 +103,14 @@ def test_a_large_file_goes_up_in_pieces_and_comes_back_verified(cloud: Cloud, tm
     assert (tmp_path / "back.bin").read_bytes() == source.read_bytes()
 
 
+def test_a_missing_source_file_is_named_and_nothing_is_stored(cloud: Cloud, tmp_path: Path):
+    store = cloud.make()
+    source = tmp_path / "gone.bin"
+    with pytest.raises(StorageNotFoundError, match=f"cannot upload {source}: no such file"):
+        store.put("k", source)
+    assert store.list() == []
+
+
 def test_bit_rot_fails_the_read_and_leaves_no_file(cloud: Cloud, tmp_path: Path) -> None:
     store = cloud.make()
     store.put("k", b"original bytes")

@@ -107,6 +107,14 @@ def test_missing_key_and_missing_bucket(aws_env: str, make_s3, tmp_path: Path) -
         ghost.list()
 
 
+def test_a_missing_source_file_is_named_and_nothing_is_stored(make_s3, tmp_path: Path) -> None:
+    store = make_s3()
+    source = tmp_path / "gone.bin"
+    with pytest.raises(StorageNotFoundError, match=f"cannot upload {source}: no such file"):
+        store.put("k", source)
+    assert store.list() == []
+
+
 def test_endpoint_from_aws_endpoint_url_s3(aws_env: str, bucket: str, monkeypatch) -> None:
     monkeypatch.delenv("AWS_ENDPOINT_URL")
     monkeypatch.setenv("AWS_ENDPOINT_URL_S3", aws_env)

@@ -60,9 +60,9 @@ def save_error(exc: OSError, step: int, run_dir: Path) -> SaveError:
     return SaveError(f"{what}: {exc}", hint="earlier checkpoints are intact")
 
 
-def _batches(chunks: Sequence[memoryview | bytes]) -> Iterator[list[memoryview]]:
+def _batches(chunks: Sequence[memoryview | bytes]) -> Iterator[tuple[list[memoryview], int]]:
     """Group the chunks into runs of at most ``_CHUNK`` bytes and ``_IOV`` pieces (one writev
-    each), splitting chunks larger than ``_CHUNK``."""
+    each), splitting chunks larger than ``_CHUNK``; each run with its size in bytes."""
     batch: list[memoryview] = []
     size = 0
     for chunk in chunks:
@@ -70,12 +70,12 @@ def _batches(chunks: Sequence[memoryview | bytes]) -> Iterator[list[memoryview]]
         for start in range(0, len(view), _CHUNK):
             piece = view[start : start + _CHUNK]
             if batch and (size + len(piece) > _CHUNK or len(batch) >= _IOV):
-                yield batch
+                yield batch, size
                 batch, size = [], 0
             batch.append(piece)
             size += len(piece)
     if batch:
-        yield batch
+        yield batch, size
 
 
 def _crc_of(pieces: list[memoryview], crc: int) -> int:
@@ -84,9 +84,9 @@ def _crc_of(pieces: list[memoryview], crc: int) -> int:
     return crc
 
 
-def _writev_all(fd: int, pieces: list[memoryview]) -> None:
+def _writev_all(fd: int, pieces: list[memoryview], size: int) -> None:
     written = os.writev(fd, pieces)
-    if written == sum(len(p) for p in pieces):
+    if written == size:
         return
     for piece in pieces:  # a short write: finish piece by piece
         skip = min(written, len(piece))
@@ -103,12 +103,11 @@ def _write_all(fd: int, chunks: Sequence[memoryview | bytes]) -> int:
     crc, offset = 0, 0
     pending: Future[int] | None = None
     try:
-        for batch in _batches(chunks):
+        for batch, size in _batches(chunks):
             if pending is not None:
                 crc = pending.result()
             pending = io_pool().submit(_crc_of, batch, crc)
-            _writev_all(fd, batch)
-            size = sum(len(p) for p in batch)
+            _writev_all(fd, batch, size)
             start_writeback(fd, offset, size)  # the disk starts on it while the next is copied
             offset += size
     finally:  # never leave a checksum running over buffers the caller may reuse

@@ -27,7 +27,6 @@ import crc32c
 
 from spotwise.errors import (
     ConfigError,
-    StorageNotFoundError,
 )
 from spotwise.registry import require
 from spotwise.retry import RetryPolicy
@@ -41,6 +40,7 @@ from spotwise.storage.objectstore import (
     file_crc,
     integrity_error,
     is_network_error,
+    reading_upload,
 )
 
 CRC_KEY = "spotwise_crc32c"
@@ -190,11 +190,9 @@ class AzureBlobStorage(BucketStore):
                 f"put {key!r}", lambda: self._upload(full, data, crc, len(data), overwrite=True)
             )
             return
-        try:
+        with reading_upload(data):
             size = data.stat().st_size
             crc = file_crc(data)
-        except FileNotFoundError as exc:
-            raise StorageNotFoundError(f"cannot upload {data}: no such file") from exc
 
         def upload() -> None:
             # above block_size the client stages blocks in parallel, then commits the block list

@@ -21,7 +21,6 @@ import crc32c
 
 from spotwise.errors import (
     ConfigError,
-    StorageNotFoundError,
 )
 from spotwise.registry import require
 from spotwise.retry import RetryPolicy
@@ -36,6 +35,7 @@ from spotwise.storage.objectstore import (
     file_crc,
     integrity_error,
     is_network_error,
+    reading_upload,
 )
 
 log = logging.getLogger(__name__)
@@ -143,10 +143,8 @@ class GCSStorage(BucketStore):
         if not isinstance(data, Path):
             self._call(f"put {key!r}", lambda: self._upload(full, data))
             return
-        try:
+        with reading_upload(data):
             checksum = file_crc(data)
-        except FileNotFoundError as exc:
-            raise StorageNotFoundError(f"cannot upload {data}: no such file") from exc
 
         def upload() -> None:
             # above 8 MiB the client uploads resumably, chunk_size bytes per request, and checks

@@ -12,7 +12,8 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
@@ -107,6 +108,16 @@ def crc_metadata(data: bytes | None = None, *, value: int | None = None) -> dict
 def expected_crc(metadata: Mapping[str, str] | None) -> int | None:
     value = (metadata or {}).get(CRC_METADATA_KEY)
     return int(value, 16) if value else None
+
+
+@contextmanager
+def reading_upload(source: Path) -> Iterator[None]:
+    """Reads of a file about to be uploaded: a missing one fails as StorageNotFoundError
+    naming it, in every backend alike."""
+    try:
+        yield
+    except FileNotFoundError as exc:
+        raise StorageNotFoundError(f"cannot upload {source}: no such file") from exc
 
 
 def file_crc(path: Path) -> int:

@@ -26,7 +26,6 @@ from spotwise.checkpoint.durable import write_atomic
 from spotwise.errors import (
     ConfigError,
     StorageError,
-    StorageNotFoundError,
 )
 from spotwise.registry import require
 from spotwise.retry import RetryPolicy
@@ -42,6 +41,7 @@ from spotwise.storage.objectstore import (
     integrity_error,
     is_network_error,
     parse_bucket_uri,
+    reading_upload,
     stream_crc,
 )
 
@@ -257,14 +257,12 @@ class S3Storage(BucketStore):
         full = self._full(key)
         if isinstance(data, Path):
             source = data
-            try:
+            with reading_upload(source):
                 size = source.stat().st_size
                 if size >= self.transfer.multipart_threshold:
                     checksum = file_crc(source)
                 else:  # one PUT: read once, its CRC32C taken from the bytes below
                     data = source.read_bytes()
-            except FileNotFoundError as exc:
-                raise StorageNotFoundError(f"cannot upload {source}: no such file") from exc
             if isinstance(data, Path):
                 self._multipart_upload(key, full, source, size, crc_metadata(value=checksum))
                 return
