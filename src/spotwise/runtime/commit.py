@@ -68,8 +68,8 @@ log = logging.getLogger(__name__)
 # A large state is written as up to _WRITERS tensor files of at least _PART_BYTES each, by as
 # many threads: a disk reaches its speed only with several writes in flight (4 streams get
 # about 1.5x one here; see the benchmark), and the buffered writes of one file serialize.
-# 256 MiB goes in 2 files (0.94x of 4 raw writers here, 0.85x in one file); a state under
-# 192 MiB stays in one.
+# 256 MiB goes in 2 files (0.94-0.95x of 4 raw writers here, 0.85-0.95x in one file); a
+# state under 192 MiB stays in one.
 _WRITERS = 4
 _PART_BYTES = 96 << 20
 
