@@ -5,8 +5,8 @@ it at once each time, and check that it still ends bit-identical to an uninterru
 
 Each launch resumes the same run directory with a random number of DataLoader workers and gets
 one kill pattern (:data:`PATTERNS`: SIGKILL to the main PID only or to the process group,
-SIGTERM to the main PID or the group, SIGINT or SIGUSR1 to the group, a group SIGTERM with one
-worker SIGKILLed) at a random moment: while the interpreter starts, at a random step, or in the
+SIGTERM, SIGINT or SIGUSR1 to the main PID or the group, a group SIGTERM with one worker
+SIGKILLed) at a random moment: while the interpreter starts, at a random step, or in the
 middle of a save (a failpoint holds saves open). The next launch starts as soon as the main
 process has exited, while orphaned workers may still be exiting. Checked at every launch: it
 resumed from the newest valid checkpoint; a signal that came after training started ended in
@@ -67,7 +67,9 @@ PATTERNS = (
     Pattern("SIGKILL to the group", signal.SIGKILL, group=True),
     Pattern("SIGTERM to the main PID", signal.SIGTERM, group=False),
     Pattern("SIGTERM to the group", signal.SIGTERM, group=True),
+    Pattern("SIGINT to the main PID", signal.SIGINT, group=False),
     Pattern("SIGINT to the group", signal.SIGINT, group=True),
+    Pattern("SIGUSR1 to the main PID", signal.SIGUSR1, group=False),
     Pattern("SIGUSR1 to the group", signal.SIGUSR1, group=True),
     Pattern("SIGTERM to the group, a worker SIGKILLed", signal.SIGTERM, True, kill_a_worker=True),
 )
