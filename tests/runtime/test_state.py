@@ -86,3 +86,17 @@ def test_module_mismatch_names_keys_and_shapes() -> None:
     with pytest.raises(StateMismatchError, match=expected):
         check_module_state("main", torch.nn.Sequential(torch.nn.Linear(4, 2)), saved)
     check_module_state("main", torch.nn.Linear(4, 2), saved)
+
+
+def test_a_mapping_of_tensors_is_named_as_one_walked_item_by_item() -> None:
+    """A state_dict of tensors alone is taken in one pass; the names and the document are those
+    of the item-by-item walk, a name already taken included."""
+    a, b, c = torch.zeros(1), torch.ones(2), torch.full((3,), 2.0)
+    encoder = StateEncoder()
+    assert encoder.encode(a, "p/x") == {"__tensor__": "p/x"}
+    doc = encoder.encode({"x": b, "y": c}, "p")  # "p/x" is taken: this mapping is walked
+    assert doc == {"x": {"__tensor__": "p/x#2"}, "y": {"__tensor__": "p/y"}}
+    assert encoder.encode({"z": a, "n": 4}, "q") == {"z": {"__tensor__": "q/z"}, "n": 4}
+    assert encoder.encode({"z": b}, "r") == {"z": {"__tensor__": "r/z"}}
+    assert list(encoder.tensors) == ["p/x", "p/x#2", "p/y", "q/z", "r/z"]
+    assert encoder.tensors["p/x#2"] is b and encoder.tensors["r/z"] is b

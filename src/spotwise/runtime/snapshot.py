@@ -10,10 +10,13 @@ the copy.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from operator import attrgetter
 
 import torch
 
 from spotwise.runtime.format import TensorBlob, TensorLayout, byte_view, spec_of
+
+_META = attrgetter("dtype", "shape")  # what must match for the buffer's layout to hold
 
 
 class SnapshotBuffer:
@@ -22,22 +25,26 @@ class SnapshotBuffer:
     of the previous blob is still reading the buffer."""
 
     def __init__(self) -> None:
-        self._signature: tuple[tuple[str, torch.dtype, torch.Size, bool], ...] | None = None
+        self._names: list[str] = []
+        self._metas: list[tuple[torch.dtype, torch.Size]] = []
         self._layout: TensorLayout | None = None
         self._flat: torch.Tensor | None = None
         self._dests: list[torch.Tensor] = []
-        self._order: list[str] = []
-        self._on_device = False  # any source off the CPU: the copy is asynchronous, then synced
+        self._order: list[int] = []  # the layout's tensors by their position in the state
+        # any source off the CPU when the buffer was built: the copy is asynchronous, then
+        # synced (a source that moves later is still copied right, only at another speed)
+        self._on_device = False
 
     @property
     def nbytes(self) -> int:
         return 0 if self._flat is None else self._flat.numel()
 
     def _prepare(self, tensors: Mapping[str, torch.Tensor]) -> None:
-        # one pass over the tensors per save, the device in the signature (2,000 tensors: 1.2 ms
-        # here; a second pass for the device made it 3.5 ms)
-        signature = tuple((n, t.dtype, t.shape, t.is_cpu) for n, t in tensors.items())
-        if signature == self._signature:
+        # the one check per save, inside the stall: each attribute read costs about 0.1 us
+        # a tensor, so only those that decide the bytes (2,000 tensors: 0.8 ms here, 1.0 ms
+        # with the device too)
+        names, metas = list(tensors), list(map(_META, tensors.values()))
+        if self._layout is not None and names == self._names and metas == self._metas:
             return
         layout = TensorLayout.plan(spec_of(n, t) for n, t in tensors.items())
         pin = torch.cuda.is_available()
@@ -46,15 +53,17 @@ class SnapshotBuffer:
         for spec, offset in zip(layout.specs, layout.offsets, strict=True):
             raw = flat[offset : offset + spec.nbytes]
             dests.append(raw.view(spec.dtype).view(spec.shape))
-        self._signature, self._layout, self._flat = signature, layout, flat
-        self._dests, self._order = dests, [s.name for s in layout.specs]
-        self._on_device = not all(is_cpu for *_, is_cpu in signature)
+        self._names, self._metas, self._layout, self._flat = names, metas, layout, flat
+        position = {name: i for i, name in enumerate(names)}
+        self._dests, self._order = dests, [position[s.name] for s in layout.specs]
+        self._on_device = not all(t.is_cpu for t in tensors.values())
 
     def capture(self, tensors: Mapping[str, torch.Tensor]) -> TensorBlob:
         """Copy ``tensors`` into the buffer and return a blob that refers to it."""
         self._prepare(tensors)
         assert self._layout is not None and self._flat is not None
-        sources = [tensors[name] for name in self._order]
+        values = list(tensors.values())  # by position: no name is hashed inside the stall
+        sources = [values[i] for i in self._order]
         if sources:
             with torch.no_grad():
                 torch._foreach_copy_(self._dests, sources, non_blocking=self._on_device)

@@ -1,0 +1,49 @@
+"""The snapshot buffer of background saves: what it hands the writer is always the state as it
+is at the save, byte for byte, whatever changed since the buffer was laid out. The copy into the
+buffer broadcasts and converts dtypes silently, so only the buffer's own check stands between a
+changed state and a checkpoint of wrong bytes under a wrong header."""
+
+from __future__ import annotations
+
+import torch
+
+from spotwise.runtime.format import TensorBlob, pack_tensors
+from spotwise.runtime.snapshot import SnapshotBuffer
+
+
+def _as_saved(blob: TensorBlob) -> tuple[object, bytes]:
+    return blob.layout.header, b"".join(bytes(chunk) for chunk in blob.chunks)
+
+
+def test_every_change_of_the_state_is_saved_as_it_is_now() -> None:
+    buffer = SnapshotBuffer()
+    w = torch.arange(3.0)
+    states = [
+        {"w": w, "b": torch.tensor([2.0])},
+        {"w": w, "b": torch.tensor([5.0])},  # same layout, new values: the buffer is reused
+        {"w": w.double(), "b": torch.tensor([5.0])},  # would be converted to float32
+        {"w": w, "b": torch.tensor([5.0])},
+        {"w": torch.tensor([7.0]), "b": torch.tensor([5.0])},  # (1,) would broadcast into (3,)
+        {"w": w.view(1, 3), "b": torch.tensor([5.0])},  # same bytes, another shape
+        {"b": torch.tensor([5.0]), "w": w.view(1, 3)},  # the same tensors in another order
+        {  # dtypes of three sizes: the layout orders them by item size
+            "i": torch.arange(4),
+            "h": torch.ones(5, dtype=torch.float16),
+            "f": torch.full((2, 2), 3.0),
+            "bf": torch.ones(3, dtype=torch.bfloat16),
+        },
+        {},
+    ]
+    for state in states:
+        assert _as_saved(buffer.capture(state)) == _as_saved(pack_tensors(state)), state
+    assert buffer.nbytes == 0
+
+
+def test_the_buffer_is_laid_out_once_while_the_state_keeps_its_shape() -> None:
+    buffer = SnapshotBuffer()
+    state = {"a": torch.zeros(8), "b": torch.zeros(2, dtype=torch.int64)}
+    first = buffer.capture(state)
+    state["a"].fill_(1.0)  # training goes on between two saves
+    second = buffer.capture(state)
+    assert second.layout is first.layout
+    assert bytes(second.chunks[0]) == _as_saved(pack_tensors(state))[1]
