@@ -294,13 +294,17 @@ class Driver:
         """Stop driving the job and give its lease back (unless ``lost``: then another replica
         holds it)."""
         with self._cond:
-            self._driven.pop(job_id, None)
-            self._due.pop(job_id, None)
-            self._woken.discard(job_id)
-            self._ended.discard(job_id)
-            self._urgent.discard(job_id)
+            self._undrive(job_id)
         self._ends.forget(job_id)
         self._let_go(job_id, lost=lost)
+
+    def _undrive(self, job_id: str) -> None:
+        """Drop the job from every schedule of this replica (under ``_cond``)."""
+        self._driven.pop(job_id, None)
+        self._due.pop(job_id, None)
+        self._woken.discard(job_id)
+        self._ended.discard(job_id)
+        self._urgent.discard(job_id)
 
     def _let_go(self, job_id: str, *, lost: bool = False) -> None:
         """(a job not, or no longer, in ``_driven``)"""
@@ -362,11 +366,7 @@ class Driver:
             del self._leases[job_id]
             self._sure_until.pop(job_id, None)
             if job_id not in self._busy:
-                self._driven.pop(job_id, None)
-                self._due.pop(job_id, None)
-                self._woken.discard(job_id)
-                self._ended.discard(job_id)
-                self._urgent.discard(job_id)
+                self._undrive(job_id)
         self._ends.forget(job_id)
         log.warning("lost the lease of job %s to another replica: dropping it", job_id)
 
