@@ -166,8 +166,8 @@ def _sharded(label: str, tensors: int, numel: int, rank: int, repeats: int, root
     default = dcp_save(DefaultSavePlanner())
     cached = dcp_save(DefaultSavePlanner(enable_plan_caching=True))  # plans once, as a Run does
     ours, defaults, caches = [], [], []
-    # interleaved, so drifting load and the disk's state hit all alike (on a freshly booted
-    # machine the first gigabytes written were 2-3x slower, which measured first would be ours)
+    # interleaved save by save, so drifting load and the machine's state (its disk, its page
+    # cache) hit all three alike
     for _ in range(repeats):
         ours.append(_median_s(save, 1))
         defaults.append(_median_s(default, 1))

@@ -25,9 +25,7 @@ from typing import IO, Any, overload
 
 import crc32c
 
-from spotwise.errors import (
-    ConfigError,
-)
+from spotwise.errors import ConfigError
 from spotwise.registry import require
 from spotwise.retry import RetryPolicy
 from spotwise.storage.base import ObjectInfo
