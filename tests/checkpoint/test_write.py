@@ -1,9 +1,17 @@
-"""The durable writer: its bytes and CRC, and the writeback hint it gives the kernel per batch."""
+"""The durable writer: its bytes and CRC, through the page cache (with the writeback hint it
+gives the kernel per batch) and, for large files, directly to the disk."""
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import fcntl
 import os
+import resource
+import signal
 import sys
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import crc32c
@@ -11,7 +19,9 @@ import pytest
 
 from spotwise.checkpoint import durable
 from spotwise.checkpoint.durable import start_writeback
-from spotwise.checkpoint.write import write_file
+from spotwise.checkpoint.write import _STAGE, write_file
+
+MiB = 1 << 20
 
 
 def test_write_file_has_every_byte_and_their_crc(tmp_path: Path) -> None:
@@ -22,6 +32,87 @@ def test_write_file_has_every_byte_and_their_crc(tmp_path: Path) -> None:
     data = (tmp_path / "f").read_bytes()
     assert data == b"".join(bytes(c) for c in chunks)
     assert entry == {"size": len(data), "crc32c": f"{crc32c.crc32c(data):08x}"}
+
+
+def direct_io_works(beside: Path) -> bool:
+    """Whether the file system of file ``beside`` takes direct I/O (tmpfs before Linux 6.6,
+    some FUSE and network file systems do not: there the writer keeps to the page cache)."""
+    flag = getattr(os, "O_DIRECT", 0)
+    if not flag:
+        return False
+    probe = beside.with_name(f".probe-{beside.name}")
+    try:
+        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | flag)
+    except OSError as exc:
+        assert exc.errno == errno.EINVAL
+        return False
+    os.close(fd)
+    probe.unlink()
+    return True
+
+
+def write_and_check(path: Path, chunks: list[bytes | memoryview]) -> None:
+    opened: list[int] = []
+    try:
+        entry = write_file(path, chunks, opened)
+        direct = bool(fcntl.fcntl(opened[0], fcntl.F_GETFL) & getattr(os, "O_DIRECT", 0))
+    finally:
+        durable.close_all(opened)
+    assert direct == direct_io_works(path)
+    data = b"".join(bytes(c) for c in chunks)
+    assert path.read_bytes() == data  # no padding left past the true end, no byte moved
+    assert entry == {"size": len(data), "crc32c": f"{crc32c.crc32c(data):08x}"}
+
+
+@pytest.mark.parametrize(
+    "sizes",
+    [
+        [_STAGE],  # exactly one staging buffer
+        [_STAGE + 1, 5, 0, 3 * MiB],  # a tail of one byte and a file that is no whole block
+        [7 * 1024 + 3] * 1500,  # small pieces, each buffer cut inside one of them
+        [5 * _STAGE + 4096],  # more buffers' worth than there are buffers: each is reused
+    ],
+    ids=["one-buffer", "odd-tail", "small-pieces", "buffers-reused"],
+)
+def test_a_large_file_goes_directly_to_the_disk_with_every_byte(
+    tmp_path: Path, sizes: list[int]
+) -> None:
+    write_and_check(tmp_path / "f", [memoryview(os.urandom(n)) for n in sizes])
+
+
+def test_concurrent_large_writers_each_write_their_own_bytes(tmp_path: Path) -> None:
+    """A save's writers run at once; each has staging buffers of its own."""
+    contents = [[os.urandom(2 * _STAGE + 1000 * i + 1)] for i in range(4)]
+    with ThreadPoolExecutor(4) as pool:
+        for done in [
+            pool.submit(write_and_check, tmp_path / f"f{i}", c) for i, c in enumerate(contents)
+        ]:
+            done.result()
+
+
+@contextlib.contextmanager
+def file_size_limit(limit: int) -> Iterator[None]:
+    """Writes past ``limit`` bytes fail with EFBIG (as on a full quota), for this process."""
+    before = resource.getrlimit(resource.RLIMIT_FSIZE)
+    handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, before[1]))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, before)
+        signal.signal(signal.SIGXFSZ, handler)
+
+
+def test_a_failed_large_write_raises_and_the_next_one_is_whole(tmp_path: Path) -> None:
+    """The error reaches the save (which names it to the user), nothing waits forever, and
+    the buffers a failed write used serve the next save intact."""
+    chunks: list[bytes | memoryview] = [os.urandom(3 * _STAGE)]
+    opened: list[int] = []
+    with file_size_limit(2 * _STAGE), pytest.raises(OSError) as info:
+        write_file(tmp_path / "f", chunks, opened)
+    durable.close_all(opened)
+    assert info.value.errno == errno.EFBIG
+    write_and_check(tmp_path / "g", chunks)
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="sync_file_range is Linux's")

@@ -10,15 +10,20 @@ into byte chunks (``spotwise.runtime.format``) and hands them to :func:`write_fi
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import json
+import mmap
 import os
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import crc32c
+import numpy as np
 
 from spotwise.checkpoint.durable import (
     close_all,
@@ -35,6 +40,12 @@ TMP_PREFIX = ".tmp-step-"
 TRASH_PREFIX = ".trash-step-"
 _CHUNK = 64 << 20  # write and checksum granularity: large enough for full disk speed
 _IOV = 512  # pieces per writev (the limit is IOV_MAX, 1024 on Linux)
+_DIRECT_MIN = 8 << 20  # files from this size on bypass the page cache (see _write_direct)
+_STAGE = 8 << 20  # bytes per direct write: the size of a staging buffer
+_ALIGN = 4096  # what direct I/O asks of addresses, offsets and lengths (a disk's largest block)
+_O_DIRECT = getattr(os, "O_DIRECT", 0)  # Linux's; 0 where the OS has none
+_STAGES = 2  # staging buffers per writer: one being filled while the other is written
+_stages: list[list[mmap.mmap]] = []  # each writer's buffers, kept between saves
 
 
 def save_error(exc: OSError, step: int, run_dir: Path) -> SaveError:
@@ -116,6 +127,96 @@ def _write_all(fd: int, chunks: Sequence[memoryview | bytes]) -> int:
     return crc
 
 
+def _set_direct(fd: int, on: bool) -> bool:
+    """Turn direct I/O on or off for ``fd``; False where the OS or file system refuses it."""
+    if not _O_DIRECT:
+        return False
+    try:
+        flags = fcntl.fcntl(fd, fcntl.F_GETFL)
+        fcntl.fcntl(fd, fcntl.F_SETFL, flags | _O_DIRECT if on else flags & ~_O_DIRECT)
+    except OSError:
+        return False
+    return True
+
+
+@contextmanager
+def _staging() -> Iterator[list[mmap.mmap]]:
+    """A writer's page-aligned buffers, kept for the next save: memory fresh from the OS would
+    cost the page faults that writing directly avoids."""
+    try:
+        stages = _stages.pop()  # a list's pop and append are atomic: no lock to inherit at fork
+    except IndexError:
+        private = mmap.MAP_PRIVATE  # anonymous (no file); a forked child gets its own copy
+        stages = [mmap.mmap(-1, _STAGE, flags=private) for _ in range(_STAGES)]
+    try:
+        yield stages
+    finally:
+        _stages.append(stages)
+
+
+def _pwrite_all(fd: int, stage: mmap.mmap, size: int, offset: int) -> None:
+    """Write the first ``size`` bytes of ``stage`` at ``offset``, padded with zeros to whole
+    blocks (the caller truncates the file to its true size)."""
+    view = memoryview(stage)
+    padded = -(-size // _ALIGN) * _ALIGN
+    view[size:padded] = bytes(padded - size)
+    done = 0
+    while done < padded:
+        try:
+            done += os.pwrite(fd, view[done:padded], offset + done)
+        except OSError as exc:  # a device wanting larger blocks: finish through the page cache
+            if exc.errno != errno.EINVAL or not fcntl.fcntl(fd, fcntl.F_GETFL) & _O_DIRECT:
+                raise
+            _set_direct(fd, False)
+
+
+def _write_direct(fd: int, chunks: Sequence[memoryview | bytes], size: int) -> int:
+    """Write the chunks to ``fd``, opened for direct I/O, and return their CRC32C.
+
+    The bytes go from staging buffers straight to the disk, never through the page cache: a
+    file in the page cache is new memory for the kernel to find, and on a virtual machine that
+    gives freed memory back to its host (free-page reporting) writing 512 MiB that way took
+    about 5 s, 4 of them system time, against 0.4-0.5 s written directly (``dd``, one machine
+    of this project's kind; the same where the memory is at hand). It also leaves the page
+    cache, and the data cached in it, alone. A buffer is filled and checksummed here (numpy's
+    copy and crc32c, both without the GIL) while the one before it is written on a helper
+    thread."""
+    crc, offset, fill = 0, 0, 0
+    with _staging() as stages:
+        writes: list[Future[None] | None] = [None] * len(stages)
+        turn = 0
+        target = np.frombuffer(stages[0], np.uint8)
+
+        def flush() -> None:
+            nonlocal crc, offset, fill, turn, target
+            crc = crc32c.crc32c(memoryview(stages[turn])[:fill], crc)
+            writes[turn] = io_pool().submit(_pwrite_all, fd, stages[turn], fill, offset)
+            offset, fill, turn = offset + fill, 0, (turn + 1) % len(stages)
+            if (previous := writes[turn]) is not None:
+                previous.result()  # this buffer's last write is done: it may be refilled
+            target = np.frombuffer(stages[turn], np.uint8)
+
+        try:
+            for chunk in chunks:
+                source = np.frombuffer(memoryview(chunk).cast("B"), np.uint8)
+                while len(source):
+                    take = min(len(source), _STAGE - fill)
+                    np.copyto(target[fill : fill + take], source[:take])
+                    source, fill = source[take:], fill + take
+                    if fill == _STAGE:
+                        flush()
+            if fill:
+                flush()
+        finally:  # never hand the buffers to another writer while one is being written
+            pending = [w for w in writes if w is not None]
+            for write in pending:
+                write.exception()
+        for write in pending:
+            write.result()
+    os.ftruncate(fd, size)
+    return crc
+
+
 def write_file(
     path: Path, chunks: Sequence[memoryview | bytes], opened: list[int], *, sync: bool = False
 ) -> dict[str, Any]:
@@ -124,7 +225,11 @@ def write_file(
     file's flush going while the others still write (the commit's fsync then finds it clean)."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
     opened.append(fd)
-    crc = _write_all(fd, chunks)
+    size = sum(memoryview(c).nbytes for c in chunks)
+    if size >= _DIRECT_MIN and _set_direct(fd, True):
+        crc = _write_direct(fd, chunks, size)
+    else:
+        crc = _write_all(fd, chunks)
     if sync:
         os.fsync(fd)
     return {"size": os.fstat(fd).st_size, "crc32c": f"{crc:08x}"}
