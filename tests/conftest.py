@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import resource
 import shutil
+import signal
 import subprocess
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 # Platform auto-detection probes the link-local metadata address; it must never run in tests.
@@ -208,3 +211,22 @@ def store_db(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch):
             db.exec_driver_sql("SET lock_timeout = '10s'")
             db.exec_driver_sql(f"DROP SCHEMA {schema} CASCADE")
         admin.dispose()
+
+
+@contextlib.contextmanager
+def _file_size_limit(limit: int) -> Iterator[None]:
+    before = resource.getrlimit(resource.RLIMIT_FSIZE)
+    handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, before[1]))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, before)
+        signal.signal(signal.SIGXFSZ, handler)
+
+
+@pytest.fixture()
+def file_size_limit() -> Callable[[int], contextlib.AbstractContextManager[None]]:
+    """``with file_size_limit(n):`` writes past ``n`` bytes fail with EFBIG (as on a full
+    quota), for this process."""
+    return _file_size_limit

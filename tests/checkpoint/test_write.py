@@ -3,15 +3,13 @@ gives the kernel per batch) and, for large files, directly to the disk."""
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import fcntl
 import os
-import resource
-import signal
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractContextManager
 from pathlib import Path
 
 import crc32c
@@ -90,20 +88,9 @@ def test_concurrent_large_writers_each_write_their_own_bytes(tmp_path: Path) -> 
             done.result()
 
 
-@contextlib.contextmanager
-def file_size_limit(limit: int) -> Iterator[None]:
-    """Writes past ``limit`` bytes fail with EFBIG (as on a full quota), for this process."""
-    before = resource.getrlimit(resource.RLIMIT_FSIZE)
-    handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, before[1]))
-    try:
-        yield
-    finally:
-        resource.setrlimit(resource.RLIMIT_FSIZE, before)
-        signal.signal(signal.SIGXFSZ, handler)
-
-
-def test_a_failed_large_write_raises_and_the_next_one_is_whole(tmp_path: Path) -> None:
+def test_a_failed_large_write_raises_and_the_next_one_is_whole(
+    tmp_path: Path, file_size_limit: Callable[[int], AbstractContextManager[None]]
+) -> None:
     """The error reaches the save (which names it to the user), nothing waits forever, and
     the buffers a failed write used serve the next save intact."""
     chunks: list[bytes | memoryview] = [os.urandom(3 * _STAGE)]

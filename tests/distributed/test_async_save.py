@@ -9,11 +9,10 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import resource
 import signal
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -121,21 +120,10 @@ def _kill_mid_write_and_resume(reference: subprocess.Popen[str], run_dir: Path) 
     assert all(c.valid for c in list_checkpoints(run_dir, deep=True))
 
 
-@contextlib.contextmanager
-def file_size_limit(limit: int) -> Iterator[None]:
-    """Writes past ``limit`` bytes fail with EFBIG (as on a full quota), for this process."""
-    before = resource.getrlimit(resource.RLIMIT_FSIZE)
-    handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, before[1]))
-    try:
-        yield
-    finally:
-        resource.setrlimit(resource.RLIMIT_FSIZE, before)
-        signal.signal(signal.SIGXFSZ, handler)
-
-
 def test_a_background_save_commits_at_a_later_boundary_and_a_failed_write_raises(
-    tmp_path: Path, one_rank: None
+    tmp_path: Path,
+    one_rank: None,
+    file_size_limit: Callable[[int], contextlib.AbstractContextManager[None]],
 ) -> None:
     model = torch.nn.Linear(512, 512)  # 1 MiB of weights
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
