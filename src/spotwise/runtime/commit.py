@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import logging
-import mmap
 import os
 import time
 import warnings
@@ -36,6 +35,7 @@ from spotwise.checkpoint.format import (
     step_dir_name,
     tensor_file_name,
 )
+from spotwise.checkpoint.memory import fresh_region
 from spotwise.checkpoint.read import (
     READ_CHUNK,
     CheckpointInfo,
@@ -222,16 +222,12 @@ class LoadedCheckpoint:
 
 def fresh_buffer(size: int, *, zeroed: bool = False) -> torch.Tensor:
     """An uninitialized (or ``zeroed``) uint8 tensor of ``size`` bytes to read a file or a
-    state into. A large one is an anonymous mapping (zero-filled by the kernel) advised to use
-    transparent huge pages: first-touch page faults, one per 4 KiB page otherwise, cost as much
-    as the disk read itself on a virtual machine (256 MiB faulted in at about 1.3 GB/s here),
-    and one fault per 2 MiB page makes them negligible. The tensor keeps the mapping alive; it
-    is unmapped when the last view of it goes."""
-    if size < READ_CHUNK or not hasattr(mmap, "MADV_HUGEPAGE"):
+    state into. A large one is a :func:`~spotwise.checkpoint.memory.fresh_region` (zero-filled,
+    with huge pages where they pay); the tensor keeps the mapping alive, and it is unmapped
+    when the last view of it goes."""
+    if size < READ_CHUNK:
         return (torch.zeros if zeroed else torch.empty)(size, dtype=torch.uint8)
-    region = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    region.madvise(mmap.MADV_HUGEPAGE)
-    return torch.frombuffer(region, dtype=torch.uint8)
+    return torch.frombuffer(fresh_region(size), dtype=torch.uint8)
 
 
 def _read_whole(fd: int, size: int, entry: FileEntry, file: Path) -> torch.Tensor:
