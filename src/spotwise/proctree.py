@@ -4,6 +4,7 @@ library only, for the sim/local machines and ``spotwise run`` alike."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 
@@ -17,19 +18,33 @@ def proc_state(pid: int) -> tuple[str, int] | None:
     return fields[0], int(fields[2])
 
 
+def children(pid: int) -> list[int]:
+    """The processes ``pid`` started, from each of its threads' ``/proc/PID/task/*/children``;
+    none once it has ended. A process or thread that ends meanwhile takes its folder along, so
+    every read may fail (ENOENT or ESRCH) and counts as nothing."""
+    tasks = Path(f"/proc/{pid}/task")
+    try:
+        names = os.listdir(tasks)
+    except OSError:
+        return []
+    found: list[int] = []
+    for name in names:
+        try:
+            found += [int(k) for k in (tasks / name / "children").read_text().split()]
+        except OSError:
+            continue
+    return found
+
+
 def descendants(pid: int, *, running: bool = False) -> list[int]:
-    """Every process below ``pid`` (``/proc/PID/task/*/children``); with ``running``, the
-    zombies (ended, not yet reaped) are left out."""
+    """Every process below ``pid``; with ``running``, the zombies (ended, not yet reaped) are
+    left out."""
     found: list[int] = []
     todo = [pid]
     while todo:
-        for task in Path(f"/proc/{todo.pop()}/task").glob("*"):
-            try:
-                kids = [int(k) for k in (task / "children").read_text().split()]
-            except OSError:
-                continue
-            todo += kids
-            found += [k for k in kids if not running or _running(k)]
+        kids = children(todo.pop())
+        todo += kids
+        found += [k for k in kids if not running or _running(k)]
     return found
 
 

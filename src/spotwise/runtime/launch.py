@@ -21,10 +21,10 @@ import signal
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from types import FrameType
 
 from spotwise.exitcode import EXIT_INTERRUPTED
+from spotwise.proctree import children
 
 EXIT_FAILED = 1  # what torchrun itself exits with when a worker failed
 # Notices passed on to the workers: SIGTERM (spot, preemption) and the SIGUSR1/2 that SLURM's
@@ -65,23 +65,12 @@ def attempt_exit_code(ends: Mapping[int, RankEnd]) -> int:
     return EXIT_FAILED
 
 
-def _children() -> list[int]:
-    """Pids of this process's children (the workers torch's agent started)."""
-    pids: list[int] = []
-    for task in Path(f"/proc/{os.getpid()}/task").iterdir():
-        try:
-            pids += [int(p) for p in (task / "children").read_text().split()]
-        except OSError:
-            continue
-    return pids
-
-
 def _forward_notice(signum: int, frame: FrameType | None) -> None:
     """Pass the notice to every worker's process group (torch starts each worker in its own
     session, so the group is the worker and whatever it started). Before any worker exists
     (rendezvous), nothing has trained since the last checkpoint: the attempt ends as
     interrupted (75) at once instead of starting workers on a machine about to go."""
-    workers = _children()
+    workers = children(os.getpid())  # the workers torch's agent started
     if not workers:
         raise SystemExit(EXIT_INTERRUPTED)
     for pid in workers:
