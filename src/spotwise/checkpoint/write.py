@@ -160,14 +160,15 @@ def _pwrite_all(fd: int, stage: mmap.mmap, size: int, offset: int) -> None:
     view = memoryview(stage)
     padded = -(-size // _ALIGN) * _ALIGN
     view[size:padded] = bytes(padded - size)
-    done = 0
+    done, buffered = 0, False
     while done < padded:
         try:
             done += os.pwrite(fd, view[done:padded], offset + done)
         except OSError as exc:  # a device wanting larger blocks: finish through the page cache
-            if exc.errno != errno.EINVAL or not fcntl.fcntl(fd, fcntl.F_GETFL) & _O_DIRECT:
+            if exc.errno != errno.EINVAL or buffered:  # refused through the page cache too
                 raise
-            _set_direct(fd, False)
+            buffered = True
+            _set_direct(fd, False)  # (the other buffer's write may have done it already)
 
 
 def _write_direct(fd: int, chunks: Sequence[memoryview | bytes], size: int) -> int:
