@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from spotwise import settings
+from spotwise.control.ids import one_id, quoted
 from spotwise.control.store.models import spotwise_home
 from spotwise.control.workdir import pack, split_workdir
 from spotwise.errors import ConfigError, JobNotFoundError, ServerError
@@ -150,18 +151,13 @@ class Client:
         return dict(self._json("GET", f"/jobs/{self.resolve(job_id)}"))
 
     def resolve(self, job_id: str) -> str:
-        ids = [j["id"] for j in self.jobs()]
-        if job_id in ids:
-            return job_id
-        matches = [i for i in ids if i.startswith(job_id)]
-        if len(matches) == 1:
-            return matches[0]
-        if matches:
+        """The id of the job ``job_id`` names: the whole id or the start of exactly one."""
+        found = one_id(job_id, sorted(j["id"] for j in self.jobs()))
+        if found is None:
             raise JobNotFoundError(
-                f"job id prefix {job_id!r} is ambiguous: {', '.join(sorted(matches)[:10])}",
-                hint="give more of the id",
+                f"no job {quoted(job_id)} on {self.server.url}", hint="spotwise jobs"
             )
-        raise JobNotFoundError(f"no job {job_id!r} on {self.server.url}", hint="spotwise jobs")
+        return found
 
     def submit(self, job_file: Path, workdir: str) -> dict[str, Any]:
         """Submit the job file; ``workdir`` is its spec's, resolved here: a ``pack:`` folder

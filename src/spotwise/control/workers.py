@@ -23,6 +23,7 @@ import yaml
 
 from spotwise.checkpoint.durable import write_atomic
 from spotwise.control.controller import Controller
+from spotwise.control.ids import one_id, quoted
 from spotwise.control.spec import JobSpec, parse_spec
 from spotwise.control.store import JobState, Store, spotwise_home
 from spotwise.control.submission import submit
@@ -126,16 +127,27 @@ def submit_group(
 
 
 def load_group(group_id: str | None, kind: str) -> Group:
-    """A group by id (or unique prefix), or the newest group of ``kind``."""
+    """A group by id (the whole id or the start of exactly one), or the newest group of
+    ``kind``."""
     found = sorted(groups_dir().glob(f"{kind}-*.json"), key=lambda p: p.stat().st_mtime)
-    if group_id is not None:
-        found = [p for p in found if p.stem.startswith(group_id)]
-    if len(found) != 1 and (group_id is not None or not found):
+    if group_id is None:
+        if not found:
+            raise JobNotFoundError(
+                f"no {kind} has been started here",
+                hint=f"start one with: spotwise {kind} FILE.yaml",
+            )
+        return _read_group(found[-1])
+    named = one_id(group_id, [p.stem for p in reversed(found)], kind)
+    if named is None:
         raise JobNotFoundError(
-            f"no {kind} {group_id!r}" if group_id else f"no {kind} has been started here",
-            hint=f"start one with: spotwise {kind} FILE.yaml",
+            f"no {kind} {quoted(group_id)}",
+            hint=f"without an id, spotwise {kind} status shows the newest",
         )
-    return Group(**json.loads(found[-1].read_text()))
+    return _read_group(groups_dir() / f"{named}.json")
+
+
+def _read_group(path: Path) -> Group:
+    return Group(**json.loads(path.read_text()))
 
 
 def group_cost_usd(store: Store, group: Group, now: float | None = None) -> float:

@@ -20,6 +20,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from spotwise.control.ids import CANDIDATES_SHOWN, one_id, quoted
 from spotwise.control.store.accounts import Accounts
 from spotwise.control.store.engine import (
     Writer,
@@ -43,8 +44,6 @@ Guard = Callable[[sa.Connection], None]
 MAX_ID_CHARS = 128
 # How many fresh ids a new job draws before giving up (one is taken only by chance).
 ID_TRIES = 5
-# How many jobs an ambiguous prefix error lists.
-CANDIDATES_SHOWN = 10
 
 # The reads the views repeat (the dashboard polls them), built once.
 _ID: sa.BindParameter[str] = sa.bindparam("job_id")
@@ -132,13 +131,8 @@ def _row_attempt(r: sa.RowMapping) -> Attempt:
     )
 
 
-def _quoted(job_id: str) -> str:
-    """The id as an error message shows it: bounded, whatever was typed."""
-    return repr(job_id if len(job_id) <= 40 else f"{job_id[:40]}...")
-
-
 def _no_job(job_id: str) -> JobNotFoundError:
-    return JobNotFoundError(f"no job {_quoted(job_id)}", hint="list jobs with: spotwise jobs")
+    return JobNotFoundError(f"no job {quoted(job_id)}", hint="list jobs with: spotwise jobs")
 
 
 class Store:
@@ -236,16 +230,10 @@ class Store:
                     .scalars()
                     .all()
                 )
-                if not ids:
+                found = one_id(job_id, ids)
+                if found is None:
                     raise _no_job(job_id)
-                if len(ids) > 1:
-                    listed = ", ".join(ids[:CANDIDATES_SHOWN])
-                    more = ", ..." if len(ids) > CANDIDATES_SHOWN else ""
-                    raise JobNotFoundError(
-                        f"job id {_quoted(job_id)} is ambiguous: it starts {listed}{more}",
-                        hint="give more of the id",
-                    )
-                row = db.execute(_JOB, {"job_id": ids[0]}).mappings().one()
+                row = db.execute(_JOB, {"job_id": found}).mappings().one()
         return _row_job(row)
 
     def jobs(self) -> list[Job]:
@@ -479,7 +467,7 @@ def _parse_cursor(cursor: str) -> tuple[float, str]:
         return float(created_at), str(job_id)
     except (ValueError, TypeError):
         raise ConfigError(
-            f"cursor {_quoted(cursor)} is not one a listing gave",
+            f"cursor {quoted(cursor)} is not one a listing gave",
             hint="pass the 'next' cursor of the previous page as it came, or none for the first",
         ) from None
 
