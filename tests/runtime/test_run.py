@@ -14,7 +14,7 @@ from spotwise.checkpoint.read import CheckpointInfo
 from spotwise.errors import CheckpointError, ConfigError, SaveError, StateMismatchError
 from spotwise.notices.base import NoticeKind
 from spotwise.runtime import CheckpointConfig, Run, list_checkpoints, load_checkpoint
-from spotwise.telemetry.events import read_events
+from spotwise.telemetry.events import EVENTS_FILE, read_events
 
 STEPS = 40  # 9 batches per epoch: resumes land mid-epoch
 
@@ -160,6 +160,35 @@ def test_mirror_hooks_run_in_order(tmp_path: Path, trainer: Any) -> None:
     mirror = Recorder()
     trainer(tmp_path, 12, checkpoint=CheckpointConfig(every=5, mirror=mirror))
     assert mirror.committed_steps == [5, 10, 12] and mirror.flushed == 1
+
+
+def test_the_mirror_gets_each_commit_before_retention_deletes_anything(
+    tmp_path: Path, trainer: Any
+) -> None:
+    """Its upload (which an exit on a notice waits for) must not wait for the deletions."""
+    seen: list[tuple[int, list[int], list[int]]] = []
+
+    class Recorder(FailingMirror):
+        def committed(self, checkpoint: CheckpointInfo, deleted: Any) -> None:
+            on_disk = [c.step for c in list_checkpoints(tmp_path) if c.valid]
+            seen.append((checkpoint.step, [d.step for d in deleted], on_disk))
+
+    trainer(tmp_path, 15, checkpoint=CheckpointConfig(every=5, keep_last=1, mirror=Recorder()))
+    assert seen == [(5, [], [5]), (10, [5], [5, 10]), (15, [10], [10, 15])]
+    assert [c.step for c in list_checkpoints(tmp_path)] == [15]
+    events = [e for e in read_events(tmp_path / EVENTS_FILE, "checkpoint")]
+    assert [(e["step"], e["deleted"]) for e in events] == [(5, []), (10, [5]), (15, [10])]
+
+
+def test_a_mirror_refusing_a_commit_keeps_its_event_and_what_it_would_have_deleted(
+    tmp_path: Path, trainer: Any
+) -> None:
+    with pytest.raises(SaveError, match=r"background save failed.*No space left"):
+        trainer(tmp_path, STEPS, checkpoint=CheckpointConfig(every=5, keep_last=1,
+                                                             mirror=FailingMirror()))  # fmt: skip
+    assert [c.step for c in list_checkpoints(tmp_path, deep=True)] == [5, 10]
+    events = [e for e in read_events(tmp_path / EVENTS_FILE, "checkpoint")]
+    assert [(e["step"], e["deleted"]) for e in events] == [(5, []), (10, [])]
 
 
 def test_checkpoint_of_a_different_model_is_refused_untouched(tmp_path: Path, trainer: Any) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, TypeVar
@@ -102,9 +102,19 @@ def delete_checkpoint(path: Path) -> None:
         os.close(parent)
 
 
-def retain(run_dir: str | os.PathLike[str], policy: RetentionPolicy) -> list[CheckpointInfo]:
-    """Apply ``policy`` to ``run_dir`` and return what was deleted. Call it after a commit."""
+def retain(
+    run_dir: str | os.PathLike[str],
+    policy: RetentionPolicy,
+    before_deleting: Callable[[list[CheckpointInfo]], object] | None = None,
+) -> list[CheckpointInfo]:
+    """Apply ``policy`` to ``run_dir`` and return what was deleted. Call it after a commit.
+
+    ``before_deleting`` is told what will go before anything does: a second tier queues its
+    upload of the new commit there, so the upload is not held back by the deletions (deleting
+    a GiB took 0.26 s on a disk mounted with ``discard``)."""
     doomed = choose_deletions(list_checkpoints(run_dir), policy)
+    if before_deleting is not None:
+        before_deleting(doomed)
     for info in doomed:
         delete_checkpoint(info.path)
     return doomed

@@ -136,19 +136,23 @@ class Saver(ABC):
 
     def _retain_after(
         self, info: CheckpointInfo, reason: str, stall_s: float, write_s: float
-    ) -> list[CheckpointInfo]:
-        """Retention after a commit, and the commit's event, on the thread that committed."""
-        deleted = self._retain(info)
-        self.events.emit(
-            "checkpoint",
-            step=info.step,
-            reason=reason,
-            bytes=info.size_bytes,
-            stall_s=round(stall_s, 6),
-            write_s=round(write_s, 6),
-            deleted=[d.step for d in deleted],
-        )
-        return deleted
+    ) -> None:
+        """Retention after a commit, and the commit's event, on the thread that committed. The
+        event is written even when retention fails (a second tier refusing the commit, say):
+        the commit stands."""
+        deleted: list[CheckpointInfo] = []
+        try:
+            deleted = self._retain(info)
+        finally:
+            self.events.emit(
+                "checkpoint",
+                step=info.step,
+                reason=reason,
+                bytes=info.size_bytes,
+                stall_s=round(stall_s, 6),
+                write_s=round(write_s, 6),
+                deleted=[d.step for d in deleted],
+            )
 
     @abstractmethod
     def _retain(self, info: CheckpointInfo) -> list[CheckpointInfo]: ...

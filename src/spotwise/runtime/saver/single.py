@@ -33,7 +33,8 @@ class Mirror(Protocol):
 
     ``restore`` runs once at start, before the local directory is searched, and may place the
     newest remote checkpoint there; ``committed`` runs on the saving thread after every local
-    commit and retention pass; ``flush`` blocks until everything committed is safe remotely
+    commit, given the checkpoints retention is about to delete (they go once it returns, so it
+    should only queue its work); ``flush`` blocks until everything committed is safe remotely
     (called before the final exit and before exiting on a notice).
     """
 
@@ -140,12 +141,17 @@ class SingleSaver(Saver):
         self.stats.committed_step = step
         took = time.perf_counter() - started
         self.stats.write_s = smooth(self.stats.write_s, took)
-        deleted = self._retain_after(info, reason, stall_s, took)
-        if self.mirror is not None:
-            self.mirror.committed(info, deleted)
+        self._retain_after(info, reason, stall_s, took)
 
     def _retain(self, info: CheckpointInfo) -> list[CheckpointInfo]:
-        return retain(self.run_dir, self.config.retention)
+        """The mirror gets the commit before retention deletes anything: its upload, which an
+        exit on a notice waits for, runs beside the deletions instead of after them."""
+        mirror = self.mirror
+        if mirror is None:
+            return retain(self.run_dir, self.config.retention)
+        return retain(
+            self.run_dir, self.config.retention, lambda doomed: mirror.committed(info, doomed)
+        )
 
     def _raise_error(self) -> None:
         if self._writer is None or not self._writer.done():
