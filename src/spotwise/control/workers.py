@@ -159,25 +159,26 @@ def run_group(
     group: Group, *, poll_s: float = 0.5, on_update: Callable[[Group, Store], None] | None = None
 ) -> dict[str, JobState]:
     """Drive every worker's controller (one thread each) until all jobs end; stop them all
-    when the group's budget is spent. Returns each job's final state."""
+    when the group's budget is spent. Returns each job's final state.
+
+    The controllers share one store, as a server's drivers do: its pool bounds the database
+    connections (a store per worker opened one each, 259 for 256 workers, past PostgreSQL's
+    default limit of 100) and on SQLite its writers queue on one lock instead of on the file's."""
     states: dict[str, JobState] = {}
     errors: list[BaseException] = []
+    store = Store()
 
     def drive(job_id: str) -> None:
-        store = Store()
         try:
             states[job_id] = Controller(store, job_id).run()
         except BaseException as exc:  # handed to the caller once every thread is done
             errors.append(exc)
-        finally:
-            store.close()
 
     threads = [threading.Thread(target=drive, args=(j,), name=f"controller-{j}", daemon=True)
                for j in group.jobs]  # fmt: skip
-    for t in threads:
-        t.start()
-    store = Store()
     try:
+        for t in threads:
+            t.start()
         while any(t.is_alive() for t in threads):
             if group.budget_usd is not None and not group.stop_reason:
                 spent = group_cost_usd(store, group)
@@ -192,10 +193,10 @@ def run_group(
             time.sleep(poll_s)
         if on_update is not None:
             on_update(group, store)
+        for t in threads:
+            t.join()
     finally:
         store.close()
-    for t in threads:
-        t.join()
     if errors:
         raise errors[0]
     return states
