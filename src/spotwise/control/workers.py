@@ -162,7 +162,7 @@ def run_group(
     when the group's budget is spent. Returns each job's final state.
 
     The controllers share one store, as a server's drivers do: its pool bounds the database
-    connections (a store per worker opened one each, 259 for 256 workers, past PostgreSQL's
+    connections (with a store per worker, 256 workers held up to 201 at once, past PostgreSQL's
     default limit of 100) and on SQLite its writers queue on one lock instead of on the file's."""
     states: dict[str, JobState] = {}
     errors: list[BaseException] = []
