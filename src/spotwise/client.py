@@ -9,6 +9,7 @@ part of one.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import tempfile
@@ -21,7 +22,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from spotwise import settings
-from spotwise.control.ids import one_id, quoted
+from spotwise.control.ids import CANDIDATES_SHOWN, could_name_a_job, one_id, quoted
 from spotwise.control.store.models import spotwise_home
 from spotwise.control.workdir import pack, split_workdir
 from spotwise.errors import ConfigError, JobNotFoundError, ServerError
@@ -148,16 +149,41 @@ class Client:
 
     def job(self, job_id: str) -> dict[str, Any]:
         """One job by its id or a unique prefix of it (as the embedded CLI accepts)."""
-        return dict(self._json("GET", f"/jobs/{self.resolve(job_id)}"))
+        found = self._typed(job_id)
+        if isinstance(found, dict):
+            return found
+        return dict(self._json("GET", f"/jobs/{found}"))
 
     def resolve(self, job_id: str) -> str:
         """The id of the job ``job_id`` names: the whole id or the start of exactly one."""
-        found = one_id(job_id, sorted(j["id"] for j in self.jobs()))
+        found = self._typed(job_id)
+        return str(found["id"]) if isinstance(found, dict) else found
+
+    def _typed(self, job_id: str) -> dict[str, Any] | str:
+        """The job a typed id names: its document when the text is its whole id, else the id
+        of the one job whose id starts with it. The server is asked for the job, then for the
+        few whose ids start with the text, never for every job (with 10,000 stored, listing
+        them all took 1.3-1.9 s per command)."""
+        if not could_name_a_job(job_id):
+            raise self._no_job(job_id)
+        # ids are a job name's letters, digits, "_", "." and "-": a text a path would have to
+        # escape (or a bare "." or "..", which a path resolves) is no whole id
+        if job_id.strip(".") and urllib.parse.quote(job_id, safe="") == job_id:
+            with contextlib.suppress(JobNotFoundError):
+                return dict(self._json("GET", f"/jobs/{job_id}"))
+        query = {"id_prefix": job_id, "limit": str(CANDIDATES_SHOWN + 1)}
+        ids = [j["id"] for j in self._json("GET", f"/jobs?{urllib.parse.urlencode(query)}")]
+        if not all(i.startswith(job_id) for i in ids):  # a server older than id_prefix
+            ids = [j["id"] for j in self.jobs()]
+        found = one_id(job_id, ids)
         if found is None:
-            raise JobNotFoundError(
-                f"no job {quoted(job_id)} on {self.server.url}", hint="spotwise jobs"
-            )
+            raise self._no_job(job_id)
         return found
+
+    def _no_job(self, job_id: str) -> JobNotFoundError:
+        return JobNotFoundError(
+            f"no job {quoted(job_id)} on {self.server.url}", hint="spotwise jobs"
+        )
 
     def submit(self, job_file: Path, workdir: str) -> dict[str, Any]:
         """Submit the job file; ``workdir`` is its spec's, resolved here: a ``pack:`` folder

@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from spotwise.control.ids import CANDIDATES_SHOWN, one_id
+from spotwise.control.ids import CANDIDATES_SHOWN, MAX_ID_CHARS, one_id
 from spotwise.control.workers import Group, load_group
 from spotwise.errors import JobNotFoundError
 
@@ -41,9 +41,16 @@ def test_an_ambiguous_start_names_a_bounded_list_of_candidates_in_the_order_give
     assert text.startswith("sweep id 'twin' is ambiguous: it starts twin-00, twin-01")
     assert "twin-09, ..." in text and "twin-10" not in text
     with pytest.raises(JobNotFoundError) as err:
-        one_id("t" * 5000, ["t" * 5001, "t" * 5002])
+        one_id("t" * 100, ["t" * 101, "t" * 102])
     head = str(err.value).split(" is ambiguous")[0]
     assert head == "job id '" + "t" * 40 + "...'"  # what was typed, shown bounded
+
+
+def test_a_text_no_id_could_start_with_names_nothing():
+    long = "t" * (MAX_ID_CHARS + 1)
+    assert one_id("t" * MAX_ID_CHARS, ["t" * MAX_ID_CHARS]) == "t" * MAX_ID_CHARS
+    assert one_id(long, [long, long + "x"]) is None  # longer than any id: not even compared
+    assert one_id("tw\x00", ["tw\x00in"]) is None and one_id("", ["x"]) is None
 
 
 def _group(group_id: str, mtime: float) -> Group:

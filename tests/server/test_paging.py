@@ -77,3 +77,57 @@ def test_a_users_pages_hold_only_their_jobs_and_keep_their_place(server):
     ):
         refused = s.call("GET", f"/api/v1/jobs?{query}", "user-token")
         assert refused.status == 400 and named in refused.json()["error"], query
+
+
+def test_ids_that_start_with_a_text_are_listed_as_text_and_only_the_callers(server):
+    store = Store()
+    made = {
+        (name, owner): store.create_job(name, {}, None, now=2000.0 + n, owner=owner).id
+        for n, (name, owner) in enumerate(
+            [("a_b", "uma"), ("axb", "uma"), ("abc", "uma"), ("abc", "bob"), ("zz", "uma")]
+        )
+    }
+    for job_id in made.values():
+        store.update_job(job_id, state=JobState.SUCCEEDED)
+    s: Server = server()
+
+    def listed(token: str, prefix: str) -> list[str]:
+        return _walk(s, token, urllib.parse.urlencode({"id_prefix": prefix, "limit": 1}))
+
+    assert listed("user-token", "a_") == [made["a_b", "uma"]]  # "_" is no wildcard
+    assert listed("user-token", "a") == [made[k, "uma"] for k in ("abc", "axb", "a_b")]
+    assert listed("user-token", "abc") == [made["abc", "uma"]]  # not bob's
+    assert listed("viewer-token", "abc") == [made["abc", "bob"], made["abc", "uma"]]
+    assert listed("user-token", made["zz", "uma"]) == [made["zz", "uma"]]
+    for typed in ("%", "a%", "*", "[a]", ".*"):
+        assert listed("viewer-token", typed) == [], typed
+    for value in ("", "x" * 129, "a\x00"):
+        query = urllib.parse.urlencode({"id_prefix": value})
+        refused = s.call("GET", f"/api/v1/jobs?{query}", "user-token")
+        assert refused.status == 400 and "id_prefix" in refused.json()["error"], value
+
+
+def test_the_client_resolves_a_typed_id_from_the_jobs_that_start_with_it(server):
+    """The whole id, the start of one, the start of several (named, newest first), and texts
+    that name nothing, among them some a URL path would read otherwise."""
+    from spotwise.client import Client
+    from spotwise.client import Server as Configured
+    from spotwise.errors import JobNotFoundError
+
+    store = Store()
+    ids = [store.create_job("twin", {}, None, now=3000.0 + n, owner="uma").id for n in range(3)]
+    lone = store.create_job("lone", {}, None, now=3100.0, owner="uma").id
+    theirs = store.create_job("theirs", {}, None, now=3200.0, owner="bob").id
+    for job_id in [*ids, lone, theirs]:
+        store.update_job(job_id, state=JobState.SUCCEEDED)
+    s: Server = server()
+    client = Client(Configured(s.url, "user-token", "test"))
+    assert client.resolve(ids[1]) == ids[1]
+    assert client.job(ids[1])["id"] == ids[1]
+    assert client.resolve("lo") == lone and client.job("lo")["id"] == lone
+    with pytest.raises(JobNotFoundError, match="give more of the id") as err:
+        client.resolve("twin")
+    assert f"it starts {ids[2]}, {ids[1]}, {ids[0]}" in str(err.value)
+    for typed in ("the", theirs, "%", "", "t" * 500, "lo\x00", "../lone", "lone/x", "..", "."):
+        with pytest.raises(JobNotFoundError, match=r"no job .* on http"):
+            client.resolve(typed)

@@ -11,8 +11,16 @@ from collections.abc import Iterable
 
 from spotwise.errors import JobNotFoundError
 
+# Ids are ``<name[:24]>-<6 hex>``; anything much longer is not an id (and is not echoed whole).
+MAX_ID_CHARS = 128
 # How many candidates an ambiguous prefix's error lists.
 CANDIDATES_SHOWN = 10
+
+
+def could_name_a_job(typed: str) -> bool:
+    """Whether ``typed`` could be an id or the start of one: not empty, not absurdly long, no
+    NUL (which no database column holds)."""
+    return bool(typed) and len(typed) <= MAX_ID_CHARS and "\x00" not in typed
 
 
 def quoted(typed: str) -> str:
@@ -22,9 +30,9 @@ def quoted(typed: str) -> str:
 
 def one_id(typed: str, ids: Iterable[str], what: str = "job") -> str | None:
     """``typed`` when it is one of ``ids``, else the one id that starts with it; None when no id
-    does (an empty text names nothing). Several are refused, naming the first of them (in the
-    order given), so the user can type more of the one they meant."""
-    if not typed:
+    does (nor does a text :func:`could_name_a_job` refuses). Several are refused, naming the
+    first of them (in the order given), so the user can type more of the one they meant."""
+    if not could_name_a_job(typed):
         return None
     matches = []
     for candidate in ids:

@@ -57,14 +57,18 @@ class JobRoutes(Access):
     async def list_jobs(self, request: Request) -> Response:
         principal = self.caller(request)
         try:
-            limit, states = listing_params(request.query_params)
+            asked = listing_params(request.query_params)
         except SpotwiseError as exc:
             return spotwise_error(400, exc)
         cursor = request.query_params.get("cursor") or None
 
         def page() -> tuple[list[dict[str, Any]], str | None]:
             jobs, after = self.store.job_page(
-                limit, cursor=cursor, owner=principal.reads_only(), states=states
+                asked.limit,
+                cursor=cursor,
+                owner=principal.reads_only(),
+                states=asked.states,
+                id_prefix=asked.id_prefix,
             )
             return job_summaries(self.store, jobs), after
 

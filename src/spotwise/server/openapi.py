@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from spotwise.control.ids import MAX_ID_CHARS
 from spotwise.server.paging import MAX_PAGE, PAGE
 
 _JOB_ID = {
@@ -143,6 +144,13 @@ def _list_jobs() -> dict[str, Any]:
                 "description": "only jobs in these states (comma-separated, e.g. "
                 "`RUNNING,RECOVERING`)",
                 "schema": {"type": "string"},
+            },
+            {
+                "name": "id_prefix",
+                "in": "query",
+                "description": "only jobs whose ids start with this text (compared as "
+                "text, never as a pattern): how the CLI resolves an id typed in part",
+                "schema": {"type": "string", "minLength": 1, "maxLength": MAX_ID_CHARS},
             },
         ],
         "responses": {

@@ -20,7 +20,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from spotwise.control.ids import CANDIDATES_SHOWN, one_id, quoted
+from spotwise.control.ids import CANDIDATES_SHOWN, could_name_a_job, one_id, quoted
 from spotwise.control.store.accounts import Accounts
 from spotwise.control.store.engine import (
     Writer,
@@ -40,8 +40,6 @@ from spotwise.errors import ConfigError, ControlError, JobNotFoundError
 # roll the record back): a server's lease is one (leases.py, the fencing of launches).
 Guard = Callable[[sa.Connection], None]
 
-# Ids are ``<name[:24]>-<6 hex>``; anything much longer is not an id (and is not echoed whole).
-MAX_ID_CHARS = 128
 # How many fresh ids a new job draws before giving up (one is taken only by chance).
 ID_TRIES = 5
 
@@ -215,7 +213,7 @@ class Store:
     def job(self, job_id: str) -> Job:
         """The job with exactly this id, else the one job whose id starts with it (the text
         typed is never a pattern); several such jobs are refused, with their ids."""
-        if not job_id or len(job_id) > MAX_ID_CHARS or "\x00" in job_id:
+        if not could_name_a_job(job_id):
             raise _no_job(job_id)
         with self._read() as db:
             row = db.execute(_JOB, {"job_id": job_id}).mappings().first()
@@ -254,15 +252,19 @@ class Store:
         cursor: str | None = None,
         owner: str | None = None,
         states: Sequence[JobState] = (),
+        id_prefix: str | None = None,
     ) -> tuple[list[Job], str | None]:
         """Up to ``limit`` jobs, newest first, after ``cursor`` (the one a previous page
-        returned), only ``owner``'s when given and only in ``states`` when given; with the
-        cursor of the next page (None: this was the last). The filters are the query's own, so
-        a page never holds a job it should not, and a cursor stays valid while jobs are added
-        (they come before it) or change state."""
+        returned), only ``owner``'s when given, only in ``states`` when given and only those
+        whose ids start with ``id_prefix`` (as text) when given; with the cursor of the next
+        page (None: this was the last). The filters are the query's own, so a page never holds
+        a job it should not, and a cursor stays valid while jobs are added (they come before
+        it) or change state."""
         query = sa.select(jobs)
         if owner is not None:
             query = query.where(jobs.c.owner == owner)
+        if id_prefix is not None:
+            query = query.where(jobs.c.id.startswith(id_prefix, autoescape=True))
         if states:
             query = query.where(jobs.c.state.in_([s.value for s in states]))
         if cursor is not None:
