@@ -86,3 +86,69 @@ def test_a_stop_the_command_ignores_takes_the_machine_away_after_the_grace(tmp_p
     assert "stop requested: SIGTERM" in log and "machine taken away: SIGKILL" in log
     assert "interruption notice" not in log
     assert _attempt_processes(req.attempt_dir) == []
+
+
+IGNORING_LAUNCHER = """
+import json, os, signal, sys, time
+from pathlib import Path
+
+for s in (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2):
+    signal.signal(s, signal.SIG_IGN)  # as a controller started with them ignored would have
+
+from spotwise.control.providers.base import LaunchRequest, Phase, Placement
+from spotwise.control.providers.process import ProcessMachines
+from spotwise.proctree import children, proc_state
+
+tmp, m = Path(sys.argv[1]), ProcessMachines(settle_s=5.0)
+
+
+def req(name):
+    sleep = (sys.executable, "-c", "import time; time.sleep(120)")
+    return LaunchRequest(job_id="j", n=1, argv=sleep, workdir=tmp, env=dict(os.environ),
+                         log_path=tmp / f"{name}.log", attempt_dir=tmp / name / "1",
+                         placement=Placement("on-demand"))
+
+
+def end(handle):
+    started = time.monotonic()
+    while time.monotonic() < started + 25:
+        if m.status(handle).phase in (Phase.EXITED, Phase.LOST):
+            return round(time.monotonic() - started, 1)
+        time.sleep(0.05)
+    return None
+
+
+out = {}
+stopped = m.launch(req("at-once"))
+m.terminate(stopped)  # before the machine is even up
+out["terminated at once"] = end(stopped)
+running = m.launch(req("running"))
+while m.status(running).phase is not Phase.RUNNING:
+    time.sleep(0.05)
+m.terminate(running)
+out["terminated running"] = end(running)
+out["taken away"] = end(m.launch(req("lost"), lost_at=time.time() + 1.0))
+out["zombies"] = [p for p in children(os.getpid()) if (proc_state(p) or ("",))[0] == "Z"]
+print(json.dumps(out))
+"""
+
+
+def test_a_launcher_that_ignores_the_machines_signals_still_stops_and_loses_it(tmp_path: Path):
+    """A shell cannot trap a signal ignored when it started, so a controller that ignores
+    SIGTERM (or USR1, USR2) must not pass that on: its machines ignored terminate and ran their
+    command to the end. Ended machines are also collected, none left a zombie."""
+    import json
+    import subprocess
+
+    done = subprocess.run(
+        [sys.executable, "-c", IGNORING_LAUNCHER, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout)
+    assert out.pop("zombies") == []
+    assert all(took is not None and took < 10 for took in out.values()), out
+    assert "stop requested: SIGTERM" in (tmp_path / "running.log").read_text()
+    assert "machine taken away: SIGKILL" in (tmp_path / "lost.log").read_text()

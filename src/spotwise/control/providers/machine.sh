@@ -2,10 +2,11 @@
 # POSIX shell script, so that an attempt costs no Python interpreter (about 1 MiB and a few
 # milliseconds of CPU instead of 16 MiB and 150 ms: one server drives a thousand of these).
 #
-# sh machine.sh DIR LOG GRACE_S BOOT_S NOTICE_AT LOST_AT BANNER CODE PYTHON NOTICE_VIA -- COMMAND...
+# sh machine.sh DIR LOG GRACE_S BOOT_S NOTICE_AT LOST_AT BANNER CODE PYTHON NOTICE_VIA CWD -- COMMAND...
 # NOTICE_AT, LOST_AT: wall times, '-' for none; CODE: a packed workdir <store>/<sha256>.tar.gz
 # or '-', which PYTHON unpacks into DIR/workdir before the command runs; NOTICE_VIA: sigterm,
-# or parent (the notice is SIGUSR1 to the parent, machine.py, which posts it on its IMDS).
+# or parent (the notice is SIGUSR1 to the parent, machine.py, which posts it on its IMDS); CWD:
+# where the command runs (the launcher starts this shell with posix_spawn, which cannot set it).
 #
 # Standard input is the attempt's lock file, flocked by the launcher: it stays locked exactly as
 # long as this shell runs (an asynchronous command's input is /dev/null, and every other command
@@ -19,8 +20,8 @@ trap 'woke=1 stop_requested=1; on_stop' TERM
 trap '' INT
 
 dir=$1 log=$2 grace_s=$3 boot_s=$4 notice_at=$5 lost_at=$6 banner=$7 code=$8 python=$9
-notice_via=${10}
-shift 10
+notice_via=${10} cwd=${11}
+shift 11
 [ "$1" = "--" ] && shift
 
 machine=$$ stop_requested='' stopping='' noticed='' lost='' outcome=exited child='' timer=''
@@ -146,6 +147,10 @@ machine_ticks=$REPLY
 write_json "$dir/machine.json" "{\"pid\": $machine, \"start_ticks\": $machine_ticks}"
 trap 'woke=1; on_notice' USR1
 trap 'woke=1; on_lost' USR2
+if ! cd "$cwd" 2> /dev/null; then
+	say "cannot enter the working directory $cwd"
+	finish exited 1
+fi
 
 # provisioning: the machine is billed but not yet running (a stop or the loss ends it)
 if awk -v b="$boot_s" 'BEGIN { exit !(b > 0) }'; then

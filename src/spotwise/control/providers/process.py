@@ -6,6 +6,11 @@ torch's launcher; its status is the nodes' statuses folded by :func:`group_statu
 Liveness comes from the machine's ``flock`` on ``<attempt_dir>/lock``, not from pids: the lock
 exists exactly as long as the machine process, so pid reuse cannot fool it, and the controller
 takes it *before* forking, so there is no instant at which a machine runs unlocked.
+
+A machine is started with ``posix_spawn``, its signals at their defaults: a shell cannot trap a
+signal that was ignored when it started (POSIX), and a controller that was itself told to ignore
+SIGTERM would pass that on through ``subprocess``. Such a machine ignored terminate and ran its
+command to the end (a paid machine left running after a cancel), and its notice and its loss.
 """
 
 from __future__ import annotations
@@ -14,7 +19,6 @@ import fcntl
 import json
 import os
 import signal
-import subprocess
 import sys
 import time
 from collections.abc import Sequence
@@ -51,6 +55,23 @@ def lock_held(lock_path: Path) -> bool:
     finally:
         os.close(fd)
     return False
+
+
+# What the machine acts on (its traps), and what Python ignores in itself (as subprocess restores)
+_MACHINE_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2, signal.SIGPIPE, signal.SIGXFSZ)
+_spawned: set[int] = set()  # machines this process started and has not collected yet
+
+
+def _collect_ended() -> None:
+    """Reap the machines this process started that have ended: with posix_spawn that is left to
+    the parent (subprocess did it at the next Popen), and a server starts thousands."""
+    for pid in list(_spawned):
+        try:
+            ended, _ = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:  # reaped by another thread meanwhile
+            ended = pid
+        if ended:
+            _spawned.discard(pid)
 
 
 def _signal_if_same(pid: int | None, ticks: int | None, sig: int, group: bool = False) -> None:
@@ -92,16 +113,28 @@ class ProcessMachines:
         except BlockingIOError:
             os.close(fd)
             raise ProviderError(f"attempt {req.key} is already running") from None
-        cmd = _machine_argv(req, boot_s, notice_at, lost_at, banner, notice_via)
+        cwd = req.attempt_dir if req.code is not None else req.workdir
+        if not Path(cwd).is_dir():
+            os.close(fd)
+            raise ProviderError(
+                f"cannot start attempt {req.key}: {cwd} is not a directory",
+                hint=f"check the working directory {req.workdir}",
+            )
+        cmd = _machine_argv(req, cwd, boot_s, notice_at, lost_at, banner, notice_via)
+        _collect_ended()
         try:
-            proc = subprocess.Popen(
+            pid = os.posix_spawn(
+                cmd[0],
                 cmd,
-                cwd=req.attempt_dir if req.code is not None else req.workdir,
-                env=req.env,
-                start_new_session=True,
-                stdin=fd,  # the machine holds the lock as its input (see machine.sh)
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
+                req.env,
+                # the machine holds the lock as its input (see machine.sh)
+                file_actions=[
+                    (os.POSIX_SPAWN_DUP2, fd, 0),
+                    (os.POSIX_SPAWN_OPEN, 1, os.devnull, os.O_WRONLY, 0),
+                    (os.POSIX_SPAWN_DUP2, 1, 2),
+                ],
+                setsid=True,
+                setsigdef=_MACHINE_SIGNALS,
             )
         except OSError as exc:
             raise ProviderError(
@@ -110,12 +143,13 @@ class ProcessMachines:
             ) from exc
         finally:
             os.close(fd)  # the machine keeps the lock alive through its inherited descriptor
+        _spawned.add(pid)
         return {
             "n": req.n,
             "id": str(req.attempt_dir),
             "dir": str(req.attempt_dir),
-            "pid": proc.pid,
-            "start_ticks": proc_start_ticks(proc.pid),
+            "pid": pid,
+            "start_ticks": proc_start_ticks(pid),
         }
 
     def launch_nodes(self, req: LaunchRequest, per_node: Sequence[dict[str, Any]]) -> Handle:
@@ -188,6 +222,7 @@ class ProcessMachines:
         return None
 
     def status(self, handle: Handle) -> AttemptStatus:
+        _collect_ended()
         if "nodes" in handle:
             statuses = [self.status(h) for h in handle["nodes"]]
             status, stop_rest = group_status(statuses, now=time.time(), settle_s=self.settle_s)
@@ -278,6 +313,7 @@ MACHINE_SH = Path(__file__).with_name("machine.sh")
 
 def _machine_argv(
     req: LaunchRequest,
+    cwd: Path,
     boot_s: float,
     notice_at: float | None,
     lost_at: float | None,
@@ -299,6 +335,7 @@ def _machine_argv(
         "-" if req.code is None else str(req.code),
         sys.executable,
         "sigterm" if notice_via == "sigterm" else "parent",
+        str(cwd),
         "--",
         *req.argv,
     ]
