@@ -114,44 +114,41 @@ def _components() -> dict[str, Any]:
     }
 
 
+def _query(name: str, description: str, schema: dict[str, Any] | None = None) -> dict[str, Any]:
+    """One query parameter of a route (a string unless ``schema`` says otherwise)."""
+    return {
+        "name": name,
+        "in": "query",
+        "description": description,
+        "schema": schema or {"type": "string"},
+    }
+
+
 def _list_jobs() -> dict[str, Any]:
     """``GET /api/v1/jobs``: a page of the jobs the caller may read."""
     return {
         "summary": "the jobs the caller may read, newest first, a page at a time",
         "parameters": [
-            {
-                "name": "limit",
-                "in": "query",
-                "description": "jobs in the page",
-                "schema": {
-                    "type": "integer",
-                    "minimum": 1,
-                    "maximum": MAX_PAGE,
-                    "default": PAGE,
-                },
-            },
-            {
-                "name": "cursor",
-                "in": "query",
-                "description": "where the page starts: the cursor in the previous "
-                "page's `Link` header (none: the newest jobs). Stable while jobs are "
-                "added or change state.",
-                "schema": {"type": "string"},
-            },
-            {
-                "name": "state",
-                "in": "query",
-                "description": "only jobs in these states (comma-separated, e.g. "
-                "`RUNNING,RECOVERING`)",
-                "schema": {"type": "string"},
-            },
-            {
-                "name": "id_prefix",
-                "in": "query",
-                "description": "only jobs whose ids start with this text (compared as "
-                "text, never as a pattern): how the CLI resolves an id typed in part",
-                "schema": {"type": "string", "minLength": 1, "maxLength": MAX_ID_CHARS},
-            },
+            _query(
+                "limit",
+                "jobs in the page",
+                {"type": "integer", "minimum": 1, "maximum": MAX_PAGE, "default": PAGE},
+            ),
+            _query(
+                "cursor",
+                "where the page starts: the cursor in the previous page's `Link` header "
+                "(none: the newest jobs). Stable while jobs are added or change state.",
+            ),
+            _query(
+                "state",
+                "only jobs in these states (comma-separated, e.g. `RUNNING,RECOVERING`)",
+            ),
+            _query(
+                "id_prefix",
+                "only jobs whose ids start with this text (compared as text, never as a "
+                "pattern): how the CLI resolves an id typed in part",
+                {"type": "string", "minLength": 1, "maxLength": MAX_ID_CHARS},
+            ),
         ],
         "responses": {
             "200": {
@@ -172,7 +169,7 @@ def _list_jobs() -> dict[str, Any]:
                     }
                 },
             },
-            "400": {**_ERROR, "description": "a wrong limit, state or cursor"},
+            "400": {**_ERROR, "description": "a wrong limit, state, id_prefix or cursor"},
             "401": _ERROR,
         },
     }
@@ -183,21 +180,17 @@ def _submit_job() -> dict[str, Any]:
     return {
         "summary": "submit a job file (checked as `spotwise launch` checks it)",
         "parameters": [
-            {
-                "name": "base_dir",
-                "in": "query",
-                "description": "absolute directory (on the server's host) that "
-                "relative paths in the job file are resolved against",
-                "schema": {"type": "string"},
-            },
-            {
-                "name": "workdir_sha256",
-                "in": "query",
-                "description": "the job's `workdir: pack:PATH`, packed by the "
-                "client and uploaded first (PUT /api/v1/workdirs/{sha256}): PATH "
-                "is then not read on the server's host",
-                "schema": {"type": "string", "pattern": "^[0-9a-f]{64}$"},
-            },
+            _query(
+                "base_dir",
+                "absolute directory (on the server's host) that relative paths in the job "
+                "file are resolved against",
+            ),
+            _query(
+                "workdir_sha256",
+                "the job's `workdir: pack:PATH`, packed by the client and uploaded first "
+                "(PUT /api/v1/workdirs/{sha256}): PATH is then not read on the server's host",
+                {"type": "string", "pattern": "^[0-9a-f]{64}$"},
+            ),
         ],
         "requestBody": {
             "required": True,
@@ -231,18 +224,12 @@ def _job_paths() -> dict[str, Any]:
                 "summary": "the job's output, every attempt in order",
                 "parameters": [
                     _JOB_ID,
-                    {
-                        "name": "offset",
-                        "in": "query",
-                        "description": "start at this byte",
-                        "schema": {"type": "integer", "minimum": 0},
-                    },
-                    {
-                        "name": "follow",
-                        "in": "query",
-                        "description": "1: keep streaming until the job has ended",
-                        "schema": {"type": "integer", "enum": [0, 1]},
-                    },
+                    _query("offset", "start at this byte", {"type": "integer", "minimum": 0}),
+                    _query(
+                        "follow",
+                        "1: keep streaming until the job has ended",
+                        {"type": "integer", "enum": [0, 1]},
+                    ),
                 ],
                 "responses": {
                     "200": {
