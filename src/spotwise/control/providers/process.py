@@ -62,12 +62,17 @@ _MACHINE_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2, signal.SIGPI
 _spawned: set[int] = set()  # machines this process started and has not collected yet
 
 
-def _collect_ended() -> None:
-    """Reap the machines this process started that have ended: with posix_spawn that is left to
-    the parent (subprocess did it at the next Popen), and a server starts thousands."""
-    for pid in list(_spawned):
+def _collect_ended(pids: Sequence[int], *, exiting: bool = False) -> None:
+    """Reap those of ``pids`` (machines this process started) that have ended: with posix_spawn
+    that is left to the parent (subprocess did it at the next Popen), and a server starts
+    thousands. A status reaps its own machine once it has seen the end (``exiting``: its lock
+    is released, so it has closed its files and is leaving, and the wait is a moment); a launch
+    collects any others."""
+    for pid in pids:
+        if pid not in _spawned:
+            continue
         try:
-            ended, _ = os.waitpid(pid, os.WNOHANG)
+            ended, _ = os.waitpid(pid, 0 if exiting else os.WNOHANG)
         except ChildProcessError:  # reaped by another thread meanwhile
             ended = pid
         if ended:
@@ -121,7 +126,7 @@ class ProcessMachines:
                 hint=f"check the working directory {req.workdir}",
             )
         cmd = _machine_argv(req, cwd, boot_s, notice_at, lost_at, banner, notice_via)
-        _collect_ended()
+        _collect_ended(list(_spawned))
         try:
             pid = os.posix_spawn(
                 cmd[0],
@@ -222,7 +227,6 @@ class ProcessMachines:
         return None
 
     def status(self, handle: Handle) -> AttemptStatus:
-        _collect_ended()
         if "nodes" in handle:
             statuses = [self.status(h) for h in handle["nodes"]]
             status, stop_rest = group_status(statuses, now=time.time(), settle_s=self.settle_s)
@@ -231,6 +235,12 @@ class ProcessMachines:
                     if st.phase in (Phase.STARTING, Phase.RUNNING):
                         self.terminate(h)
             return status
+        status = self._machine_status(handle)
+        if status.phase in (Phase.EXITED, Phase.LOST) and handle.get("pid"):
+            _collect_ended([handle["pid"]], exiting=True)
+        return status
+
+    def _machine_status(self, handle: Handle) -> AttemptStatus:
         d = Path(handle["dir"])
         end = _read_json(d / "exit.json")
         machine = _read_json(d / "machine.json") or {}
@@ -260,7 +270,7 @@ class ProcessMachines:
             phase = Phase.RUNNING if running_at else Phase.STARTING
             return AttemptStatus(phase, running_at=running_at)
         if _read_json(d / "exit.json") is not None:  # it finished between the two reads
-            return self.status(handle)
+            return self._machine_status(handle)
         # The machine died without a word (killed, host gone): clean up what it left.
         _signal_if_same(
             machine.get("child_pid"), machine.get("child_start_ticks"), signal.SIGKILL, group=True
