@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from spotwise.runtime.format import TensorBlob, pack_tensors
+from spotwise.runtime.format import TensorBlob, pack_tensors, parse_safetensors, split_blob
 from spotwise.runtime.snapshot import SnapshotBuffer
 
 
@@ -47,3 +47,31 @@ def test_the_buffer_is_laid_out_once_while_the_state_keeps_its_shape() -> None:
     second = buffer.capture(state)
     assert second.layout is first.layout
     assert bytes(second.chunks[0]) == _as_saved(pack_tensors(state))[1]
+
+
+def test_the_files_of_a_blob_saved_again_hold_the_state_as_it_is_now() -> None:
+    """A save splits the snapshot into files once and keeps the split for the next saves (its
+    headers are Python work the training thread would wait for): the kept files still read
+    the buffer, so every save writes the values of its own moment."""
+    buffer = SnapshotBuffer()
+    state = {f"t{i}": torch.full((100 * (i + 1),), float(i)) for i in range(9)}
+    state["n"] = torch.arange(7)
+    first = buffer.capture(state)
+    parts = split_blob(first, 3)
+    # each file a run of the buffer, so a writer copies it in large pieces; none far from a
+    # third (the sizes are 4 to 3,600 bytes)
+    assert [len(part.chunks) for part in parts] == [1, 1, 1]
+    sizes = [part.layout.data_bytes for part in parts]
+    assert sum(sizes) == first.layout.data_bytes
+    assert max(sizes) - min(sizes) <= 3600
+    for tensor in state.values():
+        tensor.add_(100)  # training goes on between two saves
+    second = buffer.capture(state)
+    assert second is first and split_blob(second, 3) is parts
+    read: dict[str, torch.Tensor] = {}
+    for part in parts:
+        file = torch.frombuffer(bytearray(b"".join(_as_saved(part))), dtype=torch.uint8)
+        read.update(parse_safetensors(file, "part"))
+    assert read.keys() == state.keys()
+    for name, tensor in state.items():
+        assert torch.equal(read[name], tensor), name
