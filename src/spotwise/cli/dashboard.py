@@ -38,8 +38,9 @@ def register(app: typer.Typer) -> None:
         store = Store()
 
         def on_cancel(job_id: str) -> None:
-            if not controller_alive(store.job(job_id)):
-                _spawn_controller(job_id)  # someone must carry the cancel out
+            job = store.job(job_id)
+            if not controller_alive(job):
+                _spawn_controller(job)  # someone must carry the cancel out
 
         names = [host] if host not in ("0.0.0.0", "::") else []
         web = create_app(store, allowed_hosts=[*names, *allow_host], on_cancel=on_cancel)

@@ -12,7 +12,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 from rich import box
@@ -22,6 +22,9 @@ from rich.text import Text
 
 from spotwise.cli._terminal import literal
 from spotwise.telemetry.jsonsafe import dumps
+
+if TYPE_CHECKING:
+    from spotwise.control.store.models import Job
 
 _STEP = re.compile(r"step (\d+)/(\d+)")
 
@@ -161,10 +164,8 @@ def _unreadable_and_idle(store: Any, job: Any) -> bool:
         return all(a.state == "ended" for a in store.attempts(job.id))
 
 
-def _spawn_controller(job_id: str) -> None:
-    from spotwise.control.store import Store
-
-    job = Store().job(job_id)
+def _spawn_controller(job: Job) -> None:
+    """Start ``job``'s controller as a process of its own, logging into the job's directory."""
     with open(job.dir / "controller.log", "ab") as out:
         subprocess.Popen(
             [
@@ -172,7 +173,7 @@ def _spawn_controller(job_id: str) -> None:
                 "-c",
                 "from spotwise.cli.main import main; main()",
                 "resume",
-                job_id,
+                job.id,
                 "--quiet",
             ],
             stdout=out,
@@ -245,7 +246,7 @@ def launch(
     job = submit(store, spec, str(job_file.resolve()))
     if detach:
         summary = job_summary(store, job)  # (as accepted, before its controller starts)
-        _spawn_controller(job.id)
+        _spawn_controller(job)
         typer.echo(dumps(summary, indent=2) if as_json else job.id)
         return
     if as_json:
