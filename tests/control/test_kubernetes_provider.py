@@ -394,3 +394,21 @@ def test_of_two_pods_made_in_one_second_the_ended_one_is_the_attempts(ended_by: 
     later = pod("job-1-a0000", "Running")
     later.metadata.creation_timestamp = second.replace(second=13)
     assert _first_pods([later, replacement], set()) == [replacement]  # the earlier second wins
+
+
+def test_a_pod_with_an_index_the_job_controller_never_writes_is_not_the_attempts():
+    """Anyone may create a pod carrying the Job's labels: one whose completion index is not a
+    small decimal number is left out, where reading it raised out of the controller."""
+    from kubernetes.client import V1ObjectMeta, V1Pod
+
+    from spotwise.control.providers.kubernetes import INDEX_LABEL, _first_pods
+
+    def pod(name: str, index: str | None) -> V1Pod:
+        labels = {"job-name": "job-1"} | ({} if index is None else {INDEX_LABEL: index})
+        return V1Pod(metadata=V1ObjectMeta(name=name, labels=labels))
+
+    odd = [
+        pod(f"odd-{i}", text) for i, text in enumerate(["x", "-1", "1e3", "\u0663", "", "9" * 5000])
+    ]
+    pods = [*odd, pod("job-1-b", "1"), pod("job-1-a", None)]
+    assert [p.metadata.name for p in _first_pods(pods, set())] == ["job-1-a", "job-1-b"]

@@ -799,8 +799,19 @@ def _first_pods(pods: list[Any], gone: set[str]) -> list[Any]:
 
     by_index: dict[int, list[Any]] = {}
     for pod in pods:
-        by_index.setdefault(int((pod.metadata.labels or {}).get(INDEX_LABEL, 0)), []).append(pod)
+        index = _completion_index(pod)
+        if index is not None:
+            by_index.setdefault(index, []).append(pod)
     return [min(by_index[i], key=order) for i in sorted(by_index)]
+
+
+def _completion_index(pod: Any) -> int | None:
+    """The pod's completion index (0 without one); None for a value the Job controller never
+    writes: a pod someone made by hand with the Job's labels, which is not the attempt's."""
+    text = (pod.metadata.labels or {}).get(INDEX_LABEL, "0")
+    if not (isinstance(text, str) and text.isascii() and text.isdigit() and len(text) <= 9):
+        return None
+    return int(text)
 
 
 def _pod_status(pod: Any, gone: bool) -> AttemptStatus:
