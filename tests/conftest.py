@@ -75,6 +75,34 @@ def _spotwise_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest
     monkeypatch.setenv("SPOTWISE_PLATFORM", "none")
 
 
+_HANDLED = (
+    signal.SIGTERM,
+    signal.SIGINT,
+    signal.SIGHUP,
+    signal.SIGQUIT,
+    signal.SIGUSR1,
+    signal.SIGUSR2,
+)
+
+
+@pytest.fixture(autouse=True)
+def _signals_left_as_found() -> Iterator[None]:
+    """Each test leaves this process's signal handlers as it found them: one left behind (a
+    Run that never gave SIGTERM back, a library's handler) changes every later test of this
+    worker, and SIGTERM left ignored is inherited by every machine the worker then launches.
+    The handlers are put back either way, so one failure here stays one."""
+    before = {signum: signal.getsignal(signum) for signum in _HANDLED}
+    yield
+    left = {
+        signal.Signals(signum).name: signal.getsignal(signum)
+        for signum, handler in before.items()
+        if signal.getsignal(signum) != handler
+    }
+    for signum, handler in before.items():
+        signal.signal(signum, handler)
+    assert not left, f"the test left signal handlers changed: {left}"
+
+
 @pytest.fixture(scope="session")
 def moto_server():
     """A real S3/EC2-speaking HTTP server on loopback (moto in server mode, as s3fs tests use).

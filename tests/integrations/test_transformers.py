@@ -219,5 +219,9 @@ def test_resume_from_checkpoint_with_the_callback_is_refused(tmp_path: Path) -> 
 def test_the_trainers_sigterm_checkpoint_with_the_callback_is_refused(tmp_path: Path) -> None:
     from spotwise.errors import ConfigError
 
-    with pytest.raises(ConfigError, match=r"TrainingArguments\(enable_jit_checkpoint=True\)"):
-        tiny_trainer(tmp_path, enable_jit_checkpoint=True)
+    before = signal.getsignal(signal.SIGTERM)
+    try:
+        with pytest.raises(ConfigError, match=r"TrainingArguments\(enable_jit_checkpoint=True\)"):
+            tiny_trainer(tmp_path, enable_jit_checkpoint=True)
+    finally:  # the Trainer installed its SIGTERM handler before the callback refused
+        signal.signal(signal.SIGTERM, before)
