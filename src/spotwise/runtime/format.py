@@ -130,19 +130,21 @@ def pack_tensors(tensors: Mapping[str, torch.Tensor]) -> TensorBlob:
     return TensorBlob(layout, tuple(byte_view(cpu[s.name]) for s in layout.specs))
 
 
-def _byte_range(chunks: Iterable[memoryview], start: int, stop: int) -> tuple[memoryview, ...]:
-    """Bytes ``start:stop`` of the concatenated ``chunks``, as views: one for a snapshot (whose
-    blob is one chunk), one per tensor for :func:`pack_tensors`."""
-    out, pos = [], 0
+def _cut(chunks: Iterable[memoryview], edges: list[int]) -> list[tuple[memoryview, ...]]:
+    """The concatenated ``chunks`` cut at the byte offsets ``edges`` (0 first, the total
+    last), in one pass, as views: one chunk for a snapshot, one per tensor for
+    :func:`pack_tensors`."""
+    out: list[list[memoryview]] = [[] for _ in edges[1:]]
+    part, pos = 0, 0
     for chunk in chunks:
         view = memoryview(chunk).cast("B")
-        lo, hi = max(start - pos, 0), min(stop - pos, len(view))
-        if lo < hi:
-            out.append(view[lo:hi])
-        pos += len(view)
-        if pos >= stop:
-            break
-    return tuple(out)
+        while len(view):
+            while pos == edges[part + 1]:  # (a range of empty tensors holds no bytes)
+                part += 1
+            take = min(len(view), edges[part + 1] - pos)
+            out[part].append(view[:take])
+            view, pos = view[take:], pos + take
+    return [tuple(views) for views in out]
 
 
 def split_blob(blob: TensorBlob, parts: int) -> list[TensorBlob]:
@@ -170,14 +172,15 @@ def _split(blob: TensorBlob, parts: int) -> list[TensorBlob]:
         if i < len(starts):
             cuts.append(i)
     bounds = [*cuts, len(starts)]
-    out = []
-    for first, end in itertools.pairwise(bounds):
-        stop = layout.offsets[end - 1] + layout.specs[end - 1].nbytes
-        # a run of the layout's tensors keeps its order, larger elements first: plan() leaves
-        # it as it is, every offset moved by the same multiple of the largest element size
-        part = TensorLayout.plan(layout.specs[first:end])
-        out.append(TensorBlob(part, _byte_range(blob.chunks, starts[first], stop)))
-    return out
+    edges = [*(starts[i] for i in cuts), layout.data_bytes]
+    # a run of the layout's tensors keeps its order, larger elements first: plan() leaves it as
+    # it is, every offset moved by the same multiple of the largest element size
+    return [
+        TensorBlob(TensorLayout.plan(layout.specs[first:end]), views)
+        for (first, end), views in zip(
+            itertools.pairwise(bounds), _cut(blob.chunks, edges), strict=True
+        )
+    ]
 
 
 def parse_safetensors(buf: torch.Tensor, where: str) -> dict[str, torch.Tensor]:
