@@ -36,6 +36,8 @@ def sample_tensors() -> dict[str, torch.Tensor]:
         "scalar": torch.tensor(3.5, dtype=torch.float64),
         "empty": torch.empty(0, 4),
         "strided": torch.arange(12.0).reshape(3, 4).t(),  # non-contiguous
+        "conj": torch.randn(4, dtype=torch.complex64, generator=g).conj(),  # a lazy conjugate
+        "param": torch.nn.Parameter(torch.randn(2, generator=g)),  # requires grad
     }
 
 

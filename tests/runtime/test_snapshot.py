@@ -32,6 +32,7 @@ def test_every_change_of_the_state_is_saved_as_it_is_now() -> None:
             "f": torch.full((2, 2), 3.0),
             "bf": torch.ones(3, dtype=torch.bfloat16),
         },
+        {"c": torch.tensor([1 + 2j, 3 - 1j]).conj()},  # a lazy view: saved as its values
         {},
     ]
     for state in states:
