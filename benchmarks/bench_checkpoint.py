@@ -9,7 +9,9 @@ all, sized like a real model's parameters plus optimizer moments). For each, med
   every file and directory, rename; a state of 256 MiB or more in up to 4 tensor files, one
   writer thread each) vs writing the same bytes raw into one file + fsync, vs the
   same bytes raw into 4 files by 4 writer threads + fsync (a disk's multi-stream speed), vs
-  ``torch.save`` + fsync and ``safetensors.torch.save_file`` + fsync;
+  ``torch.save`` + fsync and ``safetensors.torch.save_file`` + fsync, each save right after
+  the one before it was deleted; then ours and the 4 raw writers again, each save --pause
+  seconds after the deletion (see ``bench_saves``);
 - async stall: how long ``run.save(block=False)`` of a real ``Run`` blocks (state walk, copy
   into its reused snapshot buffer, handing the write to its saving thread; the write and commit
   are waited for outside the timing) vs a plain ``copy_`` of every tensor into preallocated
@@ -18,7 +20,7 @@ all, sized like a real model's parameters plus optimizer moments). For each, med
   the tensors) vs a raw ``readinto`` of the same file; the page cache of the file is dropped
   (posix_fadvise DONTNEED after fsync) before every read, for both.
 
-    python benchmarks/bench_checkpoint.py --size-gb 1 [--reps 5] [--dir /path/on/the/disk]
+    python benchmarks/bench_checkpoint.py --size-gb 1 [--reps 5] [--pause 5] [--dir /path]
 
 Besides the table (median times) it prints the ratio lines ``ratio-save-vs-raw: X`` and so on:
 each is the median over repetitions of the ratio of two measurements taken back to back
@@ -173,20 +175,30 @@ def timed(fn: Callable[[], object]) -> float:
     return time.perf_counter() - started
 
 
-def bench_saves(state: dict[str, torch.Tensor], root: Path, reps: int) -> Samples:
-    contenders = {
-        "raw write+fsync": raw_write,
-        f"raw write+fsync, {WRITERS} writers": raw_parallel_write,
-        "spotwise save": ours_write,
-        "torch.save+fsync": torch_write,
-        "safetensors save_file+fsync": safetensors_write,
-    }
-    times: dict[str, list[float]] = {name: [] for name in contenders}
-    names = list(contenders)
+SAVES: dict[str, Callable[[dict[str, torch.Tensor], Path], None]] = {
+    "raw write+fsync": raw_write,
+    f"raw write+fsync, {WRITERS} writers": raw_parallel_write,
+    "spotwise save": ours_write,
+    "torch.save+fsync": torch_write,
+    "safetensors save_file+fsync": safetensors_write,
+}
+COLD = (f"raw write+fsync, {WRITERS} writers", "spotwise save")  # the contenders timed cold too
+
+
+def bench_saves(
+    state: dict[str, torch.Tensor], root: Path, reps: int, names: tuple[str, ...], pause: float
+) -> Samples:
+    """Each save starts ``pause`` seconds after the one before it was deleted. Back to back
+    (0 s), a writer through the page cache reuses the pages its predecessor's files just
+    freed; a few seconds later, as between the saves of a training run, a virtual machine
+    that reports freed memory to its host (virtio-balloon free page reporting) has given them
+    back, and each new page costs a trip to the host."""
+    times: dict[str, list[float]] = {name: [] for name in names}
     for rep in range(reps):
         for name in names[rep % len(names) :] + names[: rep % len(names)]:
             target = root / f"save-{len(times[name])}"
-            times[name].append(timed(lambda: contenders[name](state, target)))  # noqa: B023
+            time.sleep(pause)
+            times[name].append(timed(lambda: SAVES[name](state, target)))  # noqa: B023
             if target.is_dir():
                 shutil.rmtree(target)
             else:
@@ -265,6 +277,13 @@ def main() -> None:
     parser.add_argument("--size-gb", type=float, default=1.0, help="size of the large state")
     parser.add_argument("--reps", type=int, default=5, help="repetitions (medians are reported)")
     parser.add_argument("--dir", default=None, help="where to write (default: system temp dir)")
+    parser.add_argument(
+        "--pause",
+        type=float,
+        default=5.0,
+        help="seconds between one save's deletion and the next save, for a second timing of "
+        "our save and the 4 raw writers (as between a training run's saves); 0 skips it",
+    )
     args = parser.parse_args()
     torch.manual_seed(0)
     root = Path(tempfile.mkdtemp(prefix="spotwise-bench-", dir=args.dir))
@@ -276,11 +295,13 @@ def main() -> None:
             suffix = "" if label == "large" else "-small"
             print(f"\n{label}: {len(state)} tensors, {size / MiB:.0f} MiB", flush=True)
             reps = args.reps if label == "large" else 2 * args.reps  # small ones are cheap
-            saves = bench_saves(state, root, reps)
+            saves = bench_saves(state, root, reps, tuple(SAVES), 0.0)
+            cold = bench_saves(state, root, reps, COLD, args.pause) if args.pause else {}
             stall = bench_stall(state, root, reps)
             loads = bench_loads(state, root, reps)
             print(f"{'measure':40s} {'median s':>10s} {'GiB/s':>8s}")
-            for name, samples in {**saves, **stall, **loads}.items():
+            cold = {f"{name} ({args.pause:g} s apart)": samples for name, samples in cold.items()}
+            for name, samples in {**saves, **cold, **stall, **loads}.items():
                 seconds = statistics.median(samples)
                 print(f"{name:40s} {seconds:10.4f} {size / seconds / (1 << 30):8.2f}")
             ours = "spotwise save"
@@ -288,6 +309,10 @@ def main() -> None:
             ratios[f"ratio-save-vs-raw-parallel{suffix}"] = paired_ratio(
                 saves, f"raw write+fsync, {WRITERS} writers", ours
             )
+            if cold:
+                ratios[f"ratio-save-vs-raw-parallel-apart{suffix}"] = paired_ratio(
+                    cold, *(f"{name} ({args.pause:g} s apart)" for name in COLD)
+                )
             ratios[f"ratio-save-vs-torch-save{suffix}"] = paired_ratio(
                 saves, "torch.save+fsync", ours
             )
