@@ -4,12 +4,14 @@ one-rank process group in the test's own process."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,6 +24,10 @@ HASH = re.compile(r"final-weights-sha256: ([0-9a-f]{64})")
 RESUMED = re.compile(r"resumed from step (\d+)")
 # the ranks share one pipe: their lines may run together
 SAVED = re.compile(r"saved step (\d+) in \S+; exiting with code 75")
+# every process of a job inherits this variable from its agent: found by it, one left behind by
+# a killed parent (and holding the job's output) can still be ended when the test gives up
+JOB_MARKER = "TEST_JOB_UNDER_TEST"
+_MARKS: dict[int, bytes] = {}  # the agent's pid -> its job's JOB_MARKER=value entry
 
 
 def launch(
@@ -37,7 +43,8 @@ def launch(
     argv = [sys.executable, "-m", launcher, "--standalone"]
     argv += [f"--nproc-per-node={nproc}", str(script), *args]
     env = {**os.environ, "SPOTWISE_PLATFORM": "none", "OMP_NUM_THREADS": "1", **(env or {})}
-    return subprocess.Popen(
+    env[JOB_MARKER] = uuid.uuid4().hex
+    proc = subprocess.Popen(
         argv,
         env=env,
         stdout=subprocess.PIPE,
@@ -45,6 +52,8 @@ def launch(
         text=True,
         start_new_session=True,
     )
+    _MARKS[proc.pid] = f"{JOB_MARKER}={env[JOB_MARKER]}".encode()
+    return proc
 
 
 def workers(proc: subprocess.Popen[str]) -> list[int]:
@@ -66,12 +75,34 @@ def signal_job(proc: subprocess.Popen[str], signum: int, pids: list[int]) -> Non
         raise gone
 
 
+def job_processes(proc: subprocess.Popen[str]) -> list[int]:
+    """Every living process of a job from :func:`launch`, orphans included (by its marker)."""
+    marker = _MARKS.get(proc.pid)
+    if marker is None:
+        return []
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and marker in (entry / "environ").read_bytes().split(b"\0"):
+                found.append(int(entry.name))
+        except OSError:  # gone meanwhile
+            continue
+    return found
+
+
 def finish(proc: subprocess.Popen[str], timeout: float = 120) -> tuple[int, str]:
+    """The job's exit status and output, once every process that holds its output has ended;
+    past ``timeout`` the agent's group and every process of the job are SIGKILLed, and the
+    test fails."""
     try:
         out, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        for pid in job_processes(proc):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        proc.communicate(timeout=30)
         raise
     return proc.returncode, out
 

@@ -191,3 +191,60 @@ def test_persistent_workers_let_the_process_exit_after_a_group_sigterm(tmp_path:
             os.killpg(proc.pid, signal.SIGKILL)
         proc.stdout.close()
     assert [c.step for c in list_checkpoints(tmp_path / "run") if c.valid]
+
+
+ORPHANED = """
+import os, sys, time, torch
+from pathlib import Path
+from torch.utils.data import DataLoader, TensorDataset
+from spotwise import CheckpointConfig, Run
+
+def init(worker_id):  # the user's own init: the training process dies while it runs
+    parent = os.getppid()
+    Path(sys.argv[2] + ".tmp").write_text(str(os.getpid()))
+    os.replace(sys.argv[2] + ".tmp", sys.argv[2])
+    while os.getppid() == parent:
+        time.sleep(0.01)
+
+loader = DataLoader(TensorDataset(torch.randn(64, 4)), batch_size=4, num_workers=1,
+                    worker_init_fn=init)
+run = Run(sys.argv[1], state={"model": torch.nn.Linear(4, 1)}, loader=loader, steps=10,
+          checkpoint=CheckpointConfig(every=None))
+for _batch in run:
+    pass
+"""
+
+
+def test_a_worker_orphaned_before_torchs_watchdog_starts_ends_and_frees_the_output(
+    tmp_path: Path,
+) -> None:
+    """torch's watchdog starts after the worker's init: a training process SIGKILLed before
+    then (the OOM killer, a rank killed while its workers start) must not leave a worker that
+    waits forever and holds the job's stdout, so that its launcher (torchrun, a SLURM step)
+    never sees the end of the output."""
+    pid_file = tmp_path / "worker.pid"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", ORPHANED, str(tmp_path / "run"), str(pid_file)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+        env={**os.environ, "SPOTWISE_PLATFORM": "none"},
+    )  # fmt: skip
+    worker = None
+    try:
+        deadline = time.monotonic() + 60
+        while not pid_file.exists():
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0]
+            time.sleep(0.01)
+        worker = int(pid_file.read_text())
+        proc.kill()  # the training process alone, while the worker's init runs
+        out, _ = proc.communicate(timeout=30)  # the end of its output: no worker holds it
+        assert proc.returncode == -signal.SIGKILL, out
+        deadline = time.monotonic() + 30
+        while alive(worker):
+            assert time.monotonic() < deadline, f"worker {worker} outlived its training process"
+            time.sleep(0.05)
+    finally:
+        if worker is not None and alive(worker):
+            os.kill(worker, signal.SIGKILL)
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()

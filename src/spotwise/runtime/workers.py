@@ -14,7 +14,9 @@ emergency save included: exit 1, no checkpoint. Three measures keep the notice p
   working: a SIGTERM *from the training process* still ends a worker at once, as torch's own
   worker handler does, because ``multiprocessing`` stops the workers of an iterator still alive
   at exit (persistent workers, say) with ``terminate()`` and then waits for them. SIGTERM stays
-  blocked in the worker and a thread reads each one with its sender (``sigwaitinfo``);
+  blocked in the worker and a thread reads each one with its sender (``sigtimedwait``). The
+  same thread ends the worker within a second of the training process's death, whenever that
+  comes (torch's own watchdog misses a death during the worker's first moments);
 - workers are forked with those signals blocked (:meth:`LoaderWorkers.start`, or
   :meth:`LoaderWorkers.protect_iterators` for a loader that other code iterates, as Lightning
   does), so a group signal that comes before a new worker has reached its init stays pending
@@ -27,7 +29,7 @@ emergency save included: exit 1, no checkpoint. Three measures keep the notice p
 
 The worker path itself writes nothing: workers load and collate data, and the run directory's
 lock is not theirs (:mod:`spotwise.runtime.dirlock`), so a worker left behind by a SIGKILLed
-training process can neither block nor touch the restart.
+training process can neither block nor touch the restart, and it ends within a second.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ from spotwise.errors import DataLoaderError
 from spotwise.notices.signals import watched_signals
 
 _EXIT_PATIENCE_S = 1.0
+_PARENT_CHECK_S = 1.0  # how often a worker looks for its training process (one getppid)
 
 
 class WorkerInit:
@@ -61,18 +64,21 @@ class WorkerInit:
         self.parent: int | None = None  # the training process that forks the workers
 
     def __call__(self, worker_id: int) -> None:
-        if self.parent is not None:
-            _end_with(self.parent)
         for signum in self.ignore:
             signal.signal(signum, signal.SIG_IGN)  # also discards one that is already pending
         unblock = set(self.unblock)
-        if signal.SIGTERM in self.ignore:
+        terminate = signal.SIGTERM in self.ignore
+        if terminate:
             # blocked in every thread (threads started from now on inherit the mask), a SIGTERM
-            # is queued despite SIG_IGN and waits for the reader thread
+            # is queued despite SIG_IGN and waits for the watching thread
             signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
             unblock.discard(signal.SIGTERM)
+        if self.parent is not None:
             threading.Thread(
-                target=_exit_on_terminate, name="spotwise-worker-sigterm", daemon=True
+                target=_watch_parent,
+                args=(self.parent, terminate),
+                name="spotwise-worker-watch",
+                daemon=True,
             ).start()
         if unblock:
             signal.pthread_sigmask(signal.SIG_UNBLOCK, unblock)
@@ -80,22 +86,21 @@ class WorkerInit:
             self.user(worker_id)
 
 
-def _end_with(parent: int) -> None:
-    """In a worker: end at once when the training process is already gone. torch's watchdog
-    reads the parent's pid only when its worker loop starts, so a worker whose training process
-    was SIGKILLed while forking it (the OOM killer) takes init's pid for its parent's, waits
-    forever and holds the training process's stdout; one that started in time is ended by that
-    watchdog within seconds of its parent."""
-    if os.getppid() != parent:
-        os._exit(0)
-
-
-def _exit_on_terminate() -> None:
-    """In a worker: end on the parent's SIGTERM (``Process.terminate()``), drop the others."""
-    while True:
-        info = signal.sigwaitinfo({signal.SIGTERM})
-        if info.si_pid == os.getppid():
-            os._exit(0)  # what torch's worker handler does for its parent's SIGTERM
+def _watch_parent(parent: int, terminate: bool) -> None:
+    """In a worker: end once the training process is gone, or on its own SIGTERM
+    (``Process.terminate()``, which torch's worker handler obeys too); drop any other SIGTERM.
+    torch's watchdog reads the parent's pid only after the worker's init, so a worker whose
+    training process was SIGKILLed before then (the OOM killer, mid-fork or during the user's
+    init) takes its new parent for the training process and waits forever, holding the job's
+    stdout and the copies of the training process's sockets (a rank's links to the others)."""
+    while os.getppid() == parent:
+        if not terminate:
+            time.sleep(_PARENT_CHECK_S)
+            continue
+        info = signal.sigtimedwait({signal.SIGTERM}, _PARENT_CHECK_S)
+        if info is not None and info.si_pid == parent:
+            break
+    os._exit(0)
 
 
 class _ChildGuard:
