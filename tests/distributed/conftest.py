@@ -75,6 +75,27 @@ def signal_job(proc: subprocess.Popen[str], signum: int, pids: list[int]) -> Non
         raise gone
 
 
+def wait_stopped(pids: list[int], timeout: float = 30) -> None:
+    """Wait until every thread of the processes ``pids`` has stopped (SIGSTOP) or ended.
+    kill() returns before the stop takes effect: a thread stops only when it next leaves the
+    kernel, so a file it is creating at that moment appears after kill() has returned."""
+    deadline = time.monotonic() + timeout
+    while True:
+        running = []
+        for pid in pids:
+            for task in Path(f"/proc/{pid}/task").glob("*"):
+                try:
+                    state = (task / "stat").read_text().rsplit(")", 1)[1].split()[0]
+                except (OSError, IndexError):  # gone meanwhile
+                    continue
+                if state not in "TtZX":
+                    running.append(f"{pid}/{task.name} ({state})")
+        if not running:
+            return
+        assert time.monotonic() < deadline, f"still running after SIGSTOP: {running}"
+        time.sleep(0.001)
+
+
 def job_processes(proc: subprocess.Popen[str]) -> list[int]:
     """Every living process of a job from :func:`launch`, orphans included (by its marker)."""
     marker = _MARKS.get(proc.pid)

@@ -24,7 +24,16 @@ from spotwise.checkpoint.write import TMP_PREFIX
 from spotwise.errors import SaveError
 from spotwise.runtime.commit import list_checkpoints, load_checkpoint
 
-from .conftest import HASH, RESUMED, finish, launch, signal_job, wait_for, workers
+from .conftest import (
+    HASH,
+    RESUMED,
+    finish,
+    launch,
+    signal_job,
+    wait_for,
+    wait_stopped,
+    workers,
+)
 
 CHILD = Path(__file__).with_name("_async_child.py")
 STEPS, EVERY = 50, 10
@@ -64,6 +73,7 @@ def freeze_mid_write(
             if tmp.name in looked_at or _step_of(tmp) >= STEPS or not _files(tmp):
                 continue
             signal_job(proc, signal.SIGSTOP, pids)
+            wait_stopped([*pids, proc.pid])  # a file being created now is there, or never
             present = _files(tmp)
             if present is not None and MANIFEST not in present and present < whole:
                 return tmp, present
