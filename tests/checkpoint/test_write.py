@@ -17,7 +17,7 @@ import pytest
 
 from spotwise.checkpoint import durable
 from spotwise.checkpoint.durable import start_writeback
-from spotwise.checkpoint.write import _STAGE, write_file
+from spotwise.checkpoint.write import _DIRECT_MIN, _STAGE, _STAGES, write_file
 
 MiB = 1 << 20
 
@@ -65,12 +65,12 @@ def write_and_check(path: Path, chunks: list[bytes | memoryview]) -> None:
 @pytest.mark.parametrize(
     "sizes",
     [
-        [_STAGE],  # exactly one staging buffer
-        [_STAGE + 1, 5, 0, 3 * MiB],  # a tail of one byte and a file that is no whole block
+        [_DIRECT_MIN],  # the smallest file written directly: whole staging buffers
+        [_DIRECT_MIN + 1, 5, 0, 3 * MiB],  # a tail of one byte and a file that is no whole block
         [7 * 1024 + 3] * 1500,  # small pieces, each buffer cut inside one of them
-        [5 * _STAGE + 4096],  # more buffers' worth than there are buffers: each is reused
+        [(_STAGES + 1) * _STAGE + 4096],  # more than the buffers hold: each is reused
     ],
-    ids=["one-buffer", "odd-tail", "small-pieces", "buffers-reused"],
+    ids=["whole-buffers", "odd-tail", "small-pieces", "buffers-reused"],
 )
 def test_a_large_file_goes_directly_to_the_disk_with_every_byte(
     tmp_path: Path, sizes: list[int]
