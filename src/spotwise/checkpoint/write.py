@@ -47,8 +47,8 @@ _O_DIRECT = getattr(os, "O_DIRECT", 0)  # Linux's; 0 where the OS has none
 # Staging buffers per writer: one being filled while the others are written. A direct write
 # returns only once the disk has all of it, so a writer's disk queue runs dry between two
 # writes unless others are in flight. With the same 16 MiB per writer, 4 buffers of 4 MiB
-# (3 writes in flight) saved 1 GiB in 4 files at 0.99-1.12x of 4 raw writers where 2 of 8 MiB
-# took 0.81-0.86x (3 of 4 runs of 10 interleaved pairs; the fourth: 1.03x against 1.04x);
+# (3 writes in flight) saved 1 GiB in 4 files at 0.95-1.12x of 4 raw writers where 2 of 8 MiB
+# took 0.81-0.86x (4 of 5 runs of 6-10 interleaved pairs; the fifth: 1.03x against 1.04x);
 # 256 MiB in 2 files measured the same either way (0.96x against 0.99x over 40 pairs).
 _STAGES = 4
 _stages: list[list[mmap.mmap]] = []  # each writer's buffers, kept between saves
