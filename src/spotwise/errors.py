@@ -31,6 +31,7 @@ from the classes and fails on drift)::
         TraceError (also ConfigError)
       ControlError
         JobNotFoundError
+        ControllerBusyError
         ServerError
         BudgetError
         ProviderError
@@ -167,6 +168,10 @@ class ControlError(SpotwiseError):
 
 class JobNotFoundError(ControlError):
     """No job with that id."""
+
+
+class ControllerBusyError(ControlError):
+    """Another controller already drives the job (an embedded one's lock, a server's lease)."""
 
 
 class ServerError(ControlError):

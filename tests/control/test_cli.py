@@ -5,11 +5,16 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
+from spotwise.control.ownership import controller_alive, controller_lock
 from spotwise.control.store import Store
+from spotwise.control.submission import submit
+
+from .conftest import make_spec
 
 SPOTWISE = [sys.executable, "-c", "from spotwise.cli.main import main; main()"]
 
@@ -50,11 +55,30 @@ def test_detach_then_cancel(workdir: Path):
     detached = _cli("launch", "--detach", str(job_file))
     assert detached.returncode == 0, detached.stderr
     job_id = detached.stdout.strip()
+    assert controller_alive(Store().job(job_id))  # returned once its controller held the job
     cancelled = _cli("cancel", job_id)
     assert cancelled.returncode == 0 and "CANCELLED" in cancelled.stdout
     status = json.loads(_cli("status", job_id, "--json").stdout)
     assert status["state"] == "CANCELLED"
     assert all(a["end"] is not None for a in status["attempts"])
+
+
+def test_cancel_waits_for_the_controller_that_holds_the_job_and_drives_it_once_that_one_is_gone(
+    workdir: Path,
+):
+    """A cancel that finds another controller on the job (one starting as it looks) waits for
+    that one instead of failing on its lock, and ends the job itself if that one goes away."""
+    store = Store()
+    job = submit(store, make_spec(workdir, command="python standin.py 0 120"))
+    with controller_lock(job):  # (this test stands in for that other controller)
+        cancel = subprocess.Popen([*SPOTWISE, "cancel", job.id], stdout=subprocess.PIPE, text=True)
+        while not store.job(job.id).cancel_requested:
+            assert cancel.poll() is None, "cancel returned before it asked for the cancel"
+            time.sleep(0.05)
+        assert cancel.poll() is None  # waiting for the lock's holder, not failing on it
+    out, _ = cancel.communicate(timeout=120)
+    assert cancel.returncode == 0 and f"job {job.id} CANCELLED" in out
+    assert store.job(job.id).state.value == "CANCELLED"
 
 
 def test_bad_job_file_is_one_clear_error(tmp_path: Path):

@@ -165,9 +165,14 @@ def _unreadable_and_idle(store: Any, job: Any) -> bool:
 
 
 def _spawn_controller(job: Job) -> None:
-    """Start ``job``'s controller as a process of its own, logging into the job's directory."""
+    """Start ``job``'s controller as a process of its own, logging into the job's directory.
+
+    Returns once it holds the job (or has exited: its log says why), so that a command run next
+    (``cancel``, ``status``) finds the job driven rather than racing the controller's start."""
+    from spotwise.control.ownership import embedded_alive
+
     with open(job.dir / "controller.log", "ab") as out:
-        subprocess.Popen(
+        controller = subprocess.Popen(
             [
                 sys.executable,
                 "-c",
@@ -181,6 +186,9 @@ def _spawn_controller(job: Job) -> None:
             stdin=subprocess.DEVNULL,
             start_new_session=True,
         )
+    deadline = time.monotonic() + 60  # (past it, a slow start is left to go on by itself)
+    while time.monotonic() < deadline and controller.poll() is None and not embedded_alive(job):
+        time.sleep(0.05)
 
 
 def _launch_on_server(
@@ -220,8 +228,9 @@ def launch(
     """Run a job to completion across preemptions: relaunch, resume, stay on budget.
 
     Blocks (with a live view of state, attempt, placement, progress and cost) until the job
-    ends; exits 0 when it succeeded. With --detach, prints the job id and returns. With
-    --dry-run, prints what the provider would create (kubectl-compatible YAML) and returns.
+    ends; exits 0 when it succeeded. With --detach, prints the job id and returns once its
+    controller runs. With --dry-run, prints what the provider would create (kubectl-compatible
+    YAML) and returns.
 
     With a server (SPOTWISE_SERVER, or `spotwise login URL`), the server runs the job:
     launch returns once it is accepted and prints the job id as its last line (--follow
@@ -400,8 +409,6 @@ def cancel(
     ),
 ) -> None:
     """Stop a job: the attempt gets a notice (so it saves), then its machine is freed."""
-    from spotwise.control.ownership import controller_alive
-    from spotwise.control.store import JobState
     from spotwise.control.summary import job_summary
 
     client = _remote()
@@ -425,24 +432,40 @@ def cancel(
         )
         return
     store.request_cancel(job.id)
-    if controller_alive(job):
-        for _ in range(1200):
-            if store.job(job.id).state.terminal:
-                break
-            time.sleep(0.1)
-    elif _unreadable_and_idle(store, job):
-        store.update_job(
-            job.id,
-            state=JobState.CANCELLED,
-            message="cancelled by the user (its recorded job file is no longer accepted)",
-            event=("state", "CANCELLED: no attempt was open"),
-        )
-    else:
-        _run_controller(job.id, quiet=True)
+    _see_cancel_through(store, job.id)
     job = store.job(job.id)
     typer.echo(
         dumps(job_summary(store, job), indent=2) if as_json else f"job {job.id} {job.state.value}"
     )
+
+
+def _see_cancel_through(store: Any, job_id: str) -> None:
+    """Wait (up to 2 min) for the controller that drives the job to end it, or drive it here
+    when none does; one that starts in between (a detached launch's) is waited for instead."""
+    from spotwise.control.ownership import controller_alive
+    from spotwise.control.store import JobState
+    from spotwise.errors import ControllerBusyError
+
+    for _ in range(1200):
+        job = store.job(job_id)
+        if job.state.terminal:
+            return
+        if controller_alive(job):
+            time.sleep(0.1)
+        elif _unreadable_and_idle(store, job):
+            store.update_job(
+                job.id,
+                state=JobState.CANCELLED,
+                message="cancelled by the user (its recorded job file is no longer accepted)",
+                event=("state", "CANCELLED: no attempt was open"),
+            )
+            return
+        else:
+            try:
+                _run_controller(job.id, quiet=True)
+                return
+            except ControllerBusyError:
+                continue
 
 
 def register(app: typer.Typer) -> None:

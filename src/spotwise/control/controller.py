@@ -52,7 +52,7 @@ from spotwise.control.store.core import Guard
 from spotwise.control.submission import provider_for
 from spotwise.errors import (
     CapacityError,
-    ControlError,
+    ControllerBusyError,
     ProviderError,
     SpotwiseError,
     TransientProviderError,
@@ -115,7 +115,7 @@ class Controller:
         with controller_lock(job):
             job = self.store.job(self.job_id)  # (read after the lock: the server reads after
             if server_drives(job):  # its lease, so one of the two always sees the other)
-                raise ControlError(
+                raise ControllerBusyError(
                     f"job {job.id} is driven by spotwise server (replica {job.lease_owner})",
                     hint=f"watch it with: spotwise status {job.id}",
                 )

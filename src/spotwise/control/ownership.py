@@ -12,7 +12,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from spotwise.control.store import Job
-from spotwise.errors import ControlError
+from spotwise.errors import ControllerBusyError
 
 
 def controller_lock_path(job: Job) -> Path:
@@ -28,7 +28,7 @@ def controller_lock(job: Job) -> Iterator[None]:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         os.close(fd)
-        raise ControlError(
+        raise ControllerBusyError(
             f"job {job.id} already has a running controller",
             hint=f"watch it with: spotwise status {job.id}",
         ) from None

@@ -169,8 +169,8 @@ class _Dashboard:
             return FiniteJSONResponse({"error": exc.message}, status_code=404)
         if not job.state.terminal:
             self.store.request_cancel(job.id)
-            if self.on_cancel is not None:
-                self.on_cancel(job.id)
+            if self.on_cancel is not None:  # (it may wait for a controller to start)
+                await asyncio.to_thread(self.on_cancel, job.id)
         return FiniteJSONResponse(
             {"job": job.id, "state": self.store.job(job.id).state.value, "cancel_requested": True}
         )
