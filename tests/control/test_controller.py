@@ -188,6 +188,30 @@ def test_one_controller_per_job(workdir: Path, kit):
         Controller(store, job.id).run()
 
 
+def test_a_look_at_the_lock_never_turns_a_starting_controller_away(workdir: Path, kit):
+    """``status``, the dashboard and a detached launch see whether a controller drives a job by
+    taking its lock for an instant; a controller starting in that instant still gets the job."""
+    from spotwise.control.ownership import controller_lock, embedded_alive
+
+    store = Store()
+    job = submit(store, kit.spec(workdir))
+    stop = threading.Event()
+
+    def look() -> None:
+        while not stop.is_set():
+            embedded_alive(job)
+
+    looker = threading.Thread(target=look)
+    looker.start()
+    try:
+        for _ in range(200):
+            with controller_lock(job):
+                pass
+    finally:
+        stop.set()
+        looker.join()
+
+
 def test_lost_machine_is_recovered(workdir: Path, kit):
     store = Store()
     job = submit(store, kit.spec(workdir, command="python standin.py 0 2"))

@@ -4,7 +4,6 @@ replica holds its lease instead (``control/store/leases.py``). Each refuses a jo
 
 from __future__ import annotations
 
-import fcntl
 import os
 import time
 from collections.abc import Iterator
@@ -22,16 +21,16 @@ def controller_lock_path(job: Job) -> Path:
 @contextmanager
 def controller_lock(job: Job) -> Iterator[None]:
     """Exactly one live embedded controller per job (a server's hold the job's lease)."""
+    from spotwise.control.providers.process import take_lock
+
     job.dir.mkdir(parents=True, exist_ok=True)
     fd = os.open(controller_lock_path(job), os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
+    if not take_lock(fd):
         os.close(fd)
         raise ControllerBusyError(
             f"job {job.id} already has a running controller",
             hint=f"watch it with: spotwise status {job.id}",
-        ) from None
+        )
     try:
         yield
     finally:

@@ -42,6 +42,21 @@ def _read_json(path: Path) -> dict | None:
         return None
 
 
+def take_lock(fd: int, patience_s: float = 0.2) -> bool:
+    """Take ``fd``'s exclusive ``flock``; False if a holder keeps it. :func:`lock_held` looks by
+    taking the lock for an instant, so a refusal is retried for ``patience_s`` before it counts:
+    a look must never turn away the process whose lock it is."""
+    deadline = time.monotonic() + patience_s
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.01)
+
+
 def lock_held(lock_path: Path) -> bool:
     """Whether some process (the machine) holds the attempt's lock."""
     try:
@@ -113,11 +128,9 @@ class ProcessMachines:
             (req.attempt_dir / stale).unlink(missing_ok=True)
         lock_path = req.attempt_dir / "lock"
         fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+        if not take_lock(fd):
             os.close(fd)
-            raise ProviderError(f"attempt {req.key} is already running") from None
+            raise ProviderError(f"attempt {req.key} is already running")
         cwd = req.attempt_dir if req.code is not None else req.workdir
         if not Path(cwd).is_dir():
             os.close(fd)
