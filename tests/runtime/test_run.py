@@ -11,6 +11,7 @@ import torch
 
 from spotwise.checkpoint.format import MANIFEST, TENSORS_FILE
 from spotwise.checkpoint.read import CheckpointInfo
+from spotwise.checkpoint.writeway import WriteWay, way_name
 from spotwise.errors import CheckpointError, ConfigError, SaveError, StateMismatchError
 from spotwise.notices.base import NoticeKind
 from spotwise.runtime import CheckpointConfig, Run, list_checkpoints, load_checkpoint
@@ -332,3 +333,27 @@ def test_terminate_notice_with_time_to_spare_trains_on_then_exits_near_the_deadl
     # appears, training and the schedule go on, then the emergency save near the deadline
     assert saved == [2, 3, 4, 6, 8, 9]
     assert source.acknowledged == [near]
+
+
+def test_large_saves_try_the_page_cache_and_keep_the_faster_way(
+    tmp_path: Path, trainer: Any, scripted_notices: Any
+) -> None:
+    """A state of about 43 MiB: the first save is written directly, the next through the page
+    cache, each later one the way that was faster as this Run measured it, the save on a notice
+    never the one to try; every checkpoint resumes bit-exact whichever way it went."""
+    source_cls, make_notice = scripted_notices
+    big = {"hidden": 300_000, "checkpoint": CheckpointConfig(every=3, keep_last=2)}
+    source = source_cls(at_call={17: make_notice(NoticeKind.TERMINATE)})
+    with pytest.raises(SystemExit):
+        trainer(tmp_path / "run", 24, notices=source, **big)
+    saves = read_events(tmp_path / "run" / EVENTS_FILE, "checkpoint")
+    assert [(e["step"], e["reason"]) for e in saves][-1] == (17, "notice")
+    assert [e["written"] for e in saves][:2] == ["direct", "page cache"]
+    way = WriteWay()  # what the Run was told, replayed: it must have chosen the same each time
+    for event in saves:
+        direct = way.direct(may_try=event["reason"] != "notice")
+        assert event["written"] == way_name(direct), event
+        way.record(direct, event["bytes"], event["write_s"])
+    assert (
+        trainer(tmp_path / "run", 24, **big).weights == trainer(tmp_path / "ref", 24, **big).weights
+    )

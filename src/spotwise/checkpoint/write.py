@@ -225,15 +225,22 @@ def _write_direct(fd: int, chunks: Sequence[memoryview | bytes], size: int) -> i
 
 
 def write_file(
-    path: Path, chunks: Sequence[memoryview | bytes], opened: list[int], *, sync: bool = False
+    path: Path,
+    chunks: Sequence[memoryview | bytes],
+    opened: list[int],
+    *,
+    sync: bool = False,
+    direct: bool = True,
 ) -> dict[str, Any]:
     """Write one file and return its manifest entry. Its descriptor goes to ``opened`` (for the
     commit's fsync); ``sync`` fsyncs it at once too, so that a writer among several gets its
-    file's flush going while the others still write (the commit's fsync then finds it clean)."""
+    file's flush going while the others still write (the commit's fsync then finds it clean).
+    ``direct`` False writes even a large file through the page cache
+    (:class:`~spotwise.checkpoint.writeway.WriteWay` chooses)."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
     opened.append(fd)
     size = sum(memoryview(c).nbytes for c in chunks)
-    if size >= _DIRECT_MIN and _set_direct(fd, True):
+    if direct and size >= _DIRECT_MIN and _set_direct(fd, True):
         crc = _write_direct(fd, chunks, size)
     else:
         crc = _write_all(fd, chunks)
@@ -274,15 +281,19 @@ def manifest_bytes(
 
 
 def write_durable(
-    directory: Path, contents: Mapping[str, Sequence[memoryview | bytes]]
+    directory: Path, contents: Mapping[str, Sequence[memoryview | bytes]], *, direct: bool = True
 ) -> dict[str, dict[str, Any]]:
     """Write new files into ``directory`` (a checkpoint being built, say), ``contents`` by name,
     and fsync them; returns their manifest entries. The fsyncs run together (the file system
     groups them into one journal commit instead of one per file, as in the commit). Each rank
-    makes its own files durable before rank 0 lists them in the manifest."""
+    makes its own files durable before rank 0 lists them in the manifest. ``direct`` as for
+    :func:`write_file`."""
     opened: list[int] = []
     try:
-        entries = {name: write_file(directory / name, c, opened) for name, c in contents.items()}
+        entries = {
+            name: write_file(directory / name, c, opened, direct=direct)
+            for name, c in contents.items()
+        }
         list(io_pool().map(os.fsync, opened))
         return entries
     finally:

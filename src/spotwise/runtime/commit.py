@@ -83,9 +83,11 @@ def write_checkpoint(
     metrics: Mapping[str, float] | None = None,
     wall_time: float | None = None,
     kind: str | None = None,
+    direct: bool = True,
 ) -> CheckpointInfo:
     """Durably write and commit checkpoint ``step``; returns its info once it is visible.
-    ``kind`` (``state.RUN_KIND`` from Run) has every reader check the state's structure.
+    ``kind`` (``state.RUN_KIND`` from Run) has every reader check the state's structure;
+    ``direct`` False writes the large files through the page cache.
 
     Raises SaveError (naming the cause: disk full, read-only...) with the temporary directory
     removed and every earlier checkpoint untouched.
@@ -107,7 +109,7 @@ def write_checkpoint(
         contents[STATE_FILE] = (state_bytes,)
         with ThreadPoolExecutor(max_workers=len(contents)) as pool:  # one writer per file
             writes = {
-                n: pool.submit(write_file, tmp / n, c, opened, sync=len(parts) > 1)
+                n: pool.submit(write_file, tmp / n, c, opened, sync=len(parts) > 1, direct=direct)
                 for n, c in contents.items()
             }
         files: dict[str, dict[str, Any]] = {n: w.result() for n, w in writes.items()}

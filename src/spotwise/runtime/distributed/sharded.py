@@ -196,6 +196,7 @@ class Staged:
     documents: dict[str, Any]
     remote: Storage | None = None
     problem: str | None = None  # this rank could not create ``tmp``
+    direct: bool = True  # large files written directly, else through the page cache
 
     def owns_tmp(self, ranks: Ranks) -> bool:
         """Whether this rank removes ``tmp``: its own, or the shared one on rank 0."""
@@ -336,7 +337,7 @@ def share_report(staged: Staged) -> dict[str, Any]:
         contents = dict(staged.chunks)
         for name, doc in staged.documents.items():
             contents[name] = (json.dumps(doc).encode(),)
-        entries = write_durable(staged.tmp, contents)
+        entries = write_durable(staged.tmp, contents, direct=staged.direct)
         if staged.remote is not None:
             push_files(staged.remote, staged.step, staged.tmp, entries)
     except Exception as exc:  # reported to every rank by conclude_writes
@@ -399,6 +400,7 @@ class PendingSave:
         self._entries: dict[str, Any] = {}
         self._proposed: int | None = None  # the phase this rank's last proposal was about
         self._agreed_on: int | None = None  # ... and the one before, which agreed() receives
+        self.timed_write: tuple[int, float] = (0, 0.0)  # bytes made durable here, seconds
 
     def start(self) -> None:
         """Write this rank's files in the background."""
@@ -447,7 +449,10 @@ class PendingSave:
             self._task = None
 
     def _write(self) -> None:
+        started = time.perf_counter()
         self._report = share_report(self.staged)
+        nbytes = sum(entry["size"] for entry in self._report["files"].values())
+        self.timed_write = (nbytes, time.perf_counter() - started)
 
     def _end_writes(self, *, background: bool) -> None:
         assert self._report is not None

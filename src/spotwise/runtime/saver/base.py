@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from spotwise.checkpoint.read import CheckpointInfo
+from spotwise.checkpoint.writeway import WriteWay
 from spotwise.runtime.commit import LoadedCheckpoint
 from spotwise.runtime.config import CheckpointConfig
 from spotwise.telemetry.events import EventLog
@@ -32,6 +33,10 @@ Capture = Callable[[bool], tuple[dict[str, torch.Tensor], dict[str, Any]]]
 CaptureRank = Callable[[], tuple[dict[str, torch.Tensor], dict[str, Any]]]
 
 NOTHING, EARLY_SAVE, EXIT = 0, 1, 2  # what a notice asks, ordered by urgency
+
+# the saves that may try the way to write that is not the best known: not the one made on a
+# notice, nor the last one of a run (no later save would gain from what it measures)
+_MAY_TRY = frozenset({"interval", "manual", "advisory"})
 
 
 @dataclass
@@ -60,6 +65,7 @@ class Saver(ABC):
         self.stats = SaveStats()
         self.sharded: Mapping[str, Any] = {}  # the objects saved through DCP, by name
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="spotwise-save")  # one, reused
+        self._way = WriteWay()  # direct or through the page cache, as measured
 
     @property
     def owns_dir(self) -> bool:
@@ -135,11 +141,11 @@ class Saver(ABC):
         self.wait()
 
     def _retain_after(
-        self, info: CheckpointInfo, reason: str, stall_s: float, write_s: float
+        self, info: CheckpointInfo, reason: str, stall_s: float, write_s: float, written: str
     ) -> None:
-        """Retention after a commit, and the commit's event, on the thread that committed. The
-        event is written even when retention fails (a second tier refusing the commit, say):
-        the commit stands."""
+        """Retention after a commit, and the commit's event (``written``: the way chosen for
+        its large files), on the thread that committed. The event is written even when
+        retention fails (a second tier refusing the commit, say): the commit stands."""
         deleted: list[CheckpointInfo] = []
         try:
             deleted = self._retain(info)
@@ -151,8 +157,13 @@ class Saver(ABC):
                 bytes=info.size_bytes,
                 stall_s=round(stall_s, 6),
                 write_s=round(write_s, 6),
+                written=written,
                 deleted=[d.step for d in deleted],
             )
+
+    def _direct(self, reason: str) -> bool:
+        """Whether the save made for ``reason`` writes its large files directly."""
+        return self._way.direct(may_try=reason in _MAY_TRY)
 
     @abstractmethod
     def _retain(self, info: CheckpointInfo) -> list[CheckpointInfo]: ...

@@ -17,6 +17,7 @@ from typing import Any
 from spotwise.checkpoint.read import CheckpointInfo
 from spotwise.checkpoint.remote import RemoteCheckpoint, open_remote
 from spotwise.checkpoint.retention import retain
+from spotwise.checkpoint.writeway import way_name
 from spotwise.runtime import distributed
 from spotwise.runtime.commit import LoadedCheckpoint
 from spotwise.runtime.config import CheckpointConfig
@@ -109,11 +110,13 @@ class DistributedSaver(Saver):
             pack,
             self._remote,
         )
+        staged.direct = self._direct(reason)
         stall = time.perf_counter() - started
         self.stats.staged(step, stall)
 
         def committed(info: CheckpointInfo) -> None:  # on rank 0, where it commits
-            self._retain_after(info, reason, stall, time.perf_counter() - started - stall)
+            took = time.perf_counter() - started - stall
+            self._retain_after(info, reason, stall, took, way_name(staged.direct))
 
         self._pending = sharded.PendingSave(self.ranks, staged, metrics, committed, self._pool)
         if block:
@@ -177,6 +180,7 @@ class DistributedSaver(Saver):
         """A distributed save committed, on every rank."""
         self.stats.committed_step = pending.step
         self.stats.write_s = smooth(self.stats.write_s, time.perf_counter() - pending.staged_at)
+        self._way.record(pending.staged.direct, *pending.timed_write)
 
     def _retain(self, info: CheckpointInfo) -> list[CheckpointInfo]:
         """Of the object store where the commit went there."""

@@ -15,6 +15,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from spotwise.checkpoint.read import CheckpointInfo
 from spotwise.checkpoint.retention import retain
+from spotwise.checkpoint.writeway import way_name
 from spotwise.errors import SaveError, StateMismatchError
 from spotwise.runtime.commit import LoadedCheckpoint, loadable_checkpoints, write_checkpoint
 from spotwise.runtime.config import CheckpointConfig
@@ -89,7 +90,7 @@ class SingleSaver(Saver):
         blob = pack_tensors(tensors) if block else self._snapshot.capture(tensors)
         stall = time.perf_counter() - started
         self.stats.staged(step, stall)
-        args = (step, blob, state, dict(metrics), reason, stall)
+        args = (step, blob, state, dict(metrics), reason, stall, self._direct(reason))
         if block:
             self._write(*args)
             return
@@ -134,14 +135,18 @@ class SingleSaver(Saver):
         metrics: dict[str, float],
         reason: str,
         stall_s: float,
+        direct: bool,
     ) -> None:
         started = time.perf_counter()
         text = json.dumps(state).encode()
-        info = write_checkpoint(self.run_dir, step, blob, text, metrics=metrics, kind=RUN_KIND)
+        info = write_checkpoint(
+            self.run_dir, step, blob, text, metrics=metrics, kind=RUN_KIND, direct=direct
+        )
         self.stats.committed_step = step
         took = time.perf_counter() - started
         self.stats.write_s = smooth(self.stats.write_s, took)
-        self._retain_after(info, reason, stall_s, took)
+        self._way.record(direct, info.size_bytes, took)
+        self._retain_after(info, reason, stall_s, took, way_name(direct))
 
     def _retain(self, info: CheckpointInfo) -> list[CheckpointInfo]:
         """The mirror gets the commit before retention deletes anything: its upload, which an
