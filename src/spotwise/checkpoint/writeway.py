@@ -8,8 +8,8 @@ Neither way is faster everywhere, and no rule read from the machine tells them a
   of 10 (median 2.64 s against 3.23 s), while one process writing 1 GiB in four files was
   faster directly in 7 of 8.
 
-So each kind of save keeps its own :class:`WriteWay` and measures. Pure: the caller times the
-writes and passes the figures in.
+So each kind of save keeps its own :class:`WriteWay` and measures, in memory only (a resumed
+run may be on another machine). Pure: the caller times the writes and passes the figures in.
 """
 
 from __future__ import annotations
