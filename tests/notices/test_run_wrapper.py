@@ -20,7 +20,16 @@ from spotwise.errors import ConfigError
 from spotwise.exitcode import EXIT_INTERRUPTED
 from spotwise.notices.forward import forward_signal
 
-SPOTWISE = [sys.executable, "-c", "from spotwise.cli.main import main; main()"]
+# Ctrl-C as in a program started from a terminal, even when the tests were started in the
+# background by a shell, which leaves SIGINT ignored in them and so in every child
+CTRL_C_AS_FROM_A_TERMINAL = (
+    "import signal; signal.signal(signal.SIGINT, signal.default_int_handler)"
+)
+SPOTWISE = [
+    sys.executable,
+    "-c",
+    f"{CTRL_C_AS_FROM_A_TERMINAL}; from spotwise.cli.main import main; main()",
+]
 Wait = Callable[..., object]
 
 

@@ -77,6 +77,9 @@ def test_usr1_only_when_configured_and_handlers_restored_on_close() -> None:
 
 
 def test_second_sigint_aborts_with_keyboard_interrupt() -> None:
+    # Ctrl-C as Python sets it up in a program started from a terminal; a test run started in
+    # the background by a shell inherits SIGINT ignored, and then a second Ctrl-C is ignored too
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
     det = SignalDetector(env={})
     try:
         os.kill(os.getpid(), signal.SIGINT)  # first: recorded, no exception
@@ -87,6 +90,7 @@ def test_second_sigint_aborts_with_keyboard_interrupt() -> None:
         assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
     finally:
         det.close()
+        signal.signal(signal.SIGINT, before)
 
 
 def test_off_the_main_thread_it_watches_nothing_instead_of_failing(
