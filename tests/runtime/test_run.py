@@ -340,7 +340,8 @@ def test_large_saves_try_the_page_cache_and_keep_the_faster_way(
 ) -> None:
     """A state of about 43 MiB: the first save is written directly, the next through the page
     cache, each later one the way that was faster as this Run measured it, the save on a notice
-    never the one to try; every checkpoint resumes bit-exact whichever way it went."""
+    never the one to try; the checkpoints kept pass every check, and the resume from the
+    notice's save ends bit-exact."""
     source_cls, make_notice = scripted_notices
     big = {"hidden": 300_000, "checkpoint": CheckpointConfig(every=3, keep_last=2)}
     source = source_cls(at_call={17: make_notice(NoticeKind.TERMINATE)})
@@ -354,6 +355,8 @@ def test_large_saves_try_the_page_cache_and_keep_the_faster_way(
         direct = way.direct(may_try=event["reason"] != "notice")
         assert event["written"] == way_name(direct), event
         way.record(direct, event["bytes"], event["write_s"])
+    kept = list_checkpoints(tmp_path / "run", deep=True)
+    assert [c.step for c in kept] == [15, 17] and all(c.valid for c in kept)
     assert (
         trainer(tmp_path / "run", 24, **big).weights == trainer(tmp_path / "ref", 24, **big).weights
     )
