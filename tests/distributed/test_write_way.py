@@ -1,7 +1,7 @@
 """A distributed Run's rank chooses how its large files reach the disk as a single process does
 (one real gloo rank in this process): its first large save directly, the next through the page
-cache, later ones the way this rank measured faster, background saves alike; every checkpoint
-resumes exactly whichever way it went."""
+cache, later ones the way this rank measured faster, background saves alike; the checkpoints
+kept pass every check, and the resume from the last one is exact."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 
 from spotwise import CheckpointConfig, Run
+from spotwise.runtime.commit import list_checkpoints
 from spotwise.telemetry.events import EVENTS_FILE, read_events
 
 
@@ -30,6 +31,8 @@ def test_a_rank_tries_the_page_cache_and_keeps_the_faster_way(
     written = [e["written"] for e in saves]
     assert written[:2] == ["direct", "page cache"]
     assert set(written) <= {"direct", "page cache"}  # later: whichever this rank measured faster
+    kept = list_checkpoints(tmp_path, deep=True)
+    assert [c.step for c in kept] == [3, 4, 5] and all(c.valid for c in kept)
     expected = model.weight.detach().clone()
 
     fresh = torch.nn.Linear(3000, 3000)
