@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 import time
 from pathlib import Path
+
+import pytest
 
 from spotwise.control.providers.base import LaunchRequest, Phase, Placement
 from spotwise.control.providers.process import ProcessMachines, lock_held
@@ -85,6 +88,41 @@ def test_a_stop_the_command_ignores_takes_the_machine_away_after_the_grace(tmp_p
     log = req.log_path.read_text()
     assert "stop requested: SIGTERM" in log and "machine taken away: SIGKILL" in log
     assert "interruption notice" not in log
+    assert _attempt_processes(req.attempt_dir) == []
+
+
+@pytest.mark.parametrize("slow", ["date", "awk"])
+def test_a_stop_while_the_machine_sets_its_timers_still_gives_the_grace(tmp_path: Path, slow: str):
+    """A stop that lands after the command started, while the machine sets up its schedule's
+    timer: a loaded host, here a ``date`` or ``awk`` on the machine's PATH that takes 2 s until
+    the stop is sent. The command notes SIGTERM and carries on, so it ends by the grace's
+    SIGKILL, and no sooner. The machine used to replace the stop's timer with its schedule's
+    (with ``date``: the command ran to its end), or to take the stop's figures for its own
+    (``awk``: killed at once)."""
+    shims, slowly = tmp_path / "bin", tmp_path / "slowly"
+    shims.mkdir()
+    slowly.touch()
+    shim = shims / slow
+    shim.write_text(f'#!/bin/sh\n[ -e {slowly} ] && sleep 2\nexec {shutil.which(slow)} "$@"\n')
+    shim.chmod(0o755)
+    m = ProcessMachines(settle_s=5.0)
+    note = "lambda *_: open('termed', 'w').write(repr(time.time()))"
+    ignore = f"signal.signal(signal.SIGTERM, {note}); open('ignoring', 'w').close()"
+    req = _req(tmp_path, f"import signal, time; {ignore}; time.sleep(120)")
+    env = {**req.env, "PATH": f"{shims}:{req.env['PATH']}"}
+    req = LaunchRequest(**{**req.__dict__, "grace_s": 1.0, "env": env})
+    handle = m.launch(req)
+    deadline = time.time() + 60
+    while not (tmp_path / "ignoring").exists():
+        assert time.time() < deadline
+        time.sleep(0.01)
+    m.terminate(handle)  # the machine is in its slow command: the trap runs after it
+    slowly.unlink()
+    status = _wait_end(m, handle, 30)
+    assert status.ended_at - float((tmp_path / "termed").read_text()) >= req.grace_s
+    assert (status.phase, status.detail, status.exit_code) == (Phase.LOST, "terminated", None)
+    log = req.log_path.read_text()
+    assert "stop requested: SIGTERM" in log and "machine taken away: SIGKILL" in log
     assert _attempt_processes(req.attempt_dir) == []
 
 

@@ -24,7 +24,7 @@ notice_via=${10} cwd=${11}
 shift 11
 [ "$1" = "--" ] && shift
 
-machine=$$ stop_requested='' stopping='' noticed='' lost='' outcome=exited child='' timer=''
+machine=$$ stop_requested='' stopping='' noticed='' lost='' outcome=exited child=''
 waiter=''
 
 now() { now=$(date +%s.%N); }
@@ -44,7 +44,7 @@ write_json() { # FILE DOC: replaced at once, never seen half-written
 say() { printf '[spotwise] %s\n' "$1" >> "$log"; }
 
 finish() { # OUTCOME EXIT_CODE ('null': none)
-	stop_timer
+	end_timers
 	now
 	write_json "$dir/exit.json" "{\"outcome\": \"$1\", \"exit_code\": $2, \"ended_at\": $now}"
 	exit 0
@@ -59,10 +59,11 @@ seconds_to() { # REPLY: wall seconds from now to each wall time given ('-' stays
 }
 
 start_timer() { # NOTICE_IN LOST_IN: USR1 to this shell at the notice, USR2 at the loss
-	# (seconds from now, '-': never; a new timer replaces the last). The timer checks that
-	# its parent is still this shell before it signals: a machine killed outright must not
-	# leave a timer that signals whatever process gets its pid later.
-	stop_timer
+	# (seconds from now, '-': never). Timers are never replaced, only ended with the machine: a
+	# stop that comes while the machine starts its schedule's timer adds its own beside it, and
+	# neither can cancel the other (replacing one raced with the trap, and a stop could lose its
+	# grace). The timer checks that its parent is still this shell before it signals: a machine
+	# killed outright must not leave a timer that signals whatever process gets its pid later.
 	(
 		waited=0
 		for event in "$1:USR1" "$2:USR2"; do
@@ -76,15 +77,13 @@ start_timer() { # NOTICE_IN LOST_IN: USR1 to this shell at the notice, USR2 at t
 			kill -s "${event#*:}" "$machine"
 		done
 	) &
-	timer=$!
 }
 
-stop_timer() { # (SIGKILL: a signal that comes as a subshell starts may find no trap yet)
-	[ -n "$timer" ] || return 0
+end_timers() { # every process still below this shell (SIGKILL: a signal that comes as a
+	# subshell starts may find no trap yet); at the end only timers and their sleeps are left
 	below=''
-	descendants "$timer"
-	kill -KILL "$timer" $below 2> /dev/null
-	timer=''
+	descendants "$machine"
+	[ -z "$below" ] || kill -KILL $below 2> /dev/null
 }
 
 on_notice() {
@@ -111,13 +110,15 @@ on_lost() {
 }
 
 on_stop() { # a terminate request: the notice now, the machine taken away after the grace
+	# (or at its loss, if that is sooner). As a trap it may run between any two commands of the
+	# main flow, so it sets none of the variables that flow uses (REPLY, now).
 	[ -n "$waiter" ] && kill "$waiter" 2> /dev/null # (a stop ends the boot at once)
 	[ -z "$child" ] || [ -n "$stopping" ] || [ -n "$noticed" ] && return
 	stopping=1 outcome=terminated
-	seconds_to "$lost_at"
 	on_notice
-	start_timer - "$(awk -v l="${REPLY% }" -v g="$grace_s" 'BEGIN {
-		print (l != "-" && l < g ? (l > 0 ? l : 0) : g)
+	start_timer - "$(awk -v now="$(date +%s.%N)" -v l="$lost_at" -v g="$grace_s" 'BEGIN {
+		d = l - now
+		print (l != "-" && d < g ? (d > 0 ? d : 0) : g)
 	}')"
 }
 
