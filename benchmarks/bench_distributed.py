@@ -15,7 +15,7 @@ measured in the same run:
    and with ``DefaultSavePlanner(enable_plan_caching=True)`` (which reuses its plan), the three
    interleaved save by save; the ratio's baseline is the faster of the two planners in the run
    (neither was faster in every run here), both printed; and a resume (a new Run reading the
-   newest checkpoint, CRCs checked) against ``dcp.load``.
+   newest checkpoint, CRCs checked) against ``dcp.load``, interleaved load by load.
 3. **Resharded load** (2 -> 1): one rank (a second torchrun) resumes the checkpoint the two
    ranks wrote, against ``dcp.load`` of the DCP checkpoint they saved.
 4. **Stall** of a background save of the large FSDP2 state (``run.save(block=False)``: one
@@ -176,11 +176,14 @@ def _sharded(label: str, tensors: int, numel: int, rank: int, repeats: int, root
     ours_save = statistics.median(ours)
     default_save, cached_save = statistics.median(defaults), statistics.median(caches)
     theirs_save = min(default_save, cached_save)
-    ours_load = _median_s(
-        lambda: Run(run_dir, state={"model": model}, notices=None).close(), repeats
-    )
     state = get_model_state_dict(model)
-    theirs_load = _median_s(lambda: dcp.load(state, checkpoint_id=str(dcp_dir)), repeats)
+    ours, theirs = [], []
+    for _ in range(repeats):  # interleaved too
+        ours.append(
+            _median_s(lambda: Run(run_dir, state={"model": model}, notices=None).close(), 1)
+        )
+        theirs.append(_median_s(lambda: dcp.load(state, checkpoint_id=str(dcp_dir)), 1))
+    ours_load, theirs_load = statistics.median(ours), statistics.median(theirs)
     if rank == 0:
         suffix = "" if label == "large" else f"-{label}"
         print(f"state-{label}-mib: {total / 2**20:.0f} ({tensors} tensors)")
