@@ -46,8 +46,24 @@ def test_the_buffer_is_laid_out_once_while_the_state_keeps_its_shape() -> None:
     first = buffer.capture(state)
     state["a"].fill_(1.0)  # training goes on between two saves
     second = buffer.capture(state)
-    assert second.layout is first.layout
-    assert bytes(second.chunks[0]) == _as_saved(pack_tensors(state))[1]
+    assert second.layout is first.layout and second.chunks is first.chunks
+    assert _as_saved(second) == _as_saved(pack_tensors(state))
+
+
+def test_each_tensor_is_copied_to_a_cache_line_and_the_file_skips_the_gaps() -> None:
+    """Tensors start on 64-byte boundaries in the buffer (a copy into unaligned destinations
+    was 16% slower); the writer gets the runs of adjacent tensors, so the file's bytes are
+    those of the live tensors, without the padding, and sizes in multiples of 64 bytes make
+    one run."""
+    buffer = SnapshotBuffer()
+    odd = {"a": torch.rand(3), "b": torch.rand(17), "e": torch.zeros(0), "c": torch.rand(100)}
+    blob = buffer.capture(odd)
+    assert [len(chunk) for chunk in blob.chunks] == [12, 68, 400]
+    for chunk in blob.chunks:
+        assert chunk.obj.ctypes.data % 64 == 0
+    assert _as_saved(blob) == _as_saved(pack_tensors(odd))
+    even = {f"t{i}": torch.rand(16 * (i + 1)) for i in range(5)}
+    assert len(SnapshotBuffer().capture(even).chunks) == 1
 
 
 def test_the_files_of_a_blob_saved_again_hold_the_state_as_it_is_now() -> None:
@@ -59,9 +75,7 @@ def test_the_files_of_a_blob_saved_again_hold_the_state_as_it_is_now() -> None:
     state["n"] = torch.arange(7)
     first = buffer.capture(state)
     parts = split_blob(first, 3)
-    # each file a run of the buffer, so a writer copies it in large pieces; none far from a
-    # third (the sizes are 4 to 3,600 bytes)
-    assert [len(part.chunks) for part in parts] == [1, 1, 1]
+    # none far from a third (the sizes are 4 to 3,600 bytes)
     sizes = [part.layout.data_bytes for part in parts]
     assert sum(sizes) == first.layout.data_bytes
     assert max(sizes) - min(sizes) <= 3600
