@@ -176,14 +176,7 @@ def _sharded(label: str, tensors: int, numel: int, rank: int, repeats: int, root
     ours_save = statistics.median(ours)
     default_save, cached_save = statistics.median(defaults), statistics.median(caches)
     theirs_save = min(default_save, cached_save)
-    state = get_model_state_dict(model)
-    ours, theirs = [], []
-    for _ in range(repeats):  # interleaved too
-        ours.append(
-            _median_s(lambda: Run(run_dir, state={"model": model}, notices=None).close(), 1)
-        )
-        theirs.append(_median_s(lambda: dcp.load(state, checkpoint_id=str(dcp_dir)), 1))
-    ours_load, theirs_load = statistics.median(ours), statistics.median(theirs)
+    ours_load, theirs_load = _loads(model, run_dir, dcp_dir, repeats)
     if rank == 0:
         suffix = "" if label == "large" else f"-{label}"
         print(f"state-{label}-mib: {total / 2**20:.0f} ({tensors} tensors)")
@@ -193,6 +186,24 @@ def _sharded(label: str, tensors: int, numel: int, rank: int, repeats: int, root
         print(f"spotwise-load-{label}-s: {ours_load:.3f}  dcp-load-{label}-s: {theirs_load:.3f}")
         print(f"ratio-dist-save-vs-dcp{suffix}: {theirs_save / ours_save:.2f}")
         print(f"ratio-dist-load-vs-dcp{suffix}: {theirs_load / ours_load:.2f}")
+
+
+def _loads(model: Any, run_dir: Path, dcp_dir: Path, repeats: int) -> tuple[float, float]:
+    """Median seconds of a resume (a new Run reading the newest checkpoint of ``run_dir``, CRCs
+    checked) and of ``dcp.load`` from ``dcp_dir``, into ``model``, interleaved load by load."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+    from spotwise import Run
+
+    state = get_model_state_dict(model)
+    ours, theirs = [], []
+    for _ in range(repeats):
+        ours.append(
+            _median_s(lambda: Run(run_dir, state={"model": model}, notices=None).close(), 1)
+        )
+        theirs.append(_median_s(lambda: dcp.load(state, checkpoint_id=str(dcp_dir)), 1))
+    return statistics.median(ours), statistics.median(theirs)
 
 
 def _slowest_rank_s(fn: Callable[[], object]) -> float:
@@ -271,21 +282,9 @@ def _stall(rank: int, repeats: int, root: Path, tensors: int, numel: int) -> Non
 def _reshard_load(label: str, tensors: int, numel: int, repeats: int, root: Path) -> None:
     """On one rank: resume the Run of :func:`_sharded` (written by two ranks) and ``dcp.load``
     the DCP checkpoint they saved, both resharding 2 -> 1, interleaved."""
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_model_state_dict
-
-    from spotwise import Run
-
     model = _fsdp_model(tensors, numel)
     run_dir, dcp_dir = root / f"run-{label}", root / f"dcp-{label}"
-    state = get_model_state_dict(model)
-    ours, theirs = [], []
-    for _ in range(repeats):
-        ours.append(
-            _median_s(lambda: Run(run_dir, state={"model": model}, notices=None).close(), 1)
-        )
-        theirs.append(_median_s(lambda: dcp.load(state, checkpoint_id=str(dcp_dir)), 1))
-    ours_s, theirs_s = statistics.median(ours), statistics.median(theirs)
+    ours_s, theirs_s = _loads(model, run_dir, dcp_dir, repeats)
     suffix = "" if label == "large" else f"-{label}"
     ours_line = f"spotwise-reshard-load-{label}-s: {ours_s:.3f}"
     print(f"{ours_line}  dcp-reshard-load-{label}-s: {theirs_s:.3f}")

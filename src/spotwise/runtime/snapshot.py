@@ -19,7 +19,13 @@ import torch
 from spotwise.runtime.format import TensorBlob, TensorLayout, byte_view, spec_of
 
 _META = attrgetter("dtype", "shape")  # what must match for the buffer's layout to hold
-_ALIGN = 64  # bytes: where each tensor's copy starts in the buffer (a cache line)
+_CACHE_LINE = 64  # bytes
+
+
+def on_cache_line(offset: int) -> int:
+    """The first cache line boundary at or after ``offset``: where a tensor carved out of a
+    shared buffer starts, so that copies into it run at full speed."""
+    return -(-offset // _CACHE_LINE) * _CACHE_LINE
 
 
 class SnapshotBuffer:
@@ -53,7 +59,7 @@ class SnapshotBuffer:
         runs: list[list[int]] = []  # [start, end) of each run of adjacent tensors in the buffer
         end = 0
         for spec in layout.specs:
-            start = -(-end // _ALIGN) * _ALIGN if spec.nbytes else end
+            start = on_cache_line(end) if spec.nbytes else end
             if start != end or not runs:
                 runs.append([start, start])
             starts.append(start)

@@ -85,7 +85,7 @@ from spotwise.runtime.distributed.dcp_storage import (
     dcp_tensors,
 )
 from spotwise.runtime.format import TensorBlob, pack_tensors, parse_safetensors
-from spotwise.runtime.snapshot import SnapshotBuffer
+from spotwise.runtime.snapshot import SnapshotBuffer, on_cache_line
 from spotwise.runtime.state import StateEncoder, capture_rng, decode
 from spotwise.runtime.tiered import commit_remote, pull_alone, push_files
 from spotwise.storage.base import Storage
@@ -762,23 +762,20 @@ def _stored_shards(
     return out
 
 
-_ALIGN = 64  # bytes: each blank copy starts on a cache line
-
-
 def _blank_copies(
     live: Mapping[str, torch.Tensor], stored: Mapping[str, torch.Tensor]
 ) -> dict[str, torch.Tensor]:
     """Tensors like ``live`` (a DTensor: its local shard, on the same mesh and placements) for
     ``dcp.load`` to fill: the ``stored`` shard itself where there is one, else zeroed (a part
     the checkpoint's chunks leave uncovered reads as zeros). The zeroed host ones are carved
-    out of one fresh buffer: a copy of the live tensors (``clone``) took half the resume's
-    time, most of it faulting in new pages one by one."""
+    out of one fresh buffer, each on a cache line: a copy of the live tensors (``clone``) took
+    half the resume's time, most of it faulting in new pages one by one."""
     local = {k: t.to_local() if isinstance(t, DTensor) else t for k, t in live.items()}
     host = [k for k, t in local.items() if t.device.type == "cpu" and k not in stored]
     offsets, total = {}, 0
     for key in host:
         offsets[key] = total
-        total += -(-local[key].numel() * local[key].element_size() // _ALIGN) * _ALIGN
+        total = on_cache_line(total + local[key].numel() * local[key].element_size())
     block = fresh_buffer(total, zeroed=True)
     copies = {}
     for key, tensor in local.items():
